@@ -1,0 +1,132 @@
+// A pool of aligned buffers for tensor storage and scratch. Fresh memory costs ~2 us per 4 KiB
+// page on first touch here (FACTS.md), more than many collectives, so freed buffers are kept
+// and handed out again instead of going back to the allocator.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+
+namespace tshard {
+
+struct PoolStats {
+  std::uint64_t fresh_allocations = 0;  // buffers obtained from the system allocator
+  std::uint64_t reuses = 0;             // requests served from cached buffers
+  std::uint64_t bytes_cached = 0;       // bytes held for reuse right now
+  std::uint64_t bytes_in_use = 0;       // bytes handed out and not yet returned
+};
+
+namespace detail {
+
+class BufferPool {
+ public:
+  static constexpr std::size_t kAlign = 64;
+
+  void* acquire(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    bytes = round_up(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Take the smallest cached block that fits, unless it would waste more than half.
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= 2 * bytes) {
+      void* p = it->second;
+      std::size_t size = it->first;
+      free_.erase(it);
+      stats_.bytes_cached -= size;
+      stats_.bytes_in_use += size;
+      sizes_[p] = size;
+      ++stats_.reuses;
+      return p;
+    }
+    void* p = std::aligned_alloc(kAlign, bytes);
+    if (!p) throw std::bad_alloc();
+    sizes_[p] = bytes;
+    ++stats_.fresh_allocations;
+    stats_.bytes_in_use += bytes;
+    return p;
+  }
+
+  void release(void* p) {
+    if (!p) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = sizes_.find(p);
+    std::size_t size = it->second;
+    sizes_.erase(it);
+    stats_.bytes_in_use -= size;
+    if (stats_.bytes_cached + size > cache_limit_) {
+      std::free(p);
+      return;
+    }
+    free_.emplace(size, p);
+    stats_.bytes_cached += size;
+  }
+
+  // Gives every cached buffer back to the system.
+  void trim() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [size, p] : free_) std::free(p);
+    free_.clear();
+    stats_.bytes_cached = 0;
+  }
+
+  void set_cache_limit(std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cache_limit_ = bytes;
+    }
+    trim();
+  }
+
+  PoolStats stats() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  static std::size_t round_up(std::size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+  mutable std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+  std::map<void*, std::size_t> sizes_;
+  std::size_t cache_limit_ = static_cast<std::size_t>(4) << 30;
+  PoolStats stats_;
+};
+
+// Never destroyed: tensors in static storage may return buffers after other statics are gone.
+inline BufferPool& buffer_pool() {
+  static BufferPool* pool = new BufferPool;
+  return *pool;
+}
+
+// A pooled array of T, shared by the owners of a tensor's storage.
+template <class T>
+std::shared_ptr<T> pooled_array(std::size_t count) {
+  T* p = static_cast<T*>(buffer_pool().acquire(count * sizeof(T)));
+  return std::shared_ptr<T>(p, [](T* q) { buffer_pool().release(q); });
+}
+
+// Scoped scratch space from the pool, for packing and unpacking inside one operation.
+template <class T>
+class Scratch {
+ public:
+  explicit Scratch(std::size_t count) : data_(static_cast<T*>(buffer_pool().acquire(count * sizeof(T)))) {}
+  ~Scratch() { buffer_pool().release(data_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* data() const { return data_; }
+
+ private:
+  T* data_;
+};
+
+}  // namespace detail
+
+// Allocation counters of the pool behind every tensor and scratch buffer.
+inline PoolStats pool_stats() { return detail::buffer_pool().stats(); }
+// Gives cached buffers back to the system (they are otherwise kept for reuse).
+inline void trim_buffer_pool() { detail::buffer_pool().trim(); }
+
+}  // namespace tshard

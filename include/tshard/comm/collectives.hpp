@@ -1,0 +1,209 @@
+// Typed collectives on a communicator: every MPI call tshard makes goes through here, is
+// counted (stats.hpp) and is split into chunks when counts exceed the chunk limit (MPI counts
+// are int; the limit is settable so tests exercise chunking with small buffers).
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tshard/comm/datatype.hpp"
+#include "tshard/comm/stats.hpp"
+#include "tshard/core/shard.hpp"
+
+namespace tshard::detail {
+
+inline Index& collective_chunk_limit() {
+  static Index limit = INT_MAX;
+  return limit;
+}
+// Sets the largest element count one MPI call may carry (default INT_MAX).
+inline void set_collective_chunk_limit(Index n) { collective_chunk_limit() = std::max<Index>(1, n); }
+
+inline int comm_size(MPI_Comm c) {
+  int s = 1;
+  MPI_Comm_size(c, &s);
+  return s;
+}
+inline int comm_rank(MPI_Comm c) {
+  int r = 0;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+
+// A datatype of `count` elements whose extent is `stride` elements: block i of a chunked
+// call then lands at i*stride, as the unchunked call would put it.
+template <class T>
+class StridedBlock {
+ public:
+  StridedBlock(Index count, Index stride) {
+    MPI_Datatype tmp;
+    MPI_Type_contiguous(int(count), mpi_datatype<T>(), &tmp);
+    MPI_Type_create_resized(tmp, 0, MPI_Aint(stride * Index(sizeof(T))), &type_);
+    MPI_Type_commit(&type_);
+    MPI_Type_free(&tmp);
+  }
+  ~StridedBlock() { MPI_Type_free(&type_); }
+  StridedBlock(const StridedBlock&) = delete;
+  StridedBlock& operator=(const StridedBlock&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_;
+};
+
+template <class T>
+std::uint64_t bytes_of(Index n) {
+  return std::uint64_t(n) * sizeof(T);
+}
+
+// recv[i*n .. (i+1)*n) = send of group rank i.
+template <class T>
+void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
+  const int p = comm_size(comm);
+  if (p == 1 || n == 0) {
+    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < n; off += limit) {
+    const Index c = std::min(limit, n - off);
+    CollectiveTimer t("all_gather", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    if (c == n) {
+      MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
+    } else {
+      StridedBlock<T> block(c, n);
+      MPI_Allgather(send + off, int(c), mpi_datatype<T>(), recv + off, 1, block.get(), comm);
+    }
+  }
+}
+
+// recv = op over the group of send; send == recv reduces in place.
+template <class T>
+void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
+  const int p = comm_size(comm);
+  if (p == 1 || n == 0) {
+    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < n; off += limit) {
+    const Index c = std::min(limit, n - off);
+    const std::uint64_t moved = 2 * bytes_of<T>(c) * (p - 1) / p;
+    CollectiveTimer t("all_reduce", moved, moved);
+    MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
+                  mpi_datatype<T>(), mpi_op(op), comm);
+  }
+}
+
+// send holds p blocks of n; group rank i receives op over the group of block i.
+template <class T>
+void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
+  const int p = comm_size(comm);
+  if (p == 1 || n == 0) {
+    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < n; off += limit) {
+    const Index c = std::min(limit, n - off);
+    CollectiveTimer t("reduce_scatter", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    if (c == n) {
+      MPI_Reduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op(op), comm);
+    } else {
+      StridedBlock<T> block(c, n);
+      MPI_Reduce_scatter_block(send + off, recv + off, 1, block.get(), mpi_op(op), comm);
+    }
+  }
+}
+
+// Block i of send (n elements) goes to group rank i; recv block j comes from group rank j.
+template <class T>
+void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
+  const int p = comm_size(comm);
+  if (p == 1 || n == 0) {
+    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < n; off += limit) {
+    const Index c = std::min(limit, n - off);
+    CollectiveTimer t("all_to_all", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    if (c == n) {
+      MPI_Alltoall(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
+    } else {
+      StridedBlock<T> block(c, n);
+      MPI_Alltoall(send + off, 1, block.get(), recv + off, 1, block.get(), comm);
+    }
+  }
+}
+
+template <class T>
+void broadcast(MPI_Comm comm, T* data, Index n, int root) {
+  const int p = comm_size(comm);
+  if (p == 1 || n == 0) return;
+  const bool is_root = comm_rank(comm) == root;
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < n; off += limit) {
+    const Index c = std::min(limit, n - off);
+    CollectiveTimer t("broadcast", is_root ? bytes_of<T>(c) * (p - 1) : 0, is_root ? 0 : bytes_of<T>(c));
+    MPI_Bcast(data + off, int(c), mpi_datatype<T>(), root, comm);
+  }
+}
+
+// One message of a point-to-point exchange.
+template <class T>
+struct Message {
+  int peer;
+  T* data;
+  Index count;
+};
+
+// Posts every receive, then every send, and waits: the general pattern behind permute,
+// all-to-all-v, gather-v and scatter-v. Messages to self are copied, not sent. `kind` names
+// the pattern in the stats. Chunked messages keep their order (MPI's non-overtaking rule).
+template <class T>
+void exchange(MPI_Comm comm, const std::vector<Message<const T>>& sends, const std::vector<Message<T>>& recvs,
+              const char* kind, int tag = 7301) {
+  const int me = comm_rank(comm);
+  std::uint64_t sent = 0, received = 0;
+  const T* self_src = nullptr;
+  T* self_dst = nullptr;
+  Index self_n = 0;
+  for (auto& m : sends)
+    if (m.peer == me) {
+      self_src = m.data;
+      self_n = m.count;
+    } else {
+      sent += bytes_of<T>(m.count);
+    }
+  for (auto& m : recvs)
+    if (m.peer == me)
+      self_dst = m.data;
+    else
+      received += bytes_of<T>(m.count);
+  if (self_src && self_dst && self_n && self_src != self_dst) std::memcpy(self_dst, self_src, bytes_of<T>(self_n));
+  if (sent == 0 && received == 0) return;
+  CollectiveTimer t(kind, sent, received);
+  const Index limit = collective_chunk_limit();
+  std::vector<MPI_Request> reqs;
+  for (auto& m : recvs)
+    if (m.peer != me)
+      for (Index off = 0; off < m.count; off += limit) {
+        reqs.emplace_back();
+        MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
+      }
+  for (auto& m : sends)
+    if (m.peer != me)
+      for (Index off = 0; off < m.count; off += limit) {
+        reqs.emplace_back();
+        MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
+                  comm, &reqs.back());
+      }
+  MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+}
+
+}  // namespace tshard::detail

@@ -1,0 +1,168 @@
+// The device mesh: named axes (compile time), sizes (run time), and its communicators: one for
+// the whole mesh (a duplicate, so tshard's traffic never mixes with the user's) and one for
+// every subset of axes, whose rank is the mixed-radix coordinate over those axes in the order
+// asked for (first major), so that a group's rank is the shard coordinate of a split.
+#pragma once
+#include <mpi.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "tshard/core/fixed_string.hpp"
+#include "tshard/core/mesh_shape.hpp"
+#include "tshard/core/spec_descriptor.hpp"
+
+namespace tshard {
+namespace detail {
+
+class MeshState {
+ public:
+  MeshState(MPI_Comm parent, std::vector<std::string> names, std::vector<int> sizes) {
+    int ranks = 0;
+    MPI_Comm_size(parent, &ranks);
+    // Checked before any collective: every rank sees the same sizes and throws alike.
+    shape_.sizes = infer_mesh_sizes(std::move(sizes), ranks, names);
+    shape_.names = std::move(names);
+    MPI_Comm_dup(parent, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    coords_ = shape_.coords_of(rank_);
+    // Every subset of axes in mesh order, created up front (each is one MPI_Comm_split).
+    const int n = shape_.axes();
+    for (unsigned mask = 1; mask < (1u << n); ++mask) {
+      std::vector<int> axes;
+      for (int a = 0; a < n; ++a)
+        if (mask & (1u << a)) axes.push_back(a);
+      group(axes);
+    }
+  }
+  ~MeshState() {
+    int down = 0;
+    MPI_Finalized(&down);
+    if (down) return;
+    for (auto& [axes, c] : groups_) MPI_Comm_free(&c);
+    MPI_Comm_free(&comm_);
+  }
+  MeshState(const MeshState&) = delete;
+  MeshState& operator=(const MeshState&) = delete;
+
+  const MeshShape& shape() const { return shape_; }
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int ranks() const { return shape_.size(); }
+  const std::array<int, kMaxAxes>& coords() const { return coords_; }
+
+  // The communicator of the ranks that share this rank's coordinates on every axis not listed;
+  // its rank is the mixed radix of the listed axes' coordinates, first major. Collective over
+  // the mesh the first time a given ordered list is asked for (SPMD: all ranks ask alike).
+  MPI_Comm group(const std::vector<int>& axes) {
+    if (axes.empty()) return MPI_COMM_SELF;
+    auto it = groups_.find(axes);
+    if (it != groups_.end()) return it->second;
+    std::uint32_t in = 0;
+    int key = 0;
+    for (int a : axes) {
+      in |= 1u << a;
+      key = key * shape_.sizes[a] + coords_[a];
+    }
+    int color = 0;
+    for (int a = 0; a < shape_.axes(); ++a)
+      if (!(in & (1u << a))) color = color * shape_.sizes[a] + coords_[a];
+    MPI_Comm c;
+    MPI_Comm_split(comm_, color, key, &c);
+    groups_.emplace(axes, c);
+    return c;
+  }
+  MPI_Comm group(const DimSplit& split, int first = 0) {
+    std::vector<int> axes;
+    for (int i = first; i < split.count; ++i) axes.push_back(split[i]);
+    return group(axes);
+  }
+  MPI_Comm group_of_mask(std::uint32_t mask) {
+    std::vector<int> axes;
+    for (int a = 0; a < shape_.axes(); ++a)
+      if (mask & (1u << a)) axes.push_back(a);
+    return group(axes);
+  }
+
+ private:
+  MeshShape shape_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  std::array<int, kMaxAxes> coords_{};
+  std::map<std::vector<int>, MPI_Comm> groups_;
+};
+
+}  // namespace detail
+
+// An N-D logical grid of ranks with named axes. Copies share one mesh (same communicators);
+// tensors keep their mesh alive.
+template <FixedString... Axes>
+class Mesh {
+ public:
+  static constexpr int axes = int(sizeof...(Axes));
+  static constexpr std::array<std::string_view, sizeof...(Axes)> axis_names{Axes.view()...};
+  static_assert(axes > 0, "tshard: a Mesh needs at least one named axis");
+  static_assert(axes <= detail::kMaxAxes, "tshard: a Mesh has at most 8 axes");
+  static_assert(detail::names_unique(axis_names), "tshard: a Mesh names the same axis twice");
+
+  // Sizes on MPI_COMM_WORLD; one size may be -1 and is inferred. MeshError where they do not fit.
+  template <std::size_t N>
+  explicit Mesh(const int (&sizes)[N]) : Mesh(MPI_COMM_WORLD, sizes) {}
+  // Sizes on another communicator (a boost::mpi::communicator converts to MPI_Comm).
+  template <std::size_t N>
+  Mesh(MPI_Comm comm, const int (&sizes)[N]) {
+    static_assert(N == sizeof...(Axes), "tshard: a Mesh takes one size per axis");
+    state_ = std::make_shared<detail::MeshState>(
+        comm, std::vector<std::string>{std::string(Axes.view())...}, std::vector<int>(sizes, sizes + N));
+  }
+
+  template <FixedString A>
+  static constexpr int axis_index() {
+    constexpr std::array<std::string_view, 1> name{A.view()};
+    constexpr int a = detail::axis_index(axis_names, name, 0);
+    static_assert(a >= 0, "tshard: this name is not an axis of this mesh");
+    return a;
+  }
+  template <FixedString A>
+  int size() const {
+    return state_->shape().sizes[axis_index<A>()];
+  }
+  template <FixedString A>
+  int coord() const {
+    return state_->coords()[axis_index<A>()];
+  }
+  int size() const { return state_->ranks(); }  // number of ranks
+  int rank() const { return state_->rank(); }
+  MPI_Comm comm() const { return state_->comm(); }
+  const detail::MeshShape& shape() const { return state_->shape(); }
+  const std::shared_ptr<detail::MeshState>& state() const { return state_; }
+  bool operator==(const Mesh& o) const { return state_ == o.state_; }
+
+ private:
+  std::shared_ptr<detail::MeshState> state_;
+};
+
+namespace detail {
+template <class M>
+struct is_mesh : std::false_type {};
+template <FixedString... A>
+struct is_mesh<Mesh<A...>> : std::true_type {};
+}  // namespace detail
+
+template <class M>
+concept MeshType = detail::is_mesh<M>::value;
+
+// Free-function forms for generic code (no `.template` needed).
+template <FixedString A, MeshType M>
+int axis_size(const M& mesh) {
+  return mesh.template size<A>();
+}
+template <FixedString A, MeshType M>
+int axis_coord(const M& mesh) {
+  return mesh.template coord<A>();
+}
+
+}  // namespace tshard

@@ -1,0 +1,142 @@
+// Byte and time accounting per operator and collective, so the cost of a program can be read.
+//
+// Bytes are counted from the arguments of each MPI call, as what this rank hands to other
+// ranks (sent) and what it takes from them (received), self-copies excluded:
+//   all-gather, all-to-all, reduce-scatter of n bytes per rank block: n*(p-1) each way;
+//   all-reduce of n bytes: 2*n*(p-1)/p each way (the reduce-scatter + all-gather optimum);
+//   broadcast of n bytes: the root sends n*(p-1), every other rank receives n;
+//   point-to-point (permute, all-to-all-v, gather-v, scatter-v, halos): the message sizes.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tshard {
+
+struct CollectiveStats {
+  std::uint64_t calls = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  double seconds = 0;
+
+  CollectiveStats& operator+=(const CollectiveStats& o) {
+    calls += o.calls;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    seconds += o.seconds;
+    return *this;
+  }
+};
+
+// What one operator (reshard, gather, matmul, ...) did, per collective kind.
+struct OperatorStats {
+  std::map<std::string, CollectiveStats> collectives;
+  CollectiveStats total() const {
+    CollectiveStats t;
+    for (auto& [name, c] : collectives) t += c;
+    return t;
+  }
+  std::uint64_t calls(const std::string& collective) const {
+    auto it = collectives.find(collective);
+    return it == collectives.end() ? 0 : it->second.calls;
+  }
+};
+
+class CommStats {
+ public:
+  // Operators by name; nested operators are joined with '/': "matmul/reshard".
+  const std::map<std::string, OperatorStats>& operators() const { return ops_; }
+  const OperatorStats& op(const std::string& name) const {
+    static const OperatorStats empty;
+    auto it = ops_.find(name);
+    return it == ops_.end() ? empty : it->second;
+  }
+  CollectiveStats total() const {
+    CollectiveStats t;
+    for (auto& [name, o] : ops_) t += o.total();
+    return t;
+  }
+  // Total over every operator of one collective kind ("all_gather", "all_to_all", ...).
+  CollectiveStats collective(const std::string& kind) const {
+    CollectiveStats t;
+    for (auto& [name, o] : ops_) {
+      auto it = o.collectives.find(kind);
+      if (it != o.collectives.end()) t += it->second;
+    }
+    return t;
+  }
+  void reset() { ops_.clear(); }
+  std::string report() const {
+    std::string s;
+    for (auto& [name, o] : ops_)
+      for (auto& [kind, c] : o.collectives)
+        s += name + " " + kind + ": " + std::to_string(c.calls) + " calls, " + std::to_string(c.bytes_sent) +
+             " B sent, " + std::to_string(c.bytes_received) + " B received, " +
+             std::to_string(c.seconds * 1e3) + " ms\n";
+    return s;
+  }
+  void record(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received, double seconds) {
+    CollectiveStats& c = ops_[op].collectives[kind];
+    c.calls += 1;
+    c.bytes_sent += sent;
+    c.bytes_received += received;
+    c.seconds += seconds;
+  }
+
+ private:
+  std::map<std::string, OperatorStats> ops_;
+};
+
+// This rank's counters since the start or the last reset.
+inline CommStats& comm_stats() {
+  static CommStats stats;
+  return stats;
+}
+inline void reset_comm_stats() { comm_stats().reset(); }
+
+namespace detail {
+
+inline std::vector<std::string>& operator_stack() {
+  thread_local std::vector<std::string> stack;
+  return stack;
+}
+
+inline std::string current_operator() {
+  auto& st = operator_stack();
+  if (st.empty()) return "user";
+  std::string s = st.front();
+  for (std::size_t i = 1; i < st.size(); ++i) s += "/" + st[i];
+  return s;
+}
+
+// Names the operator that the collectives inside this scope are counted under.
+class OperatorScope {
+ public:
+  explicit OperatorScope(std::string name) { operator_stack().push_back(std::move(name)); }
+  ~OperatorScope() { operator_stack().pop_back(); }
+  OperatorScope(const OperatorScope&) = delete;
+  OperatorScope& operator=(const OperatorScope&) = delete;
+};
+
+// Times one collective call and records it under the current operator.
+class CollectiveTimer {
+ public:
+  CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received)
+      : kind_(kind), sent_(sent), received_(received), start_(std::chrono::steady_clock::now()) {}
+  ~CollectiveTimer() {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    comm_stats().record(current_operator(), kind_, sent_, received_, s);
+  }
+  CollectiveTimer(const CollectiveTimer&) = delete;
+  CollectiveTimer& operator=(const CollectiveTimer&) = delete;
+
+ private:
+  const char* kind_;
+  std::uint64_t sent_, received_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace detail
+}  // namespace tshard

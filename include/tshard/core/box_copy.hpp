@@ -1,0 +1,58 @@
+// Copy of an N-D box between two column-major buffers of different extents: the one local
+// data-movement kernel that slicing, packing and unpacking share.
+#pragma once
+#include <cstring>
+
+#include "tshard/core/shard.hpp"
+
+namespace tshard::detail {
+
+// Copies `extent` elements per dim from src (extents src_dims, box origin src_start) to dst.
+// Leading dims that are whole in both buffers are merged so memcpy runs are as long as possible.
+template <class T>
+void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T* dst,
+              const Extents& dst_dims, const Extents& dst_start, const Extents& extent, int rank) {
+  for (int d = 0; d < rank; ++d)
+    if (extent[d] <= 0) return;
+  if (rank == 0) {
+    *dst = *src;
+    return;
+  }
+  // Linear offsets of the box origins and strides.
+  Extents ss{}, ds{};
+  Index so = 0, dof = 0, s = 1, t = 1;
+  for (int d = 0; d < rank; ++d) {
+    ss[d] = s;
+    ds[d] = t;
+    so += src_start[d] * s;
+    dof += dst_start[d] * t;
+    s *= src_dims[d];
+    t *= dst_dims[d];
+  }
+  // Merge leading dims while the box covers them whole in both buffers.
+  Index run = extent[0];
+  int first = 1;
+  while (first < rank && extent[first - 1] == src_dims[first - 1] && extent[first - 1] == dst_dims[first - 1]) {
+    run *= extent[first];
+    ++first;
+  }
+  Extents idx{};
+  const T* sp = src + so;
+  T* dp = dst + dof;
+  for (;;) {
+    Index soff = 0, doff = 0;
+    for (int d = first; d < rank; ++d) {
+      soff += idx[d] * ss[d];
+      doff += idx[d] * ds[d];
+    }
+    std::memcpy(dp + doff, sp + soff, static_cast<std::size_t>(run) * sizeof(T));
+    int d = first;
+    for (; d < rank; ++d) {
+      if (++idx[d] < extent[d]) break;
+      idx[d] = 0;
+    }
+    if (d == rank) return;
+  }
+}
+
+}  // namespace tshard::detail

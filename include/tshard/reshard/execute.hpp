@@ -1,0 +1,235 @@
+// The reshard executor: runs a plan's steps on one rank's buffers, instantiated once per
+// element type. Each step reads the previous step's buffer and writes the next one; only the
+// last writes into the caller's destination.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/core/box_copy.hpp"
+#include "tshard/reshard/plan.hpp"
+#include "tshard/tensor/gather_kernels.hpp"
+
+namespace tshard::detail {
+
+// Copies the overlap of two blocks' valid boxes from one buffer to the other.
+template <class T>
+void copy_overlap(const T* src, const ShardLayout& sl, T* dst, const ShardLayout& dl) {
+  Extents ss{}, ds{}, ext{};
+  for (int d = 0; d < sl.rank; ++d) {
+    Index lo = std::max(sl.offset[d], dl.offset[d]);
+    Index hi = std::min(sl.offset[d] + sl.valid[d], dl.offset[d] + dl.valid[d]);
+    if (hi <= lo) return;
+    ss[d] = lo - sl.offset[d];
+    ds[d] = lo - dl.offset[d];
+    ext[d] = hi - lo;
+  }
+  copy_box(src, sl.padded, ss, dst, dl.padded, ds, ext, sl.rank);
+}
+
+// A block with dim d's extent, offset and valid length taken from another block.
+inline ShardLayout with_dim_of(ShardLayout l, const ShardLayout& o, int d) {
+  l.padded[d] = o.padded[d];
+  l.offset[d] = o.offset[d];
+  l.valid[d] = o.valid[d];
+  return l;
+}
+
+// True when the blocks along d are contiguous in memory (every later dim has extent 1).
+inline bool slowest_dim(const ShardLayout& l, int d) {
+  for (int e = d + 1; e < l.rank; ++e)
+    if (l.padded[e] != 1) return false;
+  return true;
+}
+
+inline ReduceOp reduce_op_of(PartialKind k) {
+  return k == PartialKind::Max ? ReduceOp::Max : k == PartialKind::Min ? ReduceOp::Min : ReduceOp::Sum;
+}
+
+template <class T>
+class StepRunner {
+ public:
+  StepRunner(MeshState& mesh, const Extents& shape) : mesh_(mesh), m_(mesh.shape()), shape_(shape) {}
+
+  void run(const ReshardStep& st, const T* src, T* dst) {
+    const ShardLayout from = mine(st.from), to = mine(st.to);
+    switch (st.kind) {
+      case StepKind::Local: copy_overlap(src, from, dst, to); break;
+      case StepKind::AllReduce:
+        all_reduce(mesh_.group(st.axes), src, dst, from.padded_size(), reduce_op_of(st.from.partial));
+        break;
+      case StepKind::AllGather: all_gather_step(st, from, to, src, dst); break;
+      case StepKind::AllToAll: all_to_all_step(st, from, to, src, dst); break;
+      case StepKind::ReduceScatter: reduce_scatter_step(st, from, to, src, dst); break;
+      case StepKind::Direct: direct_step(st, from, to, src, dst); break;
+    }
+  }
+
+ private:
+  ShardLayout mine(const SpecDesc& s) const { return shard_layout(s, shape_, m_, mesh_.coords()); }
+  ShardLayout member(const SpecDesc& s, const std::vector<int>& axes, int g) const {
+    return shard_layout(s, shape_, m_, group_member_coords(m_, axes, g, mesh_.coords()));
+  }
+  int group_size(const std::vector<int>& axes) const {
+    int k = 1;
+    for (int a : axes) k *= m_.sizes[a];
+    return k;
+  }
+
+  void all_gather_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
+    const int k = group_size(st.axes);
+    const Index n = from.padded_size();
+    // Zero-copy where the gathered blocks are exactly the new block, back to back.
+    if (slowest_dim(to, st.dim) && to.padded[st.dim] == k * from.padded[st.dim] &&
+        member(st.from, st.axes, 0).offset[st.dim] == to.offset[st.dim]) {
+      all_gather(mesh_.group(st.axes), src, n, dst);
+      return;
+    }
+    Scratch<T> all(static_cast<std::size_t>(n) * k);
+    all_gather(mesh_.group(st.axes), src, n, all.data());
+    for (int g = 0; g < k; ++g) copy_overlap(all.data() + g * n, member(st.from, st.axes, g), dst, to);
+  }
+
+  void all_to_all_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
+    const int k = group_size(st.axes), d1 = st.dim, d2 = st.dim2;
+    const Index chunk = from.padded[d2] ? from.padded_size() / from.padded[d2] * to.padded[d2] : 0;
+    Scratch<T> send(static_cast<std::size_t>(chunk) * k), recv(static_cast<std::size_t>(chunk) * k);
+    for (int g = 0; g < k; ++g)  // the part of my block that member g keeps along d2
+      copy_overlap(src, from, send.data() + g * chunk, with_dim_of(from, member(st.to, st.axes, g), d2));
+    all_to_all(mesh_.group(st.axes), send.data(), recv.data(), chunk);
+    for (int g = 0; g < k; ++g)  // member g's block along d1, cut to mine along d2
+      copy_overlap(recv.data() + g * chunk, with_dim_of(member(st.from, st.axes, g), to, d2), dst, to);
+    (void)d1;
+  }
+
+  void reduce_scatter_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
+                           T* dst) {
+    const int k = group_size(st.axes), d = st.dim;
+    const Index chunk = to.padded_size();
+    const ReduceOp op = reduce_op_of(st.from.partial);
+    if (slowest_dim(from, d) && from.padded[d] == k * to.padded[d] &&
+        member(st.to, st.axes, 0).offset[d] == from.offset[d]) {
+      reduce_scatter_block(mesh_.group(st.axes), src, dst, chunk, op);
+      return;
+    }
+    Scratch<T> send(static_cast<std::size_t>(chunk) * k);
+    // Padding in the chunks is reduced along with the data and lands in padding: harmless,
+    // but zeroed so that no uninitialised memory is ever read.
+    std::fill(send.data(), send.data() + chunk * k, T(0));
+    for (int g = 0; g < k; ++g) copy_overlap(src, from, send.data() + g * chunk, member(st.to, st.axes, g));
+    reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, op);
+  }
+
+  void direct_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
+    Planner planner(shape_, m_);
+    const int me = mesh_.rank();
+    std::vector<Message<const T>> sends;
+    std::vector<Message<T>> recvs;
+    std::vector<std::pair<int, ShardLayout>> incoming;  // (sender, its overlap block)
+    Index send_total = 0, recv_total = 0;
+    std::vector<std::pair<int, ShardLayout>> outgoing;
+    for (int r = 0; r < m_.size(); ++r) {
+      // I send to r when I am r's owner of the elements r needs from my block.
+      const auto senders = planner.direct_senders(st.from, r);
+      if (std::find(senders.begin(), senders.end(), me) != senders.end()) {
+        ShardLayout ov = overlap(from, shard_layout_of_rank(st.to, shape_, m_, r));
+        if (ov.valid_size()) {
+          outgoing.emplace_back(r, ov);
+          send_total += ov.valid_size();
+        }
+      }
+    }
+    for (int s : planner.direct_senders(st.from, me)) {
+      ShardLayout ov = overlap(shard_layout_of_rank(st.from, shape_, m_, s), to);
+      if (ov.valid_size()) {
+        incoming.emplace_back(s, ov);
+        recv_total += ov.valid_size();
+      }
+    }
+    Scratch<T> sbuf(static_cast<std::size_t>(send_total)), rbuf(static_cast<std::size_t>(recv_total));
+    Index off = 0;
+    for (auto& [r, ov] : outgoing) {
+      if (r == me) {
+        copy_overlap(src, from, dst, to);
+        continue;
+      }
+      copy_overlap(src, from, sbuf.data() + off, ov);
+      sends.push_back({r, sbuf.data() + off, ov.valid_size()});
+      off += ov.valid_size();
+    }
+    off = 0;
+    std::vector<Index> roff;
+    for (auto& [s, ov] : incoming) {
+      roff.push_back(off);
+      if (s != me) {
+        recvs.push_back({s, rbuf.data() + off, ov.valid_size()});
+        off += ov.valid_size();
+      }
+    }
+    const bool permute = sends.size() <= 1 && recvs.size() <= 1;
+    exchange<T>(mesh_.comm(), sends, recvs, permute ? "permute" : "all_to_all_v");
+    for (std::size_t i = 0; i < incoming.size(); ++i)
+      if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, to);
+  }
+
+  // The overlap of two valid boxes as a dense block of its own.
+  static ShardLayout overlap(const ShardLayout& a, const ShardLayout& b) {
+    ShardLayout o;
+    o.rank = a.rank;
+    for (int d = 0; d < a.rank; ++d) {
+      Index lo = std::max(a.offset[d], b.offset[d]);
+      Index hi = std::min(a.offset[d] + a.valid[d], b.offset[d] + b.valid[d]);
+      o.offset[d] = lo;
+      o.valid[d] = o.padded[d] = std::max<Index>(0, hi - lo);
+    }
+    return o;
+  }
+
+  MeshState& mesh_;
+  const MeshShape& m_;
+  Extents shape_;
+};
+
+// Plans are cached per (mesh shape, global shape, specs): repeated reshards in a loop plan once.
+inline std::shared_ptr<const ReshardPlan> cached_plan(MeshState& mesh, const SpecDesc& src, const SpecDesc& dst,
+                                                      const Extents& shape) {
+  using Key = std::tuple<std::string, std::string, std::string, Extents>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const ReshardPlan>> cache;
+  Key key{mesh.shape().describe(), src.to_string(mesh.shape()), dst.to_string(mesh.shape()), shape};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end() && it->second) return it->second;
+  if (cache.size() > 4096) cache.clear();
+  auto p = std::make_shared<const ReshardPlan>(plan_reshard(src, dst, shape, mesh.shape()));
+  cache[key] = p;
+  return p;
+}
+
+// dst (laid out for `dst_spec`) = src (laid out for `src_spec`), by the cached plan.
+template <class T>
+void execute_reshard(MeshState& mesh, const SpecDesc& src_spec, const SpecDesc& dst_spec, const Extents& shape,
+                     const T* src, T* dst) {
+  auto plan = cached_plan(mesh, src_spec, dst_spec, shape);
+  StepRunner<T> runner(mesh, shape);
+  std::unique_ptr<Scratch<T>> held[2];
+  const T* cur = src;
+  for (std::size_t i = 0; i < plan->steps.size(); ++i) {
+    const ReshardStep& st = plan->steps[i];
+    T* out = dst;
+    if (i + 1 < plan->steps.size()) {
+      auto l = shard_layout(st.to, shape, mesh.shape(), mesh.coords());
+      held[i % 2] = std::make_unique<Scratch<T>>(static_cast<std::size_t>(l.padded_size()));
+      out = held[i % 2]->data();
+    }
+    runner.run(st, cur, out);
+    cur = out;
+  }
+}
+
+}  // namespace tshard::detail

@@ -1,0 +1,63 @@
+// reshard<NewSpec>(t): the typed entry point. Redistribution by assignment of a spec, as
+// Elemental's DistMatrix does it; a partial is resolved on the way, and no reshard makes one.
+#pragma once
+#include <string>
+
+#include "tshard/reshard/execute.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard {
+
+// A new tensor with the same global value laid out as NewSpec.
+template <class NewSpec, class T, class M, class S, class P>
+ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
+  static_assert(detail::is_spec<NewSpec>::value, "tshard: reshard<Spec>(t) takes a tshard::Spec<...>");
+  static_assert(NewSpec::rank == S::rank, "tshard: the spec's rank differs from the tensor's rank");
+  using Out = ShardedTensor<T, M, NewSpec>;
+  detail::OperatorScope scope("reshard");
+  Out out(t.mesh(), t.global_shape());
+  detail::execute_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), t.data(), out.data());
+  return out;
+}
+
+// dst = t laid out as dst's spec, in dst's existing storage (no allocation of the result).
+template <class T, class M, class S2, class S, class P>
+void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>& t) {
+  static_assert(S2::rank == S::rank, "tshard: the spec's rank differs from the tensor's rank");
+  detail::require_same_mesh(dst, t, "reshard_into");
+  if (dst.extents() != t.extents())
+    throw ShapeError("tshard::reshard_into: the shapes differ: source is " + t.describe() + ", destination is " +
+                     dst.describe());
+  detail::OperatorScope scope("reshard");
+  detail::execute_reshard(*t.mesh().state(), t.spec_desc, dst.spec_desc, t.extents(), t.data(), dst.data());
+}
+
+// The steps reshard<NewSpec>(t) would take, e.g. "all-gather {x, R} -> {R, R}".
+template <class NewSpec, class T, class M, class S, class P>
+std::string explain_reshard(const ShardedTensor<T, M, S, P>& t) {
+  using Out = ShardedTensor<T, M, NewSpec>;
+  return detail::cached_plan(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents())->describe(t.mesh().shape());
+}
+
+// Whether operators may insert communication the user did not write.
+enum class ImplicitCommunication { Allow, Forbid };
+inline ImplicitCommunication& implicit_communication() {
+  static ImplicitCommunication mode = ImplicitCommunication::Allow;
+  return mode;
+}
+
+namespace detail {
+// The one entry point for every reshard an operator inserts on its own; counted under
+// "<op>/auto-reshard" and refused with SpecError when implicit communication is forbidden.
+template <class NewSpec, class T, class M, class S, class P>
+ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op) {
+  using Out = ShardedTensor<T, M, NewSpec>;
+  if (implicit_communication() == ImplicitCommunication::Forbid && !(Out::spec_desc == t.spec_desc))
+    throw SpecError(std::string("tshard::") + op + ": would reshard " + t.describe() + " to " +
+                    Out::spec_desc.to_string(t.mesh().shape()) + ", but implicit communication is forbidden");
+  OperatorScope scope(std::string(op) + "/auto");
+  return reshard<NewSpec>(t);
+}
+}  // namespace detail
+
+}  // namespace tshard

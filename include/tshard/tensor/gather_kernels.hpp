@@ -1,0 +1,116 @@
+// Assembling the global value from shards, on every rank or on one root: one all-gather over
+// the group of split axes (ranks differing only on unsplit axes hold the same data), after
+// resolving a partial with an all-reduce over its axes.
+#pragma once
+#include <vector>
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/core/box_copy.hpp"
+#include "tshard/core/shard.hpp"
+
+namespace tshard::detail {
+
+inline std::vector<int> axes_of_mask(std::uint32_t mask, int axes) {
+  std::vector<int> v;
+  for (int a = 0; a < axes; ++a)
+    if (mask & (1u << a)) v.push_back(a);
+  return v;
+}
+
+// Coordinates of group rank g of the group over `axes` (mixed radix, first major), with the
+// other coordinates taken from `base`.
+inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const std::vector<int>& axes, int g,
+                                                     std::array<int, kMaxAxes> base) {
+  for (int i = int(axes.size()) - 1; i >= 0; --i) {
+    base[axes[i]] = g % m.sizes[axes[i]];
+    g /= m.sizes[axes[i]];
+  }
+  return base;
+}
+
+// A partial's local values resolved in place (all-reduce over its axes).
+template <class T>
+void resolve_partial_in_place(MeshState& mesh, const SpecDesc& spec, T* data, Index n) {
+  if (spec.partial == PartialKind::None) return;
+  const ReduceOp op = spec.partial == PartialKind::Sum ? ReduceOp::Sum
+                      : spec.partial == PartialKind::Max ? ReduceOp::Max
+                                                          : ReduceOp::Min;
+  all_reduce(mesh.group_of_mask(spec.partial_axes), data, data, n, op);
+}
+
+// out (global shape, column-major) = the global value, on every rank.
+template <class T>
+void gather_to_all(MeshState& mesh, const SpecDesc& spec, const Extents& shape, const T* local, T* out) {
+  const MeshShape& m = mesh.shape();
+  const ShardLayout mine = shard_layout(spec, shape, m, mesh.coords());
+  const Index n = mine.padded_size();
+  const T* src = local;
+  Scratch<T> resolved(spec.partial != PartialKind::None ? static_cast<std::size_t>(n) : 0);
+  if (spec.partial != PartialKind::None) {
+    std::copy(local, local + n, resolved.data());
+    resolve_partial_in_place(mesh, spec, resolved.data(), n);
+    src = resolved.data();
+  }
+  const std::vector<int> axes = axes_of_mask(spec.split_axes(), m.axes());
+  const int members = int(split_parts([&] {
+    DimSplit s;
+    for (int a : axes) s.push(a);
+    return s;
+  }(), m));
+  Scratch<T> all(static_cast<std::size_t>(n) * members);
+  all_gather(mesh.group(axes), src, n, all.data());
+  const Extents zero{};
+  for (int g = 0; g < members; ++g) {
+    const ShardLayout l = shard_layout(spec, shape, m, group_member_coords(m, axes, g, mesh.coords()));
+    copy_box(all.data() + g * n, l.padded, zero, out, shape, l.offset, l.valid, spec.rank);
+  }
+}
+
+// out = the global value on mesh rank `root`; other ranks' `out` is untouched.
+template <class T>
+void gather_to_root(MeshState& mesh, const SpecDesc& spec, const Extents& shape, const T* local, T* out, int root) {
+  const MeshShape& m = mesh.shape();
+  const ShardLayout mine = shard_layout(spec, shape, m, mesh.coords());
+  const Index n = mine.padded_size();
+  Scratch<T> resolved(spec.partial != PartialKind::None ? static_cast<std::size_t>(n) : 0);
+  if (spec.partial != PartialKind::None) {
+    std::copy(local, local + n, resolved.data());
+    resolve_partial_in_place(mesh, spec, resolved.data(), n);
+    local = resolved.data();
+  }
+  // Senders: the ranks whose coordinates on every unsplit axis are 0; each sends its valid block.
+  const std::uint32_t split = spec.split_axes();
+  auto is_sender = [&](const std::array<int, kMaxAxes>& c) {
+    for (int a = 0; a < m.axes(); ++a)
+      if (!(split & (1u << a)) && c[a] != 0) return false;
+    return true;
+  };
+  const Extents zero{};
+  std::vector<Message<const T>> sends;
+  std::vector<Message<T>> recvs;
+  Scratch<T> packed(is_sender(mesh.coords()) ? static_cast<std::size_t>(mine.valid_size()) : 0);
+  if (is_sender(mesh.coords())) {
+    copy_box(local, mine.padded, zero, packed.data(), mine.valid, zero, mine.valid, spec.rank);
+    sends.push_back({root, packed.data(), mine.valid_size()});
+  }
+  std::vector<std::pair<int, Index>> blocks;  // (rank, offset in `incoming`)
+  Index total = 0;
+  if (mesh.rank() == root)
+    for (int r = 0; r < m.size(); ++r)
+      if (is_sender(m.coords_of(r))) {
+        blocks.emplace_back(r, total);
+        total += shard_layout_of_rank(spec, shape, m, r).valid_size();
+      }
+  Scratch<T> incoming(static_cast<std::size_t>(total));
+  for (auto& [r, off] : blocks)
+    recvs.push_back({r, incoming.data() + off, shard_layout_of_rank(spec, shape, m, r).valid_size()});
+  exchange<T>(mesh.comm(), sends, recvs, "gather_v");
+  for (auto& [r, off] : blocks) {
+    const ShardLayout l = shard_layout_of_rank(spec, shape, m, r);
+    copy_box(incoming.data() + off, l.valid, zero, out, shape, l.offset, l.valid, spec.rank);
+  }
+}
+
+}  // namespace tshard::detail

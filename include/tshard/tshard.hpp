@@ -1,0 +1,20 @@
+// The whole public API of tshard; include this one header.
+#pragma once
+
+#include "tshard/version.hpp"
+
+#include "tshard/core/error.hpp"
+#include "tshard/core/spec.hpp"
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/environment.hpp"
+#include "tshard/comm/failure.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/comm/stats.hpp"
+
+#include "tshard/tensor/factories.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+#include "tshard/reshard/reshard.hpp"
+
+#include "tshard/debug/visualize.hpp"

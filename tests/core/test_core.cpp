@@ -1,0 +1,167 @@
+// Core arithmetic without MPI: rank <-> coordinates, size inference, shard arithmetic,
+// descriptors and the reshard planner's choices.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include "tshard/core/box_copy.hpp"
+#include "tshard/core/mesh_shape.hpp"
+#include "tshard/core/shard.hpp"
+#include "tshard/core/spec.hpp"
+#include "tshard/core/spec_descriptor.hpp"
+#include "tshard/reshard/plan.hpp"
+
+using namespace tshard::detail;
+namespace ts = tshard;
+
+static MeshShape mesh_of(std::vector<int> sizes) {
+  MeshShape m;
+  m.sizes = sizes;
+  const char* names[] = {"x", "y", "z", "w"};
+  for (std::size_t a = 0; a < sizes.size(); ++a) m.names.push_back(names[a]);
+  return m;
+}
+
+TEST_CASE("mesh coordinates are row-major with the last axis fastest") {
+  MeshShape m = mesh_of({2, 3, 4});
+  REQUIRE(m.size() == 24);
+  auto c = m.coords_of(0 * 12 + 2 * 4 + 3);
+  REQUIRE((c[0] == 0 && c[1] == 2 && c[2] == 3));
+  for (int r = 0; r < m.size(); ++r) REQUIRE(m.rank_of(m.coords_of(r)) == r);
+  c = m.coords_of(13);  // 1*12 + 0*4 + 1
+  REQUIRE((c[0] == 1 && c[1] == 0 && c[2] == 1));
+}
+
+TEST_CASE("one mesh size of -1 is inferred, and sizes that do not fit throw MeshError") {
+  std::vector<std::string> n{"data", "model"};
+  REQUIRE(infer_mesh_sizes({-1, 2}, 6, n) == std::vector<int>{3, 2});
+  REQUIRE(infer_mesh_sizes({3, -1}, 6, n) == std::vector<int>{3, 2});
+  REQUIRE(infer_mesh_sizes({2, 3}, 6, n) == std::vector<int>{2, 3});
+  REQUIRE_THROWS_AS(infer_mesh_sizes({2, 2}, 6, n), ts::MeshError);
+  REQUIRE_THROWS_AS(infer_mesh_sizes({-1, 4}, 6, n), ts::MeshError);
+  REQUIRE_THROWS_AS(infer_mesh_sizes({-1, -1}, 6, n), ts::MeshError);
+  REQUIRE_THROWS_AS(infer_mesh_sizes({0, 6}, 6, n), ts::MeshError);
+  REQUIRE_THROWS_WITH(infer_mesh_sizes({2, 2}, 6, n), Catch::Contains("data=2") && Catch::Contains("6 ranks"));
+}
+
+TEST_CASE("shards follow ceil padding: offset min(c*b, N), valid clamp(N - c*b, 0, b)") {
+  // N = 10 over 4: b = 3, shards 3,3,3,1.
+  REQUIRE(padded_extent(10, 4) == 3);
+  Index valid[] = {3, 3, 3, 1}, off[] = {0, 3, 6, 9};
+  for (int c = 0; c < 4; ++c) {
+    REQUIRE(shard_offset(10, 4, c) == off[c]);
+    REQUIRE(shard_valid(10, 4, c) == valid[c]);
+  }
+  // N = 5 over 4: b = 2, shards 2,2,1,0 (the last is empty, its offset clamps to N).
+  REQUIRE(shard_valid(5, 4, 3) == 0);
+  REQUIRE(shard_offset(5, 4, 3) == 5);
+  // Dims smaller than the split: N = 2 over 6 gives 1,1,0,0,0,0.
+  for (int c = 0; c < 6; ++c) REQUIRE(shard_valid(2, 6, c) == (c < 2 ? 1 : 0));
+  // N = 0: every shard empty, buffers of size 0.
+  REQUIRE(padded_extent(0, 3) == 0);
+  REQUIRE(shard_valid(0, 3, 1) == 0);
+  // Unsplit: the whole dim.
+  REQUIRE(padded_extent(7, 1) == 7);
+}
+
+TEST_CASE("shards tile every dim exactly once for all sizes and split counts") {
+  for (Index n = 0; n <= 40; ++n)
+    for (Index k = 1; k <= 12; ++k) {
+      Index covered = 0;
+      for (Index c = 0; c < k; ++c) {
+        REQUIRE(shard_offset(n, k, c) == std::min(covered, n));
+        covered += shard_valid(n, k, c);
+        REQUIRE(shard_valid(n, k, c) <= padded_extent(n, k));
+      }
+      REQUIRE(covered == n);
+    }
+}
+
+TEST_CASE("multi-axis splits use the mixed radix of the axes, first axis major") {
+  MeshShape m = mesh_of({2, 3});
+  DimSplit xy, yx;
+  xy.push(0);
+  xy.push(1);
+  yx.push(1);
+  yx.push(0);
+  auto c = m.coords_of(4);  // x=1, y=1
+  REQUIRE(split_coord(xy, m, c) == 1 * 3 + 1);
+  REQUIRE(split_coord(yx, m, c) == 1 * 2 + 1);
+  REQUIRE(split_parts(xy, m) == 6);
+}
+
+TEST_CASE("spec types become descriptors with readable names") {
+  constexpr std::array<std::string_view, 2> axes{"data", "model"};
+  using X = ts::Spec<ts::S<"data">, ts::R>;
+  constexpr SpecDesc d = make_desc<X, ts::NoPartial>(axes);
+  static_assert(d.rank == 2 && d.dims[0].count == 1 && d.dims[0][0] == 0 && d.dims[1].count == 0);
+  MeshShape m = mesh_of({2, 2});
+  m.names = {"data", "model"};
+  REQUIRE(d.to_string(m) == "{data, R}");
+  using Y = ts::Spec<ts::R, ts::S<"model", "data">>;
+  constexpr SpecDesc f = make_desc<Y, ts::NoPartial>(axes);
+  REQUIRE(f.to_string(m) == "{R, (model,data)}");
+  constexpr SpecDesc g = make_desc<ts::Spec<ts::R>, ts::PartialMax<"data", "model">>(axes);
+  REQUIRE(g.to_string(m) == "{R} partial-max(data,model)");
+  static_assert(names_unique(spec_traits<Y>::all_names()));
+  static_assert(!names_unique(spec_traits<ts::Spec<ts::S<"a">, ts::S<"a">>>::all_names()));
+  static_assert(!spec_traits<ts::Spec<ts::S<"nope">>>::axes_known(axes));
+}
+
+TEST_CASE("copy_box moves an N-D box between buffers of different extents") {
+  // 4x3x2 source, copy the box starting (1,1,0) of extent (2,2,2) into a 3x3x3 buffer at (0,1,1).
+  std::vector<int> src(24), dst(27, -1);
+  for (int i = 0; i < 24; ++i) src[i] = i;
+  Extents sd{4, 3, 2}, ss{1, 1, 0}, dd{3, 3, 3}, ds{0, 1, 1}, ext{2, 2, 2};
+  copy_box(src.data(), sd, ss, dst.data(), dd, ds, ext, 3);
+  for (int k = 0; k < 2; ++k)
+    for (int j = 0; j < 2; ++j)
+      for (int i = 0; i < 2; ++i)
+        REQUIRE(dst[(i + 0) + 3 * (j + 1) + 9 * (k + 1)] == src[(i + 1) + 4 * (j + 1) + 12 * k]);
+  int untouched = 0;
+  for (int v : dst) untouched += v == -1;
+  REQUIRE(untouched == 27 - 8);
+}
+
+static SpecDesc spec(std::initializer_list<std::vector<int>> dims) {
+  SpecDesc s;
+  s.rank = int(dims.size());
+  int d = 0;
+  for (auto& axes : dims) {
+    for (int a : axes) s.dims[d].push(a);
+    ++d;
+  }
+  return s;
+}
+
+static std::vector<StepKind> kinds(const ReshardPlan& p) {
+  std::vector<StepKind> k;
+  for (auto& s : p.steps) k.push_back(s.kind);
+  return k;
+}
+
+TEST_CASE("the planner picks GSPMD's collective for each kind of transition") {
+  MeshShape m = mesh_of({2, 3});
+  Extents shape{12, 18};
+  using K = StepKind;
+  // S -> R: all-gather; R -> S: local slice; a split moving dims: all-to-all.
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {}}), shape, m)) == std::vector<K>{K::AllGather});
+  REQUIRE(kinds(plan_reshard(spec({{}, {}}), spec({{1}, {0}}), shape, m)) == std::vector<K>{K::Local});
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {0}}), shape, m)) == std::vector<K>{K::AllToAll});
+  // S<x,y> -> R gathers both axes in one all-gather.
+  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{}, {}}), shape, m)) == std::vector<K>{K::AllGather});
+  // Refining S<x> to S<x,y> is local when sizes divide...
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), shape, m)) == std::vector<K>{K::Local});
+  // ...and moves data when they do not (N = 7: ceil(7/2) = 4 is not 3 * ceil(7/6) = 6).
+  Extents uneven{7, 5};
+  auto p = plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), uneven, m);
+  REQUIRE(p.steps.size() >= 1);
+  REQUIRE(p.steps[0].kind != K::Local);
+  // Partial sum -> S: reduce-scatter; partial -> R: all-reduce.
+  SpecDesc part = spec({{}, {}});
+  part.partial = PartialKind::Sum;
+  part.partial_axes = 1u << 1;
+  REQUIRE(kinds(plan_reshard(part, spec({{}, {1}}), shape, m)) == std::vector<K>{K::ReduceScatter});
+  REQUIRE(kinds(plan_reshard(part, spec({{}, {}}), shape, m)) == std::vector<K>{K::AllReduce});
+  // Axis order swap S<x,y> -> S<y,x>: a permutation, one partner per rank.
+  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{1, 0}, {}}), shape, m)) == std::vector<K>{K::Direct});
+}

@@ -1,0 +1,135 @@
+// Mesh construction, its communicators, failure agreement and the buffer pool.
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+TEST_CASE("a mesh reports sizes and coordinates in row-major order") {
+  const int p = world_size();
+  for (auto sizes : mesh_shapes(p, 2)) {
+    ts::Mesh<"data", "model"> mesh({sizes[0], sizes[1]});
+    TS_REQUIRE_ALL(mesh.size<"data">() == sizes[0] && mesh.size<"model">() == sizes[1]);
+    TS_REQUIRE_ALL(mesh.coord<"data">() * sizes[1] + mesh.coord<"model">() == mesh.rank());
+    TS_REQUIRE_ALL(ts::axis_size<"model">(mesh) == sizes[1] && ts::axis_coord<"data">(mesh) == mesh.coord<"data">());
+    TS_REQUIRE_ALL(mesh.size() == p);
+  }
+}
+
+TEST_CASE("one mesh size may be -1 and is inferred from the communicator") {
+  const int p = world_size();
+  ts::Mesh<"data", "model"> mesh({-1, 1});
+  TS_REQUIRE_ALL(mesh.size<"data">() == p);
+  ts::Mesh<"a", "b", "c"> m3({1, -1, 1});
+  TS_REQUIRE_ALL(m3.size<"b">() == p);
+}
+
+TEST_CASE("mesh sizes that do not fit the communicator throw MeshError on every rank") {
+  const int p = world_size();
+  bool threw = false;
+  std::string what;
+  try {
+    ts::Mesh<"data", "model"> mesh({p + 1, 1});
+  } catch (const ts::MeshError& e) {
+    threw = true;
+    what = e.what();
+  }
+  TS_REQUIRE_ALL(threw);
+  TS_REQUIRE_ALL(what.find("data=" + std::to_string(p + 1)) != std::string::npos);
+  threw = false;
+  try {
+    ts::Mesh<"x"> mesh({-2});
+  } catch (const ts::MeshError&) {
+    threw = true;
+  }
+  TS_REQUIRE_ALL(threw);
+}
+
+TEST_CASE("a mesh can live on a sub-communicator, and meshes can follow one another") {
+  const int p = world_size();
+  // Split the world into halves; each half builds its own 1-D mesh.
+  MPI_Comm half;
+  const int color = world_rank() < (p + 1) / 2 ? 0 : 1;
+  MPI_Comm_split(MPI_COMM_WORLD, color, world_rank(), &half);
+  int hs = 0;
+  MPI_Comm_size(half, &hs);
+  {
+    ts::Mesh<"x"> mesh(half, {-1});
+    TS_REQUIRE_ALL(mesh.size<"x">() == hs);
+    auto t = ts::from_function<double, ts::Spec<ts::S<"x">>>(mesh, {5}, [](auto i) { return double(i[0]); });
+    Eigen::Tensor<double, 1> g = t.gather();
+    bool ok = true;
+    for (int i = 0; i < 5; ++i) ok &= g(i) == i;
+    TS_REQUIRE_ALL(ok);
+  }
+  MPI_Comm_free(&half);
+  for (int round = 0; round < 3; ++round) {
+    ts::Mesh<"x", "y"> mesh({1, p});
+    TS_REQUIRE_ALL(mesh.size<"y">() == p);
+  }
+}
+
+TEST_CASE("group communicators rank members by the mixed radix of the listed axes") {
+  const int p = world_size();
+  for (auto sizes : mesh_shapes(p, 2)) {
+    ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
+    auto& st = *mesh.state();
+    MPI_Comm yx = st.group(std::vector<int>{1, 0}), x = st.group(std::vector<int>{0});
+    int r_yx = -1, r_x = -1;
+    MPI_Comm_rank(yx, &r_yx);
+    MPI_Comm_rank(x, &r_x);
+    TS_REQUIRE_ALL(r_yx == mesh.coord<"y">() * sizes[0] + mesh.coord<"x">());
+    TS_REQUIRE_ALL(r_x == mesh.coord<"x">());
+  }
+}
+
+TEST_CASE("agree is true only when every rank says so") {
+  TS_REQUIRE_ALL(ts::agree(true));
+  const bool all = ts::agree(world_rank() != world_size() - 1);
+  TS_REQUIRE_ALL(!all);
+}
+
+TEST_CASE("a rank-local failure agreed on becomes the same exception on every rank") {
+  bool threw = false;
+  try {
+    ts::detail::throw_unless_all<ts::IoError>(world_rank() != 0, MPI_COMM_WORLD, "tshard::test: rank 0 failed");
+  } catch (const ts::IoError& e) {
+    threw = std::string(e.what()).find("rank 0 failed") != std::string::npos;
+  }
+  TS_REQUIRE_ALL(threw);
+}
+
+TEST_CASE("the buffer pool hands freed buffers out again instead of allocating") {
+  auto& pool = ts::detail::buffer_pool();
+  void* a = pool.acquire(1 << 20);
+  pool.release(a);
+  const auto before = ts::pool_stats();
+  for (int i = 0; i < 100; ++i) {
+    void* b = pool.acquire(1 << 20);
+    pool.release(b);
+  }
+  const auto after = ts::pool_stats();
+  TS_REQUIRE_ALL(after.fresh_allocations == before.fresh_allocations);
+  TS_REQUIRE_ALL(after.reuses == before.reuses + 100);
+}
+
+// Run only on purpose (hidden tag): rank 1 fails a plain REQUIRE and leaves the others waiting in
+// a barrier; the watchdog must end the job. Driven by tests/scripts/expect_quick_failure.cmake.
+TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {
+  if (world_rank() == 1 % world_size()) REQUIRE(false);
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Hidden: the same failure through a collective check ends at once on every rank.
+TEST_CASE("one rank fails a collective check", "[.failure][agree]") {
+  TS_REQUIRE_ALL(world_rank() != world_size() - 1);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// Hidden: an uncaught exception on one rank aborts the job through the terminate handler.
+TEST_CASE("one rank throws outside any test framework", "[.failure][terminate]") {
+  if (world_rank() == 0) {
+    std::thread([] { throw std::runtime_error("deliberate failure on rank 0"); }).join();
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
