@@ -8,14 +8,16 @@
 #include <exception>
 #include <string>
 
+#include "tshard/comm/collectives.hpp"
 #include "tshard/core/error.hpp"
 
 namespace tshard {
 
 // True on every rank when `ok` is true on every rank of `comm` (one small all-reduce).
+// Counted in the stats like every other collective.
 inline bool agree(bool ok, MPI_Comm comm = MPI_COMM_WORLD) {
-  int mine = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, comm);
+  std::int32_t mine = ok ? 1 : 0, all = 0;
+  detail::all_reduce(comm, &mine, &all, 1, ReduceOp::Min);
   return all != 0;
 }
 

@@ -58,7 +58,7 @@ void check_shape_agrees(const M& mesh, const std::array<Eigen::Index, N>& shape,
   }
   v[2 * N] = local_ok ? 0 : 1;
   std::array<std::int64_t, 2 * N + 1> r{};
-  MPI_Allreduce(v.data(), r.data(), int(v.size()), MPI_INT64_T, MPI_MAX, mesh.comm());
+  all_reduce(mesh.comm(), v.data(), r.data(), Index(v.size()), ReduceOp::Max);
   Extents mine{}, hi{}, lo{};
   bool differ = false;
   for (std::size_t d = 0; d < N; ++d) {

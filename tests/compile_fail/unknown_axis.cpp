@@ -1,0 +1,10 @@
+// Must not compile: a spec naming an axis the mesh lacks
+#include <tshard/tshard.hpp>
+namespace ts = tshard;
+int main(int argc, char** argv) {
+  ts::Environment env(argc, argv);
+  ts::Mesh<"x", "y"> mesh({1, -1});
+  Eigen::Tensor<float, 2> g(4, 4);
+  g.setZero();
+  auto t = ts::distribute<ts::Spec<ts::S<"z">, ts::R>>(mesh, g);
+}
