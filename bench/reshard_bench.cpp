@@ -3,7 +3,7 @@
 // it allocates once, as a tuned HPC code would. Goal: tshard / hand-written <= 1.03.
 //
 //   bench/run_reshard.sh [--n N | --rows N0 --cols N1] [--reps R] [--warmup W]
-//                        [--mesh 1d,1xP,Px1] [--kind S0->R,P->S1,...]
+//                        [--mesh 1d,1xP,Px1|all] [--kind S0R,PS1,...]
 //
 // Each kind runs three variants, interleaved and rotated so none always goes first:
 //   reshard  `auto r = ts::reshard<NewSpec>(x);` as users write it (storage from the pool),
@@ -54,12 +54,21 @@ std::vector<std::string> split_list(const std::string& s) {
   return v;
 }
 
+// "S0->R", "S0-R" and "S0R" name the same kind ('>' is awkward on a shell command line).
+std::string kind_key(const std::string& k) {
+  std::string s;
+  for (char c : k)
+    if (c != '-' && c != '>') s += c;
+  return s;
+}
+
 [[noreturn]] void usage_and_exit(int rank, int code) {
   if (rank == 0)
     std::printf(
         "usage: tshard_bench_reshard [--n N] [--rows N0] [--cols N1] [--reps R>=5] [--warmup W>=2]\n"
         "                            [--mesh 1d,1xP,Px1|all] [--kind K1,K2,...]\n"
-        "kinds: S0->R S1->R R->S0 R->S1 S0->S1 S1->S0 P->R P->S0 P->S1 (default: all)\n"
+        "kinds: S0->R S1->R R->S0 R->S1 S0->S1 S1->S0 P->R P->S0 P->S1 (default: all), also\n"
+        "       written without '->' (--kind S0R,PS1) so that the shell leaves them alone\n"
         "a float tensor of rows x cols (default 4096 x 4096 = 64 MiB), split over mesh axis x\n");
   MPI_Finalize();
   std::exit(code);
@@ -86,7 +95,7 @@ Options parse(int argc, char** argv, int rank) {
     } else if (a == "--mesh") {
       o.meshes = v == "all" ? std::vector<std::string>{"1d", "1xP", "Px1"} : split_list(v);
     } else if (a == "--kind") {
-      o.kinds = split_list(v);
+      for (auto& k : split_list(v)) o.kinds.push_back(kind_key(k));
     } else {
       if (rank == 0) std::printf("unknown option %s\n", a.c_str());
       usage_and_exit(rank, 2);
@@ -98,6 +107,12 @@ Options parse(int argc, char** argv, int rank) {
     o.reps = 5;
   }
   o.warmup = std::max(o.warmup, 2);
+  const std::vector<std::string> known{"S0R", "S1R", "RS0", "RS1", "S0S1", "S1S0", "PR", "PS0", "PS1"};
+  for (auto& k : o.kinds)
+    if (std::find(known.begin(), known.end(), k) == known.end()) {
+      if (rank == 0) std::printf("unknown kind %s\n", k.c_str());
+      usage_and_exit(rank, 2);
+    }
   for (auto& m : o.meshes)
     if (m != "1d" && m != "1xP" && m != "Px1") {
       if (rank == 0) std::printf("unknown mesh %s\n", m.c_str());
@@ -415,7 +430,7 @@ using HandMaker = Hand (*)(MPI_Comm, Index, Index, int, int);
 template <class SrcSpec, class Part, class DstSpec, class M>
 void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, MPI_Comm comm, HandMaker make_hand,
                 const Options& o) {
-  if (!o.kinds.empty() && std::find(o.kinds.begin(), o.kinds.end(), kind) == o.kinds.end()) return;
+  if (!o.kinds.empty() && std::find(o.kinds.begin(), o.kinds.end(), kind_key(kind)) == o.kinds.end()) return;
   using Src = ts::ShardedTensor<float, M, SrcSpec, Part>;
   using Dst = ts::ShardedTensor<float, M, DstSpec>;
   const int p = mesh.template size<"x">(), me = mesh.template coord<"x">();
@@ -494,28 +509,30 @@ void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, M
   };
   for (int w = 0; w < o.warmup; ++w)
     for (int s = 0; s < 3; ++s) call((w + s) % 3);
-  std::vector<double> samples(3 * std::size_t(o.reps));
+  // samples[v][k]: wall time of variant v in rep k; samples[3][k]: time tshard's reshard (v 0)
+  // spent inside MPI in rep k, from comm_stats (read outside the timed interval).
+  std::vector<double> samples(4 * std::size_t(o.reps));
+  auto at = [&](int v, int k) -> double& { return samples[std::size_t(v) * o.reps + k]; };
   const ts::PoolStats pool0 = ts::pool_stats();
   ts::reset_comm_stats();
   for (int k = 0; k < o.reps; ++k)
     for (int s = 0; s < 3; ++s) {
       const int v = (k + s) % 3;
+      const double in_mpi = ts::comm_stats().op("reshard").total().seconds;
       MPI_Barrier(comm);
       const double start = MPI_Wtime();
       call(v);
-      samples[std::size_t(v) * o.reps + k] = MPI_Wtime() - start;
+      at(v, k) = MPI_Wtime() - start;
+      if (v == 0) at(3, k) = ts::comm_stats().op("reshard").total().seconds - in_mpi;
     }
   const ts::PoolStats pool1 = ts::pool_stats();
-  const ts::CollectiveStats timed = ts::comm_stats().op("reshard").total();
   std::vector<double> slowest(samples.size());
   MPI_Allreduce(samples.data(), slowest.data(), int(samples.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   auto med = [&](int v) {
     return 1e3 * median(std::vector<double>(slowest.begin() + std::ptrdiff_t(v) * o.reps,
                                             slowest.begin() + std::ptrdiff_t(v + 1) * o.reps));
   };
-  const double t_reshard = med(0), t_hand = med(1), t_into = med(2);
-  // Mean time inside MPI per tshard call (both tshard variants), slowest rank.
-  const double mpi_ms = max_over_ranks(timed.seconds * 1e3 / (2.0 * o.reps));
+  const double t_reshard = med(0), t_hand = med(1), t_into = med(2), mpi_ms = med(3);
   const double fresh = max_over_ranks(double(pool1.fresh_allocations - pool0.fresh_allocations));
 
   if (mesh.rank() == 0) {
@@ -564,7 +581,7 @@ int main(int argc, char** argv) {
     std::printf("#   i.e. OMPI_MCA_btl_vader_single_copy_mechanism=%s OPENBLAS_NUM_THREADS=1 mpirun -np %d --oversubscribe %s%s\n",
                 single_copy ? single_copy : "<unset>", p, argv[0], o.args.c_str());
     std::printf("# ms: median over reps of the slowest rank; ratio: tshard / hand-written (goal <= 1.03)\n");
-    std::printf("# MiB: sent / received per rank by one ts::reshard (comm_stats); mpi_ms: mean time inside MPI per tshard call;\n");
+    std::printf("# MiB: sent / received per rank by one ts::reshard (comm_stats); mpi_ms: median time of ts::reshard inside MPI;\n");
     std::printf("# lookup_us: plan-cache lookup per call; plan_us: planning one uncached plan; fresh: pool allocations in the timed loop\n");
     std::printf("%-7s %-4s %11s %9s %9s %9s %7s %7s %8s %8s %8s %7s %8s %5s  %s\n", "kind", "mesh", "shape",
                 "reshard", "into", "hand", "ratio", "r_into", "sentMiB", "recvMiB", "mpi_ms", "lookup", "plan_us",

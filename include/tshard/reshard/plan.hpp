@@ -15,6 +15,7 @@
 // cost of bytes plus a per-message latency, and the cheaper one runs.
 #pragma once
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -200,18 +201,46 @@ class Planner {
     }
   }
 
-  std::optional<ReshardPlan> staged_plan(SpecDesc cur, const SpecDesc& dst) const {
-    ReshardPlan p;
-    for (int guard = 0; guard < 4 * kMaxRank * kMaxAxes && !(cur == dst); ++guard) {
-      if (slice_step(cur, dst, p) || all_to_all_step(cur, dst, p) || all_gather_step(cur, dst, p)) continue;
-      return std::nullopt;
+  // The cheapest sequence of regular steps from cur to dst, by a small exhaustive search:
+  // a free local slice is always taken first; otherwise every all-to-all and all-gather that
+  // makes progress is tried. Memoised per spec; nullopt where only a direct move will do.
+  std::optional<ReshardPlan> staged_plan(const SpecDesc& cur, const SpecDesc& dst) const {
+    std::map<std::string, std::optional<ReshardPlan>> memo;
+    return search(cur, dst, 3 * kMaxAxes, memo);
+  }
+
+  std::optional<ReshardPlan> search(const SpecDesc& cur, const SpecDesc& dst, int depth,
+                                    std::map<std::string, std::optional<ReshardPlan>>& memo) const {
+    if (cur == dst) return ReshardPlan{};
+    if (depth == 0) return std::nullopt;
+    const std::string key = cur.to_string(mesh_);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+    memo[key] = std::nullopt;  // cuts cycles while this state is open
+    std::vector<std::pair<ReshardStep, double>> options;
+    if (auto s = slice_option(cur, dst)) {
+      options.push_back(*s);
+    } else {
+      all_to_all_options(cur, dst, options);
+      all_gather_options(cur, dst, options);
     }
-    if (!(cur == dst)) return std::nullopt;
-    return p;
+    std::optional<ReshardPlan> best;
+    for (auto& [st, cost] : options) {
+      auto rest = search(st.to, dst, depth - 1, memo);
+      if (!rest) continue;
+      if (!best || cost + rest->cost < best->cost) {
+        ReshardPlan p;
+        p.steps.push_back(st);
+        p.steps.insert(p.steps.end(), rest->steps.begin(), rest->steps.end());
+        p.cost = cost + rest->cost;
+        best = p;
+      }
+    }
+    memo[key] = best;
+    return best;
   }
 
   // Adds free target axes to every dim whose split is a prefix of its target's.
-  bool slice_step(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const {
+  std::optional<std::pair<ReshardStep, double>> slice_option(const SpecDesc& cur, const SpecDesc& dst) const {
     SpecDesc next = cur;
     bool any = false;
     for (int d = 0; d < cur.rank; ++d) {
@@ -228,14 +257,13 @@ class Planner {
         any = true;
       }
     }
-    if (!any) return false;
-    p.steps.push_back({StepKind::Local, cur, next});
-    cur = next;
-    return true;
+    if (!any) return std::nullopt;
+    return std::pair{ReshardStep{StepKind::Local, cur, next}, 0.0};
   }
 
-  // Moves the last axis of a dim that must shed it to the dim whose target continues with it.
-  bool all_to_all_step(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const {
+  // Moves the last axis of a dim that must shed it to a dim whose target continues with it.
+  void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst,
+                          std::vector<std::pair<ReshardStep, double>>& out) const {
     for (int d1 = 0; d1 < cur.rank; ++d1) {
       if (cur.dims[d1].count == 0 || cur.dims[d1].is_prefix_of(dst.dims[d1])) continue;
       const int a = cur.dims[d1][cur.dims[d1].count - 1];
@@ -248,18 +276,15 @@ class Planner {
         if (!gathers(cur, next, d1, {a}) || !refines(cur, next, d2)) continue;
         const Index k = mesh_.sizes[a];
         const Index chunk = max_padded(cur) / std::max<Index>(1, layout(cur, 0).padded[d2]) * layout(next, 0).padded[d2];
-        p.steps.push_back({StepKind::AllToAll, cur, next, d1, d2, {a}});
-        p.cost += double(chunk) * double(k - 1) + kLatencyElements * log2_ceil(int(k));
-        cur = next;
-        return true;
+        out.push_back({ReshardStep{StepKind::AllToAll, cur, next, d1, d2, {a}},
+                       double(chunk) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
       }
     }
-    return false;
   }
 
-  // Drops the trailing axes of a dim that are not in its target, all at once if the padding
-  // allows, else the last one alone.
-  bool all_gather_step(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const {
+  // Drops trailing axes of a dim that are not in its target: every suffix the padding allows.
+  void all_gather_options(const SpecDesc& cur, const SpecDesc& dst,
+                          std::vector<std::pair<ReshardStep, double>>& out) const {
     for (int d = 0; d < cur.rank; ++d) {
       if (cur.dims[d].is_prefix_of(dst.dims[d])) continue;
       int keep = 0;
@@ -271,13 +296,10 @@ class Planner {
         next.dims[d].count = first;
         if (!gathers(cur, next, d, axes)) continue;
         const Index k = axes_size(axes);
-        p.steps.push_back({StepKind::AllGather, cur, next, d, -1, axes});
-        p.cost += double(max_padded(cur)) * double(k - 1) + kLatencyElements * log2_ceil(int(k));
-        cur = next;
-        return true;
+        out.push_back({ReshardStep{StepKind::AllGather, cur, next, d, -1, axes},
+                       double(max_padded(cur)) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
       }
     }
-    return false;
   }
 
   // The busiest rank's received elements and messages in a direct redistribution.

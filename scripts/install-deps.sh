@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tshard's build, tests and demo need, only where missing.
+set -euo pipefail
+packages=(cmake g++ make libeigen3-dev libboost-mpi-dev libopenmpi-dev openmpi-bin catch2 ccache libopenblas-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
