@@ -1,4 +1,6 @@
 // Making sharded tensors and getting their global value back, on every mesh shape that fits.
+#include <boost/mpi/communicator.hpp>
+
 #include "test_support.hpp"
 
 namespace ts = tshard;
@@ -217,4 +219,24 @@ TEST_CASE("visualize shows which ranks hold which block") {
     for (int i = 1; i < mesh.size(); ++i) all += "," + std::to_string(i);
     TS_REQUIRE_ALL(line.find(all) != std::string::npos);
   }
+}
+
+TEST_CASE("complex partial sums resolve exactly like real ones") {
+  const int p = world_size();
+  M2 mesh({p, 1});
+  using C = std::complex<double>;
+  Eigen::Tensor<C, 1> mine(4);
+  for (int i = 0; i < 4; ++i) mine(i) = C(i, mesh.coord<"x">());
+  auto t = ts::from_local<ts::Spec<ts::R>, ts::PartialSum<"x">>(mesh, {4}, std::move(mine));
+  auto s = ts::reshard<ts::Spec<ts::S<"x">>>(t);
+  Eigen::Tensor<C, 1> g = s.gather();
+  bool ok = true;
+  for (int i = 0; i < 4; ++i) ok &= g(i) == C(double(i) * p, p * (p - 1) / 2.0);
+  TS_REQUIRE_ALL(ok);
+}
+
+TEST_CASE("a mesh accepts a Boost.MPI communicator") {
+  boost::mpi::communicator world;
+  ts::Mesh<"x"> mesh(world, {-1});
+  TS_REQUIRE_ALL(mesh.size<"x">() == world.size() && mesh.rank() == world.rank());
 }
