@@ -182,20 +182,55 @@ int count_of(Index n) {
 // A hand-written reshard: buffers made once, run() reads the source block and fills dst.
 struct Hand {
   std::vector<Buffer> buffers;
+  std::vector<std::shared_ptr<MPI_Datatype>> types;
   float* dst = nullptr;
   std::function<void(const float*)> run;
+  std::string note;  // how it moves the data, where that differs from the plain pack/unpack
+};
+
+struct HandArgs {
+  MPI_Comm comm;
+  Index rows, cols;
+  int p, me;
+  bool datatypes;  // --hand datatype: strided blocks through MPI vector types instead of pack/unpack
 };
 
 constexpr std::size_t kF = sizeof(float);
 
-// S(dim 0) -> R: all-gather of the padded blocks into scratch, unpacked into the full tensor.
-Hand hand_gather_rows(MPI_Comm comm, Index rows, Index cols, int p, int) {
+// `count` runs of `run` floats `stride` apart, with an extent of `run` floats, so that block g
+// of a collective starts `g * run` floats in: the g-th row block of a column-major matrix.
+MPI_Datatype row_block_type(Hand& h, Index count, Index run, Index stride) {
+  MPI_Datatype v, t;
+  MPI_Type_vector(count_of(count), count_of(run), count_of(stride), MPI_FLOAT, &v);
+  MPI_Type_create_resized(v, 0, MPI_Aint(run * Index(kF)), &t);
+  MPI_Type_commit(&t);
+  MPI_Type_free(&v);
+  h.types.push_back(std::shared_ptr<MPI_Datatype>(new MPI_Datatype(t), [](MPI_Datatype* q) {
+    int down = 0;
+    MPI_Finalized(&down);
+    if (!down) MPI_Type_free(q);
+    delete q;
+  }));
+  return t;
+}
+
+// S(dim 0) -> R: all-gather of the padded blocks into scratch, unpacked into the full tensor;
+// or (datatypes, even split) received straight into the tensor through a row-block type.
+Hand hand_gather_rows(const HandArgs& x) {
   Hand h;
-  const Split a{rows, p};
-  const Index c0 = a.block(), blk = c0 * cols;
+  const Split a{x.rows, x.p};
+  const Index c0 = a.block(), blk = c0 * x.cols, rows = x.rows, cols = x.cols;
+  const int p = x.p;
+  const MPI_Comm comm = x.comm;
   h.buffers.emplace_back(rows * cols);
-  h.buffers.emplace_back(blk * p);
   float* dst = h.dst = h.buffers[0].data();
+  if (x.datatypes && a.even()) {
+    const MPI_Datatype block = row_block_type(h, cols, c0, rows);
+    h.note = "datatype";
+    h.run = [=](const float* src) { MPI_Allgather(src, count_of(blk), MPI_FLOAT, dst, 1, block, comm); };
+    return h;
+  }
+  h.buffers.emplace_back(blk * p);
   float* all = h.buffers[1].data();
   h.run = [=](const float* src) {
     MPI_Allgather(src, count_of(blk), MPI_FLOAT, all, count_of(blk), MPI_FLOAT, comm);
@@ -208,21 +243,22 @@ Hand hand_gather_rows(MPI_Comm comm, Index rows, Index cols, int p, int) {
 
 // S(dim 1) -> R: the blocks are whole columns back to back: all-gather straight into dst
 // (made p * ceil(cols/p) columns long, so an uneven split needs no copy either).
-Hand hand_gather_cols(MPI_Comm comm, Index rows, Index cols, int p, int) {
+Hand hand_gather_cols(const HandArgs& x) {
   Hand h;
-  const Split b{cols, p};
-  const Index blk = rows * b.block();
-  h.buffers.emplace_back(blk * p);
+  const Split b{x.cols, x.p};
+  const Index blk = x.rows * b.block();
+  const MPI_Comm comm = x.comm;
+  h.buffers.emplace_back(blk * x.p);
   float* dst = h.dst = h.buffers[0].data();
   h.run = [=](const float* src) { MPI_Allgather(src, count_of(blk), MPI_FLOAT, dst, count_of(blk), MPI_FLOAT, comm); };
   return h;
 }
 
 // R -> S(dim 0): my rows of every column.
-Hand hand_slice_rows(MPI_Comm, Index rows, Index cols, int p, int me) {
+Hand hand_slice_rows(const HandArgs& x) {
   Hand h;
-  const Split a{rows, p};
-  const Index c0 = a.block(), off = a.offset(me), v = a.valid(me);
+  const Split a{x.rows, x.p};
+  const Index c0 = a.block(), off = a.offset(x.me), v = a.valid(x.me), rows = x.rows, cols = x.cols;
   h.buffers.emplace_back(c0 * cols);
   float* dst = h.dst = h.buffers[0].data();
   h.run = [=](const float* src) {
@@ -233,10 +269,10 @@ Hand hand_slice_rows(MPI_Comm, Index rows, Index cols, int p, int me) {
 }
 
 // R -> S(dim 1): my columns, one contiguous run.
-Hand hand_slice_cols(MPI_Comm, Index rows, Index cols, int p, int me) {
+Hand hand_slice_cols(const HandArgs& x) {
   Hand h;
-  const Split b{cols, p};
-  const Index off = b.offset(me), v = b.valid(me);
+  const Split b{x.cols, x.p};
+  const Index off = b.offset(x.me), v = b.valid(x.me), rows = x.rows;
   h.buffers.emplace_back(rows * b.block());
   float* dst = h.dst = h.buffers[0].data();
   h.run = [=](const float* src) {
@@ -246,16 +282,25 @@ Hand hand_slice_cols(MPI_Comm, Index rows, Index cols, int p, int me) {
 }
 
 // S(dim 0) -> S(dim 1): what rank g needs of my block is its columns, already contiguous, so
-// the source is sent as it is; received [my-rows-of-g x my cols] blocks are unpacked.
-Hand hand_rows_to_cols(MPI_Comm comm, Index rows, Index cols, int p, int me) {
+// the source is sent as it is; received [g's rows x my cols] blocks are unpacked, or (datatypes,
+// even split) received straight into place through a row-block type.
+Hand hand_rows_to_cols(const HandArgs& x) {
   Hand h;
-  const Split a{rows, p}, b{cols, p};
-  const Index c0 = a.block(), c1 = b.block(), chunk = c0 * c1, v1 = b.valid(me);
-  h.buffers.emplace_back(rows * c1);
-  h.buffers.emplace_back(chunk * p);
-  float* dst = h.dst = h.buffers[0].data();
-  float* recv = h.buffers[1].data();
+  const Split a{x.rows, x.p}, b{x.cols, x.p};
+  const Index c0 = a.block(), c1 = b.block(), chunk = c0 * c1, v1 = b.valid(x.me), rows = x.rows;
+  const int p = x.p;
+  const MPI_Comm comm = x.comm;
   const bool even = a.even() && b.even();
+  h.buffers.emplace_back(rows * c1);
+  float* dst = h.dst = h.buffers[0].data();
+  if (x.datatypes && even) {
+    const MPI_Datatype block = row_block_type(h, c1, c0, rows);
+    h.note = "datatype";
+    h.run = [=](const float* src) { MPI_Alltoall(src, count_of(chunk), MPI_FLOAT, dst, 1, block, comm); };
+    return h;
+  }
+  h.buffers.emplace_back(chunk * p);
+  float* recv = h.buffers[1].data();
   std::vector<int> sc(p), sd(p), rc(p), rd(p);
   for (int g = 0; g < p; ++g) {
     sc[g] = count_of(c0 * b.valid(g));
@@ -276,17 +321,26 @@ Hand hand_rows_to_cols(MPI_Comm comm, Index rows, Index cols, int p, int me) {
   return h;
 }
 
-// S(dim 1) -> S(dim 0): g's rows of my columns are packed; what arrives from g is g's columns
-// of my rows, which is exactly a column range of the destination: received in place.
-Hand hand_cols_to_rows(MPI_Comm comm, Index rows, Index cols, int p, int me) {
+// S(dim 1) -> S(dim 0): g's rows of my columns are packed (or, datatypes and even split, sent
+// through a row-block type); what arrives from g is g's columns of my rows, which is exactly a
+// column range of the destination: received in place.
+Hand hand_cols_to_rows(const HandArgs& x) {
   Hand h;
-  const Split a{rows, p}, b{cols, p};
-  const Index c0 = a.block(), c1 = b.block(), chunk = c0 * c1, v1 = b.valid(me);
-  h.buffers.emplace_back(c0 * cols);
-  h.buffers.emplace_back(chunk * p);
-  float* dst = h.dst = h.buffers[0].data();
-  float* send = h.buffers[1].data();
+  const Split a{x.rows, x.p}, b{x.cols, x.p};
+  const Index c0 = a.block(), c1 = b.block(), chunk = c0 * c1, v1 = b.valid(x.me), rows = x.rows;
+  const int p = x.p;
+  const MPI_Comm comm = x.comm;
   const bool even = a.even() && b.even();
+  h.buffers.emplace_back(c0 * x.cols);
+  float* dst = h.dst = h.buffers[0].data();
+  if (x.datatypes && even) {
+    const MPI_Datatype block = row_block_type(h, c1, c0, rows);
+    h.note = "datatype";
+    h.run = [=](const float* src) { MPI_Alltoall(src, 1, block, dst, count_of(chunk), MPI_FLOAT, comm); };
+    return h;
+  }
+  h.buffers.emplace_back(chunk * p);
+  float* send = h.buffers[1].data();
   std::vector<int> sc(p), sd(p), rc(p), rd(p);
   for (int g = 0; g < p; ++g) {
     sc[g] = count_of(c0 * v1);
@@ -308,20 +362,25 @@ Hand hand_cols_to_rows(MPI_Comm comm, Index rows, Index cols, int p, int me) {
 }
 
 // partial -> R: one all-reduce.
-Hand hand_all_reduce(MPI_Comm comm, Index rows, Index cols, int, int) {
+Hand hand_all_reduce(const HandArgs& x) {
   Hand h;
-  h.buffers.emplace_back(rows * cols);
+  const Index n = x.rows * x.cols;
+  const MPI_Comm comm = x.comm;
+  h.buffers.emplace_back(n);
   float* dst = h.dst = h.buffers[0].data();
-  h.run = [=](const float* src) { MPI_Allreduce(src, dst, count_of(rows * cols), MPI_FLOAT, MPI_SUM, comm); };
+  h.run = [=](const float* src) { MPI_Allreduce(src, dst, count_of(n), MPI_FLOAT, MPI_SUM, comm); };
   return h;
 }
 
 // partial -> S(dim 0): rows of g packed into block g (padding rows zeroed once, never
-// written again), then one reduce-scatter.
-Hand hand_reduce_scatter_rows(MPI_Comm comm, Index rows, Index cols, int p, int) {
+// written again), then one reduce-scatter. (MPI's predefined reductions are only defined on
+// predefined datatypes, so there is no datatype variant.)
+Hand hand_reduce_scatter_rows(const HandArgs& x) {
   Hand h;
-  const Split a{rows, p};
-  const Index c0 = a.block(), blk = c0 * cols;
+  const Split a{x.rows, x.p};
+  const Index c0 = a.block(), blk = c0 * x.cols, rows = x.rows, cols = x.cols;
+  const int p = x.p;
+  const MPI_Comm comm = x.comm;
   h.buffers.emplace_back(blk);
   h.buffers.emplace_back(blk * p);
   float* dst = h.dst = h.buffers[0].data();
@@ -337,14 +396,15 @@ Hand hand_reduce_scatter_rows(MPI_Comm comm, Index rows, Index cols, int p, int)
 
 // partial -> S(dim 1): the column blocks are contiguous: reduce-scatter straight from the
 // source (with per-rank counts when the split is uneven).
-Hand hand_reduce_scatter_cols(MPI_Comm comm, Index rows, Index cols, int p, int) {
+Hand hand_reduce_scatter_cols(const HandArgs& x) {
   Hand h;
-  const Split b{cols, p};
-  const Index blk = rows * b.block();
+  const Split b{x.cols, x.p};
+  const Index blk = x.rows * b.block();
+  const MPI_Comm comm = x.comm;
   h.buffers.emplace_back(blk);
   float* dst = h.dst = h.buffers[0].data();
-  std::vector<int> counts(p);
-  for (int g = 0; g < p; ++g) counts[g] = count_of(rows * b.valid(g));
+  std::vector<int> counts(x.p);
+  for (int g = 0; g < x.p; ++g) counts[g] = count_of(x.rows * b.valid(g));
   const bool even = b.even();
   h.run = [=](const float* src) {
     if (even)
@@ -425,7 +485,7 @@ double max_over_ranks(double x) {
 // ---------------------------------------------------------------------------------------------
 // One kind: check once, then time the three variants.
 
-using HandMaker = Hand (*)(MPI_Comm, Index, Index, int, int);
+using HandMaker = Hand (*)(const HandArgs&);
 
 template <class SrcSpec, class Part, class DstSpec, class M>
 void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, MPI_Comm comm, HandMaker make_hand,
@@ -447,7 +507,7 @@ void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, M
   fill_block(src.data(), sb, partial ? float(me) : 0.0f);
   auto x = ts::from_local<SrcSpec, Part>(mesh, {rows, cols}, src.data());
   Dst into(mesh, {rows, cols});
-  Hand hand = make_hand(comm, rows, cols, p, me);
+  Hand hand = make_hand(HandArgs{comm, rows, cols, p, me, o.hand_datatypes});
   {
     const auto ps = x.padded_shape();
     const auto pd = into.padded_shape();

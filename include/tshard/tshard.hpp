@@ -17,4 +17,7 @@
 
 #include "tshard/reshard/reshard.hpp"
 
+#include "tshard/ops/ops.hpp"
+#include "tshard/ops/windowed.hpp"
+
 #include "tshard/debug/visualize.hpp"

@@ -1,0 +1,2 @@
+// Sharded operators: elementwise, reductions, einsum/matmul, shape ops.
+#pragma once

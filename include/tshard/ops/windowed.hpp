@@ -1,0 +1,2 @@
+// Windowed operators: with_halo, HaloPlan, convolve, stencils.
+#pragma once

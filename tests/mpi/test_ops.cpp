@@ -1,0 +1,2 @@
+// Sharded operators against serial references (issue 3).
+#include "test_support.hpp"
