@@ -1,2 +1,7 @@
 // Sharded operators: elementwise, reductions, einsum/matmul, shape ops.
 #pragma once
+
+#include "tshard/ops/einsum.hpp"
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/ops/reduce.hpp"
+#include "tshard/ops/shape.hpp"

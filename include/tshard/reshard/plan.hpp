@@ -92,6 +92,10 @@ class Planner {
   Planner(const Extents& shape, const MeshShape& mesh) : shape_(shape), mesh_(mesh) {}
 
   ReshardPlan plan(const SpecDesc& src, const SpecDesc& dst) const {
+    // Partial values moved as they are (operators aligning partial operands): the partial axes
+    // are split by neither spec, so the plain plan keeps every value in its partial group.
+    if (dst.partial != PartialKind::None && src.partial == dst.partial && src.partial_axes == dst.partial_axes)
+      return plan(src.without_partial(), dst.without_partial());
     ReshardPlan p;
     SpecDesc cur = src;
     if (cur.partial != PartialKind::None) resolve_partial(cur, dst, p);

@@ -1,6 +1,7 @@
 // reshard<NewSpec>(t): the typed entry point. Redistribution by assignment of a spec, as
 // Elemental's DistMatrix does it; a partial is resolved on the way, and no reshard makes one.
 #pragma once
+#include <algorithm>
 #include <string>
 
 #include "tshard/reshard/execute.hpp"
@@ -47,16 +48,45 @@ inline ImplicitCommunication& implicit_communication() {
 }
 
 namespace detail {
+
+// An operand laid out as an operator needs it: the tensor's own buffer when it already is,
+// else a pooled copy made by an implicit reshard.
+template <class T>
+struct AlignedOperand {
+  const T* data = nullptr;
+  std::shared_ptr<T> owned;
+};
+
 // The one entry point for every reshard an operator inserts on its own; counted under
-// "<op>/auto-reshard" and refused with SpecError when implicit communication is forbidden.
+// "<op>/auto" and refused with SpecError when implicit communication is forbidden.
+template <class T>
+AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
+                                   const T* data, const char* op) {
+  if (have == want) return {data, nullptr};
+  if (implicit_communication() == ImplicitCommunication::Forbid)
+    throw SpecError(std::string("tshard::") + op + ": would reshard " + shape_to_string(shape, have.rank) + " " +
+                    have.to_string(mesh.shape()) + " to " + want.to_string(mesh.shape()) +
+                    ", but implicit communication is forbidden");
+  OperatorScope scope(std::string(op) + "/auto");
+  auto l = shard_layout(want, shape, mesh.shape(), mesh.coords());
+  AlignedOperand<T> out;
+  out.owned = pooled_array<T>(static_cast<std::size_t>(l.padded_size()));
+  execute_reshard(mesh, have, want, shape, data, out.owned.get());
+  out.data = out.owned.get();
+  return out;
+}
+
+// The typed form: a tensor resharded to NewSpec unless it already is.
 template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  if (implicit_communication() == ImplicitCommunication::Forbid && !(Out::spec_desc == t.spec_desc))
-    throw SpecError(std::string("tshard::") + op + ": would reshard " + t.describe() + " to " +
-                    Out::spec_desc.to_string(t.mesh().shape()) + ", but implicit communication is forbidden");
-  OperatorScope scope(std::string(op) + "/auto");
-  return reshard<NewSpec>(t);
+  auto a = implicit_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), t.data(), op);
+  if (!a.owned) {  // already laid out so: a copy
+    Out out(t.mesh(), t.global_shape());
+    std::copy(t.data(), t.data() + t.local_size(), out.data());
+    return out;
+  }
+  return Out(AdoptStorage{}, t.mesh(), t.global_shape(), std::move(a.owned));
 }
 }  // namespace detail
 

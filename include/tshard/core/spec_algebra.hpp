@@ -1,0 +1,159 @@
+// Compile-time spec algebra: the output specs operators deduce from their inputs' specs
+// (sharding propagation by overload resolution). Decisions are constexpr functions over axis
+// names; the results are turned back into Spec and Partial types here.
+#pragma once
+#include <array>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+#include "tshard/core/spec.hpp"
+#include "tshard/core/spec_descriptor.hpp"
+
+namespace tshard::detail {
+
+template <FixedString... A>
+struct AxisList {
+  static constexpr std::array<std::string_view, sizeof...(A)> names{A.view()...};
+};
+
+template <class D>
+struct dim_axes;
+template <>
+struct dim_axes<R> {
+  using type = AxisList<>;
+};
+template <FixedString... A>
+struct dim_axes<S<A...>> {
+  using type = AxisList<A...>;
+};
+
+template <class... L>
+struct concat_axes;
+template <>
+struct concat_axes<> {
+  using type = AxisList<>;
+};
+template <FixedString... A>
+struct concat_axes<AxisList<A...>> {
+  using type = AxisList<A...>;
+};
+template <FixedString... A, FixedString... B, class... Rest>
+struct concat_axes<AxisList<A...>, AxisList<B...>, Rest...> {
+  using type = typename concat_axes<AxisList<A..., B...>, Rest...>::type;
+};
+
+template <ReduceOp Op, class L>
+struct partial_of;
+template <ReduceOp Op>
+struct partial_of<Op, AxisList<>> {
+  using type = NoPartial;
+};
+template <ReduceOp Op, FixedString... A>
+struct partial_of<Op, AxisList<A...>> {
+  using type = Partial<Op, A...>;
+};
+
+template <class P>
+struct partial_axes {
+  using type = AxisList<>;
+};
+template <ReduceOp Op, FixedString... A>
+struct partial_axes<Partial<Op, A...>> {
+  using type = AxisList<A...>;
+};
+
+template <class SpecT, int I>
+struct dim_at;
+template <class... D, int I>
+struct dim_at<Spec<D...>, I> {
+  using type = std::tuple_element_t<I, std::tuple<D...>>;
+};
+template <class SpecT, int I>
+using dim_at_t = typename dim_at<SpecT, I>::type;
+
+// Spec<dim_at<SpecT, Idx[0]>, ...> for a constexpr array of indices, -1 meaning R.
+template <class SpecT, auto Idx, class Seq = std::make_index_sequence<Idx.size()>>
+struct select_dims;
+template <class SpecT, auto Idx, std::size_t... I>
+struct select_dims<SpecT, Idx, std::index_sequence<I...>> {
+  template <int K>
+  using pick = std::conditional_t<(K < 0), R, dim_at_t<SpecT, (K < 0 ? 0 : K)>>;
+  using type = Spec<pick<Idx[I]>...>;
+};
+
+// Two specs dim by dim, picking from the left (0), the right (1) or R (2).
+template <class SA, class SB, auto Choice, class Seq = std::make_index_sequence<Choice.size()>>
+struct merge_dims;
+template <class SA, class SB, auto Choice, std::size_t... I>
+struct merge_dims<SA, SB, Choice, std::index_sequence<I...>> {
+  template <int D, int C>
+  using pick = std::conditional_t<C == 0, dim_at_t<SA, D>, std::conditional_t<C == 1, dim_at_t<SB, D>, R>>;
+  using type = Spec<pick<int(I), Choice[I]>...>;
+};
+
+template <std::size_t K, std::size_t L>
+constexpr bool same_name_set(const std::array<std::string_view, K>& a, const std::array<std::string_view, L>& b) {
+  if (K != L) return false;
+  for (auto x : a) {
+    bool found = false;
+    for (auto y : b) found |= x == y;
+    if (!found) return false;
+  }
+  return true;
+}
+
+// Elementwise specs (DESIGN): equal dims stay; R with S gives S; two different splits: the
+// left wins. A right split is taken only where its axes are free in the left operand's spec.
+template <class SA, class SB>
+struct elementwise_spec {
+  static constexpr auto choice = [] {
+    std::array<int, std::size_t(SA::rank)> c{};
+    constexpr auto left_axes = spec_traits<SA>::all_names();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((c[I] = dim_at_t<SA, int(I)>::names.size() > 0 ? 0
+               : names_disjoint(dim_at_t<SB, int(I)>::names, left_axes) ? 1
+                                                                         : 2),
+       ...);
+    }(std::make_index_sequence<std::size_t(SA::rank)>{});
+    return c;
+  }();
+  using type = typename merge_dims<SA, SB, choice>::type;
+};
+
+// The spec without the listed dims.
+template <class SpecT, int... Drop>
+struct drop_dims {
+  static constexpr auto kept = [] {
+    std::array<int, std::size_t(SpecT::rank - int(sizeof...(Drop)))> k{};
+    std::size_t n = 0;
+    for (int d = 0; d < SpecT::rank; ++d) {
+      bool dropped = ((d == Drop) || ...);
+      if (!dropped) k[n++] = d;
+    }
+    return k;
+  }();
+  using type = typename select_dims<SpecT, kept>::type;
+  // The axes of the dropped dims: they become partial axes of a reduction.
+  using dropped_axes = typename concat_axes<typename dim_axes<dim_at_t<SpecT, Drop>>::type...>::type;
+};
+
+// The spec with dims permuted: output dim i is input dim Perm[i].
+template <class SpecT, int... Perm>
+struct permute_dims {
+  static constexpr std::array<int, sizeof...(Perm)> order{Perm...};
+  using type = typename select_dims<SpecT, order>::type;
+};
+
+template <int Rank, int... Dims>
+constexpr bool dims_valid() {
+  constexpr std::array<int, sizeof...(Dims)> d{Dims...};
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    if (d[i] < 0 || d[i] >= Rank) return false;
+    for (std::size_t j = i + 1; j < d.size(); ++j)
+      if (d[i] == d[j]) return false;
+  }
+  return true;
+}
+
+}  // namespace tshard::detail

@@ -1,0 +1,409 @@
+// einsum / matmul with GSPMD's propagation (arXiv 2105.04663, section 3.5): the output spec is
+// deduced at compile time label by label (the left operand's split wins, a mesh axis is used
+// once), contracting a dim both operands split over the same axes gives a partial sum resolved
+// lazily, and operands split otherwise are aligned by implicit reshards (a slice where they
+// are replicated, an all-to-all or all-gather where they are split differently). The local
+// product runs as GEMMs on the valid blocks (CBLAS with tshard::blas, else Eigen's GEMM).
+#pragma once
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include <Eigen/Core>
+#include <array>
+#include <string>
+#include <type_traits>
+
+#ifdef TSHARD_USE_BLAS
+#include <cblas.h>
+#endif
+
+#include "tshard/core/spec_algebra.hpp"
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/reshard/reshard.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard {
+namespace detail {
+
+// ---- the einsum string, parsed at compile time ----
+struct EinsumLabels {
+  int na = 0, nb = 0, no = 0;
+  std::array<char, kMaxRank> a{}, b{}, o{};
+  bool well_formed = true;
+
+  static constexpr int find(const std::array<char, kMaxRank>& l, int n, char c) {
+    for (int i = 0; i < n; ++i)
+      if (l[i] == c) return i;
+    return -1;
+  }
+  constexpr int in_a(char c) const { return find(a, na, c); }
+  constexpr int in_b(char c) const { return find(b, nb, c); }
+  constexpr int in_o(char c) const { return find(o, no, c); }
+};
+
+template <std::size_t N>
+constexpr EinsumLabels parse_einsum(const FixedString<N>& s) {
+  EinsumLabels e;
+  int part = 0;
+  for (std::size_t i = 0; i + 1 < N; ++i) {
+    const char c = s.chars[i];
+    if (c == ' ') continue;
+    if (c == ',') {
+      if (part != 0) e.well_formed = false;
+      part = 1;
+    } else if (c == '-') {
+      if (part != 1 || i + 2 >= N || s.chars[i + 1] != '>') e.well_formed = false;
+      part = 2;
+      ++i;
+    } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      int& n = part == 0 ? e.na : part == 1 ? e.nb : e.no;
+      auto& l = part == 0 ? e.a : part == 1 ? e.b : e.o;
+      if (n >= kMaxRank) {
+        e.well_formed = false;
+      } else {
+        l[n++] = c;
+      }
+    } else {
+      e.well_formed = false;
+    }
+  }
+  if (part != 2) e.well_formed = false;
+  return e;
+}
+
+constexpr bool labels_repeat(const std::array<char, kMaxRank>& l, int n) {
+  for (int i = 0; i < n; ++i)
+    for (int j = i + 1; j < n; ++j)
+      if (l[i] == l[j]) return true;
+  return false;
+}
+constexpr bool outputs_known(const EinsumLabels& e) {
+  for (int i = 0; i < e.no; ++i)
+    if (e.in_a(e.o[i]) < 0 && e.in_b(e.o[i]) < 0) return false;
+  return true;
+}
+constexpr bool every_label_used(const EinsumLabels& e) {
+  for (int i = 0; i < e.na; ++i)
+    if (e.in_b(e.a[i]) < 0 && e.in_o(e.a[i]) < 0) return false;
+  for (int i = 0; i < e.nb; ++i)
+    if (e.in_a(e.b[i]) < 0 && e.in_o(e.b[i]) < 0) return false;
+  return true;
+}
+
+// ---- the compile-time sharding decision ----
+template <class SpecT>
+struct dim_name_table;
+template <class... D>
+struct dim_name_table<Spec<D...>> {
+  template <class Dim>
+  static constexpr std::array<std::string_view, kMaxAxes> padded() {
+    std::array<std::string_view, kMaxAxes> out{};
+    for (std::size_t i = 0; i < Dim::names.size(); ++i) out[i] = Dim::names[i];
+    return out;
+  }
+  static constexpr std::array<int, sizeof...(D) + 1> count{int(D::names.size())..., 0};
+  static constexpr std::array<std::array<std::string_view, kMaxAxes>, sizeof...(D) + 1> names{padded<D>()..., {}};
+};
+
+// Where a label's split comes from: 0 = the left operand's dim idx, 1 = the right's, 2 = R.
+struct LabelSource {
+  int src = 2, idx = -1;
+};
+
+struct EinsumDecision {
+  std::array<char, 2 * kMaxRank> label{};
+  std::array<LabelSource, 2 * kMaxRank> source{};
+  int n = 0;
+  constexpr LabelSource of(char c) const {
+    for (int i = 0; i < n; ++i)
+      if (label[i] == c) return source[i];
+    return {};
+  }
+};
+
+template <class SA, class SB>
+constexpr EinsumDecision decide_einsum(const EinsumLabels& e) {
+  using TA = dim_name_table<SA>;
+  using TB = dim_name_table<SB>;
+  EinsumDecision d;
+  std::array<std::string_view, 2 * kMaxAxes> used{};
+  int nused = 0;
+  auto take = [&](int src, int idx) {
+    const int cnt = src == 0 ? TA::count[idx] : TB::count[idx];
+    const auto& names = src == 0 ? TA::names[idx] : TB::names[idx];
+    for (int i = 0; i < cnt; ++i)
+      for (int j = 0; j < nused; ++j)
+        if (names[i] == used[j]) return false;
+    for (int i = 0; i < cnt; ++i) used[nused++] = names[i];
+    return true;
+  };
+  auto decide = [&](char c) {
+    const int ia = e.in_a(c), ib = e.in_b(c);
+    LabelSource s;
+    if (ia >= 0 && TA::count[ia] > 0) {
+      if (take(0, ia)) s = {0, ia};
+    } else if (ib >= 0 && TB::count[ib] > 0) {
+      if (take(1, ib)) s = {1, ib};
+    }
+    d.label[d.n] = c;
+    d.source[d.n++] = s;
+  };
+  for (int i = 0; i < e.na; ++i) decide(e.a[i]);
+  for (int i = 0; i < e.nb; ++i)
+    if (e.in_a(e.b[i]) < 0) decide(e.b[i]);
+  return d;
+}
+
+template <class SA, class SB, auto E, class Seq = std::make_index_sequence<std::size_t(E.no)>>
+struct einsum_output;
+template <class SA, class SB, auto E, std::size_t... I>
+struct einsum_output<SA, SB, E, std::index_sequence<I...>> {
+  static constexpr EinsumDecision decision = decide_einsum<SA, SB>(E);
+  template <int Src, int Idx>
+  using dim = std::conditional_t<Src == 0, dim_at_t<SA, (Src == 0 ? Idx : 0)>,
+                                 std::conditional_t<Src == 1, dim_at_t<SB, (Src == 1 ? Idx : 0)>, R>>;
+  using spec = Spec<dim<decision.of(E.o[I]).src, decision.of(E.o[I]).idx>...>;
+  // The contracted labels (in the left operand, not in the output) that carry a split.
+  static constexpr auto contracted = [] {
+    std::array<LabelSource, kMaxRank> c{};
+    int n = 0;
+    for (int i = 0; i < E.na; ++i)
+      if (E.in_o(E.a[i]) < 0 && decision.of(E.a[i]).src != 2) c[n++] = decision.of(E.a[i]);
+    return std::pair{c, n};
+  }();
+  template <std::size_t... J>
+  static auto partial_axes_of(std::index_sequence<J...>) ->
+      typename concat_axes<typename dim_axes<dim<contracted.first[J].src, contracted.first[J].idx>>::type...>::type;
+  using axes = decltype(partial_axes_of(std::make_index_sequence<std::size_t(contracted.second)>{}));
+  using partial = typename partial_of<ReduceOp::Sum, axes>::type;
+};
+
+// ---- the local product ----
+
+// dst (contiguous, dims src's in `order`, extents = valid) = the valid block of src, permuted.
+template <class T>
+void pack_permuted(const T* src, const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, T* dst) {
+  if (l.valid_size() == 0) return;
+  Extents stride{}, ext{};
+  Index s = 1;
+  for (int d = 0; d < rank; ++d) {
+    stride[d] = s;
+    s *= l.padded[d];
+  }
+  for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
+  const Index inner = ext[0], inner_stride = stride[order[0]];
+  Extents i{};
+  for (;;) {
+    Index base = 0;
+    for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
+    const T* p = src + base;
+    if (inner_stride == 1)
+      std::copy(p, p + inner, dst);
+    else
+      for (Index x = 0; x < inner; ++x) dst[x] = p[x * inner_stride];
+    dst += inner;
+    int k = 1;
+    for (; k < rank; ++k) {
+      if (++i[k] < ext[k]) break;
+      i[k] = 0;
+    }
+    if (k >= rank) return;
+  }
+}
+
+// The inverse: the valid block of dst (layout l) from contiguous src whose dims are dst's in `order`.
+template <class T>
+void unpack_permuted(const T* src, const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, T* dst) {
+  if (l.valid_size() == 0) return;
+  Extents stride{}, ext{};
+  Index s = 1;
+  for (int d = 0; d < rank; ++d) {
+    stride[d] = s;
+    s *= l.padded[d];
+  }
+  for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
+  const Index inner = ext[0], inner_stride = stride[order[0]];
+  Extents i{};
+  for (;;) {
+    Index base = 0;
+    for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
+    T* p = dst + base;
+    for (Index x = 0; x < inner; ++x) p[x * inner_stride] = src[x];
+    src += inner;
+    int k = 1;
+    for (; k < rank; ++k) {
+      if (++i[k] < ext[k]) break;
+      i[k] = 0;
+    }
+    if (k >= rank) return;
+  }
+}
+
+// C (m x n, leading dim ldc) = A (m x k, lda) * B (k x n, ldb), column-major.
+template <class T>
+void gemm(Index m, Index n, Index k, const T* a, Index lda, const T* b, Index ldb, T* c, Index ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (Index j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, T(0));
+    return;
+  }
+#ifdef TSHARD_USE_BLAS
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
+                c, int(ldc));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
+                c, int(ldc));
+    return;
+  }
+#endif
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  Eigen::Map<const Mat, 0, Eigen::OuterStride<>> A(a, m, k, Eigen::OuterStride<>(lda));
+  Eigen::Map<const Mat, 0, Eigen::OuterStride<>> B(b, k, n, Eigen::OuterStride<>(ldb));
+  Eigen::Map<Mat, 0, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
+  C.noalias() = A * B;
+}
+
+// Label groups of one einsum, in the order the GEMM wants them.
+struct EinsumGroups {
+  std::array<int, kMaxRank> a_order{}, b_order{}, c_order{};  // operand dims as [M K batch], [K N batch], out as [M N batch]
+  int nm = 0, nk = 0, nn = 0, nbatch = 0;
+};
+
+inline EinsumGroups group_labels(const EinsumLabels& e) {
+  EinsumGroups g;
+  std::array<char, kMaxRank> m{}, k{}, n{}, bt{};
+  for (int i = 0; i < e.na; ++i) {
+    const char c = e.a[i];
+    const bool b = e.in_b(c) >= 0, o = e.in_o(c) >= 0;
+    if (b && o) bt[g.nbatch++] = c;
+    else if (b) k[g.nk++] = c;
+    else m[g.nm++] = c;
+  }
+  for (int i = 0; i < e.nb; ++i)
+    if (e.in_a(e.b[i]) < 0) n[g.nn++] = e.b[i];
+  int ia = 0, ib = 0, ic = 0;
+  for (int i = 0; i < g.nm; ++i) g.a_order[ia++] = e.in_a(m[i]), g.c_order[ic++] = e.in_o(m[i]);
+  for (int i = 0; i < g.nk; ++i) g.a_order[ia++] = e.in_a(k[i]), g.b_order[ib++] = e.in_b(k[i]);
+  for (int i = 0; i < g.nn; ++i) g.b_order[ib++] = e.in_b(n[i]), g.c_order[ic++] = e.in_o(n[i]);
+  for (int i = 0; i < g.nbatch; ++i)
+    g.a_order[ia++] = e.in_a(bt[i]), g.b_order[ib++] = e.in_b(bt[i]), g.c_order[ic++] = e.in_o(bt[i]);
+  return g;
+}
+
+inline bool is_identity(const std::array<int, kMaxRank>& order, int rank) {
+  for (int i = 0; i < rank; ++i)
+    if (order[i] != i) return false;
+  return true;
+}
+
+// The local einsum on aligned blocks: out's valid block = contraction of a's and b's.
+template <class T>
+void local_einsum(const EinsumLabels& e, const T* a, const ShardLayout& la, const T* b, const ShardLayout& lb, T* c,
+                  const ShardLayout& lc) {
+  const EinsumGroups g = group_labels(e);
+  auto extent = [](const ShardLayout& l, const std::array<int, kMaxRank>& order, int from, int count) {
+    Index v = 1;
+    for (int i = from; i < from + count; ++i) v *= l.valid[order[i]];
+    return v;
+  };
+  const Index M = extent(la, g.a_order, 0, g.nm), K = extent(la, g.a_order, g.nm, g.nk);
+  const Index N = extent(lb, g.b_order, g.nk, g.nn), NB = extent(la, g.a_order, g.nm + g.nk, g.nbatch);
+  if (lc.valid_size() == 0) return;
+  // Plain matmul layouts multiply in place with strided maps; others are packed first.
+  const bool direct = g.nbatch == 0 && g.nm <= 1 && g.nk <= 1 && g.nn <= 1 && is_identity(g.a_order, e.na) &&
+                      is_identity(g.b_order, e.nb) && is_identity(g.c_order, e.no);
+  if (direct) {
+    const Index lda = g.nm ? la.padded[0] : 1, ldb = g.nk ? lb.padded[0] : 1, ldc = g.nm ? lc.padded[0] : 1;
+    gemm<T>(M, N, K, a, std::max<Index>(lda, 1), b, std::max<Index>(ldb, 1), c, std::max<Index>(ldc, 1));
+    return;
+  }
+  Scratch<T> pa(static_cast<std::size_t>(M * K * NB)), pb(static_cast<std::size_t>(K * N * NB)),
+      pc(static_cast<std::size_t>(M * N * NB));
+  pack_permuted(a, la, g.a_order, e.na, pa.data());
+  pack_permuted(b, lb, g.b_order, e.nb, pb.data());
+  for (Index t = 0; t < NB; ++t)
+    gemm<T>(M, N, K, pa.data() + t * M * K, std::max<Index>(M, 1), pb.data() + t * K * N, std::max<Index>(K, 1),
+            pc.data() + t * M * N, std::max<Index>(M, 1));
+  unpack_permuted(pc.data(), lc, g.c_order, e.no, c);
+}
+
+}  // namespace detail
+
+// The einsum of two sharded tensors, e.g. einsum<"bij,bjk->bik">(a, b). The output spec is
+// deduced (see the file comment); contracting split dims gives a partial sum.
+template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
+auto einsum(const A& a_in, const B& b_in) {
+  constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
+  static_assert(e.well_formed, "tshard: an einsum string reads 'operand,operand->output' with letters for indices");
+  static_assert(!detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb),
+                "tshard: an einsum operand repeats an index (diagonals are not supported)");
+  static_assert(!detail::labels_repeat(e.o, e.no), "tshard: the einsum output repeats an index");
+  static_assert(detail::outputs_known(e), "tshard: an einsum output index appears in neither operand");
+  static_assert(e.na == A::rank && e.nb == B::rank, "tshard: the einsum string's operand ranks differ from the tensors' ranks");
+  static_assert(detail::every_label_used(e),
+                "tshard: every index of an einsum operand must appear in the other operand or in the output");
+  static_assert(std::is_same_v<typename A::Scalar, typename B::Scalar>, "tshard: einsum operands have one element type");
+  static_assert(std::is_same_v<typename A::MeshT, typename B::MeshT>, "tshard: einsum operands live on one mesh type");
+  using T = typename A::Scalar;
+  using M = typename A::MeshT;
+  detail::OperatorScope scope("einsum");
+  const auto& a = detail::resolved(a_in, "einsum");
+  const auto& b = detail::resolved(b_in, "einsum");
+  detail::require_same_mesh(a, b, "einsum");
+  // Sizes of shared labels agree.
+  for (int i = 0; i < e.na; ++i)
+    if (int j = e.in_b(e.a[i]); j >= 0 && a.extents()[i] != b.extents()[j])
+      throw ShapeError(std::string("tshard::einsum<\"") + std::string(Eq.view()) + "\">: index '" + e.a[i] +
+                       "' has extent " + std::to_string(a.extents()[i]) + " in a and " +
+                       std::to_string(b.extents()[j]) + " in b: a is " + a.describe() + ", b is " + b.describe());
+  using SA = typename std::remove_cvref_t<decltype(a)>::SpecType;
+  using SB = typename std::remove_cvref_t<decltype(b)>::SpecType;
+  using O = detail::einsum_output<SA, SB, e>;
+  using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
+  std::array<Eigen::Index, std::size_t(e.no)> shape{};
+  for (int i = 0; i < e.no; ++i) {
+    const int ia = e.in_a(e.o[i]);
+    shape[i] = ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
+  }
+  // Each operand laid out with every label's decided split.
+  auto aligned = [&](const auto& x, const std::array<char, detail::kMaxRank>& labels, int n) {
+    detail::SpecDesc w;
+    w.rank = n;
+    for (int i = 0; i < n; ++i) {
+      const detail::LabelSource s = O::decision.of(labels[i]);
+      if (s.src == 0) w.dims[i] = a.spec_desc.dims[s.idx];
+      if (s.src == 1) w.dims[i] = b.spec_desc.dims[s.idx];
+    }
+    (void)x;
+    return w;
+  };
+  const detail::SpecDesc wa = aligned(a, e.a, e.na), wb = aligned(b, e.b, e.nb);
+  auto& mesh = *a.mesh().state();
+  auto al = detail::implicit_reshard(mesh, a.spec_desc, wa, a.extents(), a.data(), "einsum");
+  auto bl = detail::implicit_reshard(mesh, b.spec_desc, wb, b.extents(), b.data(), "einsum");
+  Out out(a.mesh(), shape);
+  detail::local_einsum<T>(e, al.data, detail::shard_layout(wa, a.extents(), mesh.shape(), mesh.coords()), bl.data,
+                          detail::shard_layout(wb, b.extents(), mesh.shape(), mesh.coords()), out.data(),
+                          out.layout());
+  return out;
+}
+
+// The einsum with its output spec pinned (the annotation users give): the natural result
+// resharded to OutSpec, a partial resolved on the way (reduce-scatter where OutSpec splits).
+template <FixedString Eq, class OutSpec, ShardedTensorType A, ShardedTensorType B>
+auto einsum(const A& a, const B& b) {
+  static_assert(detail::is_spec<OutSpec>::value, "tshard: einsum<\"...\", OutSpec> takes a tshard::Spec<...>");
+  auto natural = einsum<Eq>(a, b);
+  detail::OperatorScope scope("einsum");
+  return detail::implicit_reshard<OutSpec>(natural, "einsum");
+}
+
+// Matrix product of two rank-2 tensors: einsum<"ij,jk->ik">.
+template <ShardedTensorType A, ShardedTensorType B>
+auto matmul(const A& a, const B& b) {
+  static_assert(A::rank == 2 && B::rank == 2, "tshard: matmul multiplies rank-2 tensors (use einsum for others)");
+  return einsum<"ij,jk->ik">(a, b);
+}
+
+}  // namespace tshard

@@ -1,0 +1,201 @@
+// Reductions over dims: sum, max, min, mean (lazy: reducing a split dim leaves a partial over
+// its axes, resolved when something needs the value) and argmax (never partial: candidates
+// are combined across the split at once). Padding is masked: only valid elements are read.
+#pragma once
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "tshard/comm/collectives.hpp"
+#include "tshard/core/spec_algebra.hpp"
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard {
+namespace detail {
+
+template <class T>
+T reduce_identity(ReduceOp op) {
+  if (op == ReduceOp::Sum) return T(0);
+  if constexpr (std::numeric_limits<T>::has_infinity)
+    return op == ReduceOp::Max ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+  else
+    return op == ReduceOp::Max ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
+}
+
+template <class T>
+T combine(ReduceOp op, T acc, T v) {
+  if (op == ReduceOp::Sum) return acc + v;
+  if constexpr (!is_complex_v<T>) {
+    if constexpr (std::is_floating_point_v<T>)
+      if (std::isnan(v) || std::isnan(acc)) return std::numeric_limits<T>::quiet_NaN();  // NaN wins, as numpy
+    return op == ReduceOp::Max ? (v > acc ? v : acc) : (v < acc ? v : acc);
+  }
+  return acc;
+}
+
+// out (padded extents `op`, the kept dims) = op over the reduced dims of the valid part of in.
+template <class T>
+void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, T* out,
+                   const Extents& op_ext, int out_rank) {
+  const Index out_n = volume(op_ext, out_rank);
+  std::fill(out, out + out_n, reduce_identity<T>(op));
+  if (l.valid_size() == 0) return;
+  // Strides of the output over the input's dims (0 along reduced dims).
+  Extents ostride{}, istride{};
+  Index s = 1, t = 1, k = 0;
+  for (int d = 0; d < l.rank; ++d) {
+    istride[d] = t;
+    t *= l.padded[d];
+    if (!reduced[d]) {
+      ostride[d] = s;
+      s *= op_ext[k++];
+    }
+  }
+  Extents i{};
+  const Index run = l.valid[0];
+  for (;;) {
+    Index ib = 0, ob = 0;
+    for (int d = 1; d < l.rank; ++d) {
+      ib += i[d] * istride[d];
+      ob += i[d] * ostride[d];
+    }
+    const T* src = in + ib;
+    if (reduced[0]) {
+      T acc = out[ob];
+      for (Index x = 0; x < run; ++x) acc = combine(op, acc, src[x]);
+      out[ob] = acc;
+    } else {
+      T* dst = out + ob;
+      for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], src[x]);
+    }
+    int d = 1;
+    for (; d < l.rank; ++d) {
+      if (++i[d] < l.valid[d]) break;
+      i[d] = 0;
+    }
+    if (d >= l.rank) return;
+  }
+}
+
+template <ReduceOp Op, int... Dims, class T, class M, class S, class P>
+auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
+  static_assert(sizeof...(Dims) > 0, "tshard: name at least one dim to reduce");
+  static_assert(dims_valid<S::rank, Dims...>(), "tshard: reduced dims must be distinct and less than the tensor's rank");
+  static_assert(Op == ReduceOp::Sum || !is_complex_v<T>, "tshard: complex values have no max or min");
+  // A partial of the same kind composes (sum of partial sums); any other kind resolves first.
+  constexpr PartialKind kind = Op == ReduceOp::Sum ? PartialKind::Sum : Op == ReduceOp::Max ? PartialKind::Max : PartialKind::Min;
+  constexpr bool compose = !P::is_partial || partial_kind<P>() == kind;
+  if constexpr (!compose) {
+    OperatorScope scope(name);
+    return reduce<Op, Dims...>(resolved(x, name), name);
+  } else {
+    using Drop = drop_dims<S, Dims...>;
+    using OutSpec = typename Drop::type;
+    using Axes = typename concat_axes<typename partial_axes<P>::type, typename Drop::dropped_axes>::type;
+    using Out = ShardedTensor<T, M, OutSpec, typename partial_of<Op, Axes>::type>;
+    constexpr int OutRank = OutSpec::rank;
+    std::array<bool, kMaxRank> reduced{};
+    ((reduced[Dims] = true), ...);
+    std::array<Eigen::Index, OutRank> shape{};
+    for (int d = 0, k = 0; d < S::rank; ++d)
+      if (!reduced[d]) shape[k++] = x.extents()[d];
+    Out out(x.mesh(), shape);
+    reduce_kernel<T>(Op, x.data(), x.layout(), reduced, out.data(), out.layout().padded, OutRank);
+    return out;
+  }
+}
+
+}  // namespace detail
+
+// Sum over dims; a split dim leaves a partial sum over its axes (resolved lazily).
+template <int... Dims, ShardedTensorType X>
+auto sum(const X& x) {
+  return detail::reduce<ReduceOp::Sum, Dims...>(x, "sum");
+}
+template <int... Dims, ShardedTensorType X>
+auto max(const X& x) {
+  return detail::reduce<ReduceOp::Max, Dims...>(x, "max");
+}
+template <int... Dims, ShardedTensorType X>
+auto min(const X& x) {
+  return detail::reduce<ReduceOp::Min, Dims...>(x, "min");
+}
+// Mean over dims: the sum divided by the true global count (uneven shards included).
+template <int... Dims, ShardedTensorType X>
+auto mean(const X& x) {
+  using T = typename X::Scalar;
+  static_assert(!std::is_integral_v<T>, "tshard: mean needs a floating-point or complex element type");
+  double count = 1;
+  ((count *= double(x.extents()[Dims])), ...);
+  return detail::reduce<ReduceOp::Sum, Dims...>(x, "mean") * T(1.0 / count);
+}
+
+// Index of the largest element along Dim (int64, never partial): ties go to the lowest global
+// index and NaN wins, as in numpy. A split Dim is combined across its axes with one all-gather
+// of (value, index) candidates.
+template <int Dim, ShardedTensorType X>
+auto argmax(const X& xin) {
+  using T = typename X::Scalar;
+  static_assert(!is_complex_v<T>, "tshard: complex values have no order: argmax needs a real element type");
+  static_assert(detail::dims_valid<X::rank, Dim>(), "tshard: the argmax dim must be less than the tensor's rank");
+  detail::OperatorScope scope("argmax");
+  const auto& x = detail::resolved(xin, "argmax");
+  using S = typename X::SpecType;
+  using OutSpec = typename detail::drop_dims<S, Dim>::type;
+  using Out = ShardedTensor<std::int64_t, typename X::MeshT, OutSpec>;
+  constexpr int OutRank = OutSpec::rank;
+  const auto& l = x.layout();
+  std::array<Eigen::Index, OutRank> shape{};
+  for (int d = 0, k = 0; d < X::rank; ++d)
+    if (d != Dim) shape[k++] = x.extents()[d];
+  Out out(x.mesh(), shape);
+  const detail::Index n = out.local_size();
+  // Local candidates: best value and its global index (-1 where this shard holds none).
+  std::vector<T> best(static_cast<std::size_t>(n), T(0));
+  std::vector<std::int64_t> where(static_cast<std::size_t>(n), -1);
+  auto better = [](T v, std::int64_t i, T b, std::int64_t j) {
+    if (j < 0) return true;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(b)) return std::isnan(v) && i < j;
+      if (std::isnan(v)) return true;
+    }
+    return v > b || (v == b && i < j);
+  };
+  detail::for_each_local<X::rank>(l, [&](const auto& g, detail::Index lin) {
+    detail::Index o = 0, stride = 1;
+    for (int d = 0, k = 0; d < X::rank; ++d) {
+      if (d == Dim) continue;
+      o += (g[d] - l.offset[d]) * stride;
+      stride *= out.layout().padded[k++];
+    }
+    const T v = x.data()[lin];
+    if (better(v, g[Dim], best[o], where[o])) {
+      best[o] = v;
+      where[o] = g[Dim];
+    }
+  });
+  auto& mesh = *x.mesh().state();
+  const auto& split = x.spec_desc.dims[Dim];
+  const int k = int(detail::split_parts(split, mesh.shape()));
+  std::vector<T> all_best(static_cast<std::size_t>(n * k));
+  std::vector<std::int64_t> all_where(static_cast<std::size_t>(n * k));
+  MPI_Comm group = mesh.group(split);
+  detail::all_gather(group, best.data(), n, all_best.data());
+  detail::all_gather(group, where.data(), n, all_where.data());
+  for (detail::Index o = 0; o < n; ++o) {
+    T b = T(0);
+    std::int64_t j = -1;
+    for (int g = 0; g < k; ++g)
+      if (all_where[g * n + o] >= 0 && better(all_best[g * n + o], all_where[g * n + o], b, j)) {
+        b = all_best[g * n + o];
+        j = all_where[g * n + o];
+      }
+    out.data()[o] = j;
+  }
+  return out;
+}
+
+}  // namespace tshard
