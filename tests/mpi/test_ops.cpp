@@ -301,3 +301,58 @@ TEST_CASE("transpose permutes dims and spec without communication", "[ops]") {
     TS_REQUIRE_ALL(compare(t.gather(), want) == "");
   });
 }
+
+TEST_CASE("free dims split by one axis in both operands: every strategy gives the product", "[ops][matmul]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const auto ga = values(9, 5, 1), gb = values(5, 11, 2);
+    Eigen::array<Eigen::IndexPair<int>, 1> contract{Eigen::IndexPair<int>(1, 0)};
+    Eigen::Tensor<double, 2> want = ga.contract(gb, contract);
+    auto a = ts::distribute<ts::Spec<ts::S<"x", "y">, ts::R>>(mesh, ga);
+    auto b = ts::distribute<ts::Spec<ts::R, ts::S<"x", "y">>>(mesh, gb);
+    for (auto s : {ts::EinsumStrategy::Auto, ts::EinsumStrategy::GatherRight, ts::EinsumStrategy::GatherLeft,
+                   ts::EinsumStrategy::Windowed}) {
+      ts::reset_comm_stats();
+      auto c = ts::matmul(a, b, s);
+      static_assert(std::is_same_v<typename decltype(c)::SpecType, ts::Spec<ts::S<"x", "y">, ts::R>>);
+      const auto stats = ts::comm_stats();
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", strategy " << int(s) << ": " << ts::explain_einsum<"ij,jk->ik">(a, b, s)
+                   << "\n" << stats.report());
+      TS_REQUIRE_ALL(compare(c.gather(), want, 1e-12) == "");
+      const int p = world_size();
+      if (s == ts::EinsumStrategy::Windowed && p > 1) {
+        // k - 1 rotations of one padded block of b (5 x ceil(11/p)) each.
+        const std::uint64_t block = 5 * ((11 + p - 1) / p) * sizeof(double);
+        const auto ring = stats.collective("ring_shift");
+        TS_REQUIRE_ALL(ring.calls == std::uint64_t(p - 1) && ring.bytes_received == block * (p - 1));
+      }
+      if (s == ts::EinsumStrategy::GatherRight && p > 1) {
+        const std::uint64_t block = 5 * ((11 + p - 1) / p) * sizeof(double);
+        TS_REQUIRE_ALL(stats.collective("all_gather").bytes_received == block * (p - 1));
+      }
+    }
+    const std::string why = ts::explain_einsum<"ij,jk->ik">(a, b, ts::EinsumStrategy::Windowed);
+    TS_REQUIRE_ALL(world_size() == 1 || why.find("windowed") != std::string::npos);
+  });
+}
+
+TEST_CASE("a contracting dim split alike in both operands moves nothing and leaves a partial sum", "[ops][matmul]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const auto ga = values(6, 7, 1), gb = values(7, 4, 2);
+    auto a = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, ga);
+    auto b = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, gb);
+    ts::reset_comm_stats();
+    auto c = ts::matmul(a, b);
+    const auto moved = ts::comm_stats().total().bytes_received;
+    static_assert(std::is_same_v<typename decltype(c)::PartialType, ts::PartialSum<"x">>);
+    TS_REQUIRE_ALL(moved == 0);
+    // Resolving it to a split is a reduce-scatter of the 6 x 4 product.
+    ts::reset_comm_stats();
+    auto r = ts::reshard<ts::Spec<ts::S<"x">, ts::R>>(c);
+    const int k = mesh.size<"x">();
+    const std::uint64_t chunk = ((6 + k - 1) / k) * 4 * sizeof(double);
+    TS_REQUIRE_ALL(ts::comm_stats().collective("reduce_scatter").bytes_received == chunk * (k - 1));
+    Eigen::array<Eigen::IndexPair<int>, 1> contract{Eigen::IndexPair<int>(1, 0)};
+    Eigen::Tensor<double, 2> want = ga.contract(gb, contract);
+    TS_REQUIRE_ALL(compare(r.gather(), want, 1e-12) == "");
+  });
+}

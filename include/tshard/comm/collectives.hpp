@@ -207,3 +207,60 @@ void exchange(MPI_Comm comm, const std::vector<Message<const T>>& sends, const s
 }
 
 }  // namespace tshard::detail
+
+namespace tshard::detail {
+
+// A point-to-point exchange left in flight so that computation overlaps it (windowed einsum,
+// ring rotations): start() posts every message, wait() completes them and records the stats.
+template <class T>
+class AsyncExchange {
+ public:
+  AsyncExchange() = default;
+  AsyncExchange(const AsyncExchange&) = delete;
+  AsyncExchange& operator=(const AsyncExchange&) = delete;
+  ~AsyncExchange() {
+    if (!reqs_.empty()) wait();
+  }
+
+  void start(MPI_Comm comm, const std::vector<Message<const T>>& sends, const std::vector<Message<T>>& recvs,
+             const char* kind, int tag = 7302) {
+    kind_ = kind;
+    sent_ = received_ = 0;
+    begin_ = std::chrono::steady_clock::now();
+    const int me = comm_rank(comm);
+    const Index limit = collective_chunk_limit();
+    for (auto& m : recvs) {
+      if (m.peer == me) continue;
+      received_ += bytes_of<T>(m.count);
+      for (Index off = 0; off < m.count; off += limit) {
+        reqs_.emplace_back();
+        MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs_.back());
+      }
+    }
+    for (auto& m : sends) {
+      if (m.peer == me) continue;
+      sent_ += bytes_of<T>(m.count);
+      for (Index off = 0; off < m.count; off += limit) {
+        reqs_.emplace_back();
+        MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
+                  comm, &reqs_.back());
+      }
+    }
+  }
+
+  void wait() {
+    if (reqs_.empty()) return;
+    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    reqs_.clear();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin_).count();
+    comm_stats().record(current_operator(), kind_, sent_, received_, s);
+  }
+
+ private:
+  std::vector<MPI_Request> reqs_;
+  const char* kind_ = "";
+  std::uint64_t sent_ = 0, received_ = 0;
+  std::chrono::steady_clock::time_point begin_;
+};
+
+}  // namespace tshard::detail

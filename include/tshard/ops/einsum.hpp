@@ -330,10 +330,136 @@ void local_einsum(const EinsumLabels& e, const T* a, const ShardLayout& la, cons
 
 }  // namespace detail
 
+// How an einsum handles a mesh axis that splits a free dim of both operands (GSPMD 3.5):
+// gather the right operand (the output keeps the left's split), gather the left one and
+// move the smaller output, or rotate the right operand's blocks around the axis ring while
+// multiplying (windowed einsum; rank-2 "ij,jk->ik" only). Auto picks the fewer bytes.
+enum class EinsumStrategy { Auto, GatherRight, GatherLeft, Windowed };
+
+namespace detail {
+
+struct EinsumPlan {
+  EinsumStrategy strategy = EinsumStrategy::GatherRight;
+  SpecDesc wa, wb, wc;       // operand layouts for the local product, and its result's layout
+  std::uint32_t conflict = 0;  // axes splitting a free dim of both operands
+};
+
+inline std::string strategy_name(EinsumStrategy s, std::uint32_t conflict) {
+  if (!conflict) return "aligned operands, local product";
+  switch (s) {
+    case EinsumStrategy::GatherLeft: return "all-gather the left operand, move the output";
+    case EinsumStrategy::Windowed: return "windowed: rotate the right operand around the ring";
+    default: return "all-gather the right operand";
+  }
+}
+
+// Decides the operand layouts at run time (descriptors only) from the compile-time decision.
+template <class O, class A, class B>
+EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const SpecDesc& out_desc,
+                       EinsumStrategy wanted) {
+  EinsumPlan p;
+  auto aligned = [&](const std::array<char, kMaxRank>& labels, int n) {
+    SpecDesc w;
+    w.rank = n;
+    for (int i = 0; i < n; ++i) {
+      const LabelSource s = O::decision.of(labels[i]);
+      if (s.src == 0) w.dims[i] = a.spec_desc.dims[s.idx];
+      if (s.src == 1) w.dims[i] = b.spec_desc.dims[s.idx];
+    }
+    return w;
+  };
+  p.wa = aligned(e.a, e.na);
+  p.wb = aligned(e.b, e.nb);
+  p.wc = out_desc;
+  // Axes that split a free dim of the left operand and, in the input, a free dim of the right.
+  std::uint32_t left_free = 0, right_free = 0;
+  bool whole = true;  // every conflicting dim is split by conflicting axes only
+  for (int i = 0; i < e.na; ++i)
+    if (e.in_b(e.a[i]) < 0) left_free |= p.wa.dims[i].mask();
+  for (int i = 0; i < e.nb; ++i)
+    if (e.in_a(e.b[i]) < 0) right_free |= b.spec_desc.dims[i].mask();
+  p.conflict = left_free & right_free;
+  if (!p.conflict) return p;
+  for (int i = 0; i < e.na; ++i)
+    if (e.in_b(e.a[i]) < 0 && (p.wa.dims[i].mask() & p.conflict)) whole &= p.wa.dims[i].mask() == (p.wa.dims[i].mask() & p.conflict);
+  for (int i = 0; i < e.nb; ++i)
+    if (e.in_a(e.b[i]) < 0 && (b.spec_desc.dims[i].mask() & p.conflict))
+      whole &= b.spec_desc.dims[i].mask() == (b.spec_desc.dims[i].mask() & p.conflict);
+  EinsumStrategy s = wanted;
+  const bool windowable = whole && e.na == 2 && e.nb == 2 && e.no == 2 && e.in_b(e.a[0]) < 0 && e.a[1] == e.b[0] &&
+                          e.in_a(e.b[1]) < 0 && e.o[0] == e.a[0] && e.o[1] == e.b[1] &&
+                          p.wa.dims[0] == b.spec_desc.dims[1] && p.wb.dims[0] == p.wa.dims[1];
+  if (s == EinsumStrategy::Windowed && !windowable) s = EinsumStrategy::GatherRight;
+  if (s == EinsumStrategy::GatherLeft && !whole) s = EinsumStrategy::GatherRight;
+  if (s == EinsumStrategy::Auto) {
+    // Bytes each rank receives: the gathered operand, plus the output move for GatherLeft.
+    const Index k = split_parts([&] {
+      DimSplit d;
+      for (int x = 0; x < kMaxAxes; ++x)
+        if (p.conflict & (1u << x)) d.push(x);
+      return d;
+    }(), a.mesh().shape());
+    double right = double(b.local_size()) * double(k - 1), left = double(a.local_size()) * double(k - 1);
+    Index c_size = 1;
+    for (int i = 0; i < e.no; ++i) {
+      const int ia = e.in_a(e.o[i]);
+      c_size *= ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
+    }
+    left += double(c_size) / double(a.mesh().size()) * double(k - 1) / double(k);
+    s = whole && left < right ? EinsumStrategy::GatherLeft : EinsumStrategy::GatherRight;
+  }
+  p.strategy = s;
+  if (s == EinsumStrategy::GatherLeft) {
+    // The left operand drops the conflicting axes; the right keeps its free splits; the
+    // product comes out split like the right operand and is then moved to the output spec.
+    for (int i = 0; i < e.na; ++i)
+      if (e.in_b(e.a[i]) < 0 && (p.wa.dims[i].mask() & p.conflict)) p.wa.dims[i] = DimSplit{};
+    for (int i = 0; i < e.nb; ++i)
+      if (e.in_a(e.b[i]) < 0 && (b.spec_desc.dims[i].mask() & p.conflict)) p.wb.dims[i] = b.spec_desc.dims[i];
+    for (int i = 0; i < e.no; ++i) {
+      const int ia = e.in_a(e.o[i]), ib = e.in_b(e.o[i]);
+      p.wc.dims[i] = ia >= 0 ? p.wa.dims[ia] : p.wb.dims[ib];
+    }
+  }
+  if (s == EinsumStrategy::Windowed) p.wb.dims[1] = b.spec_desc.dims[1];  // B keeps its column blocks
+  return p;
+}
+
+// C (rows split over the ring, all columns) = A (rows split) x B (columns split), B's blocks
+// rotating around the ring: each step multiplies the block in hand while the next arrives.
+template <class T>
+void windowed_matmul(MeshState& mesh, const SpecDesc& wa, const SpecDesc& wb, const Extents& ashape,
+                     const Extents& bshape, const T* a, const T* b, T* c, const ShardLayout& lc) {
+  const MeshShape& m = mesh.shape();
+  const ShardLayout la = shard_layout(wa, ashape, m, mesh.coords());
+  const ShardLayout lb = shard_layout(wb, bshape, m, mesh.coords());
+  MPI_Comm ring = mesh.group(wb.dims[1]);
+  const int k = comm_size(ring), me = comm_rank(ring);
+  const Index n = bshape[1], block = lb.padded_size(), rows = la.valid[0], inner = la.valid[1];
+  Scratch<T> buf0(static_cast<std::size_t>(block)), buf1(static_cast<std::size_t>(block));
+  T* cur = buf0.data();
+  T* next = buf1.data();
+  std::copy(b, b + block, cur);
+  for (int s = 0; s < k; ++s) {
+    const int q = (me + s) % k;  // the column block in hand
+    AsyncExchange<T> shift;
+    if (s + 1 < k)
+      shift.start(ring, {{(me - 1 + k) % k, cur, block}}, {{(me + 1) % k, next, block}}, "ring_shift");
+    const Index col = shard_offset(n, k, q), cols = shard_valid(n, k, q);
+    if (rows && cols)
+      gemm<T>(rows, cols, inner, a, std::max<Index>(la.padded[0], 1), cur, std::max<Index>(lb.padded[0], 1),
+              c + col * lc.padded[0], std::max<Index>(lc.padded[0], 1));
+    shift.wait();
+    std::swap(cur, next);
+  }
+}
+
+}  // namespace detail
+
 // The einsum of two sharded tensors, e.g. einsum<"bij,bjk->bik">(a, b). The output spec is
 // deduced (see the file comment); contracting split dims gives a partial sum.
 template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
-auto einsum(const A& a_in, const B& b_in) {
+auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrategy::Auto) {
   constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
   static_assert(e.well_formed, "tshard: an einsum string reads 'operand,operand->output' with letters for indices");
   static_assert(!detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb),
@@ -366,44 +492,62 @@ auto einsum(const A& a_in, const B& b_in) {
     const int ia = e.in_a(e.o[i]);
     shape[i] = ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
   }
-  // Each operand laid out with every label's decided split.
-  auto aligned = [&](const auto& x, const std::array<char, detail::kMaxRank>& labels, int n) {
-    detail::SpecDesc w;
-    w.rank = n;
-    for (int i = 0; i < n; ++i) {
-      const detail::LabelSource s = O::decision.of(labels[i]);
-      if (s.src == 0) w.dims[i] = a.spec_desc.dims[s.idx];
-      if (s.src == 1) w.dims[i] = b.spec_desc.dims[s.idx];
-    }
-    (void)x;
-    return w;
-  };
-  const detail::SpecDesc wa = aligned(a, e.a, e.na), wb = aligned(b, e.b, e.nb);
+  const detail::EinsumPlan plan = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
   auto& mesh = *a.mesh().state();
-  auto al = detail::implicit_reshard(mesh, a.spec_desc, wa, a.extents(), a.data(), "einsum");
-  auto bl = detail::implicit_reshard(mesh, b.spec_desc, wb, b.extents(), b.data(), "einsum");
+  auto al = detail::implicit_reshard(mesh, a.spec_desc, plan.wa, a.extents(), a.data(), "einsum");
+  auto bl = detail::implicit_reshard(mesh, b.spec_desc, plan.wb, b.extents(), b.data(), "einsum");
   Out out(a.mesh(), shape);
-  detail::local_einsum<T>(e, al.data, detail::shard_layout(wa, a.extents(), mesh.shape(), mesh.coords()), bl.data,
-                          detail::shard_layout(wb, b.extents(), mesh.shape(), mesh.coords()), out.data(),
-                          out.layout());
+  const auto la = detail::shard_layout(plan.wa, a.extents(), mesh.shape(), mesh.coords());
+  const auto lb = detail::shard_layout(plan.wb, b.extents(), mesh.shape(), mesh.coords());
+  if (plan.strategy == EinsumStrategy::Windowed) {
+    detail::windowed_matmul<T>(mesh, plan.wa, plan.wb, a.extents(), b.extents(), al.data, bl.data, out.data(),
+                               out.layout());
+  } else if (plan.wc == Out::spec_desc) {
+    detail::local_einsum<T>(e, al.data, la, bl.data, lb, out.data(), out.layout());
+  } else {  // GatherLeft: the product is split like the right operand, then moved
+    detail::SpecDesc wc = plan.wc;
+    wc.partial = Out::spec_desc.partial;
+    wc.partial_axes = Out::spec_desc.partial_axes;
+    const auto lc = detail::shard_layout(wc, out.extents(), mesh.shape(), mesh.coords());
+    detail::Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
+    detail::local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
+    detail::OperatorScope move("einsum/auto");
+    detail::execute_reshard(mesh, wc, Out::spec_desc, out.extents(), c.data(), out.data());
+  }
   return out;
+}
+
+// Which strategy einsum<Eq>(a, b, strategy) takes and how its operands move.
+template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
+std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
+  static_assert(!A::is_partial && !B::is_partial, "tshard: explain_einsum takes resolved operands");
+  constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
+  using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, e>;
+  using Out = ShardedTensor<typename A::Scalar, typename A::MeshT, typename O::spec, typename O::partial>;
+  const auto p = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
+  auto& mesh = *a.mesh().state();
+  auto moves = [&](const auto& x, const detail::SpecDesc& w) {
+    return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents())->describe(mesh.shape());
+  };
+  return detail::strategy_name(p.strategy, p.conflict) + "; a: " + moves(a, p.wa) + "; b: " + moves(b, p.wb) +
+         "; output " + Out::spec_desc.to_string(mesh.shape());
 }
 
 // The einsum with its output spec pinned (the annotation users give): the natural result
 // resharded to OutSpec, a partial resolved on the way (reduce-scatter where OutSpec splits).
 template <FixedString Eq, class OutSpec, ShardedTensorType A, ShardedTensorType B>
-auto einsum(const A& a, const B& b) {
+auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
   static_assert(detail::is_spec<OutSpec>::value, "tshard: einsum<\"...\", OutSpec> takes a tshard::Spec<...>");
-  auto natural = einsum<Eq>(a, b);
+  auto natural = einsum<Eq>(a, b, strategy);
   detail::OperatorScope scope("einsum");
   return detail::implicit_reshard<OutSpec>(natural, "einsum");
 }
 
 // Matrix product of two rank-2 tensors: einsum<"ij,jk->ik">.
 template <ShardedTensorType A, ShardedTensorType B>
-auto matmul(const A& a, const B& b) {
+auto matmul(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
   static_assert(A::rank == 2 && B::rank == 2, "tshard: matmul multiplies rank-2 tensors (use einsum for others)");
-  return einsum<"ij,jk->ik">(a, b);
+  return einsum<"ij,jk->ik">(a, b, strategy);
 }
 
 }  // namespace tshard
