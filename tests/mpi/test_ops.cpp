@@ -356,3 +356,63 @@ TEST_CASE("a contracting dim split alike in both operands moves nothing and leav
     TS_REQUIRE_ALL(compare(r.gather(), want, 1e-12) == "");
   });
 }
+
+TEST_CASE("slice, pad and concat equal Eigen's on every spec, windows crossing shard borders", "[ops][shape]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const auto g = values(9, 7, 4), h = values(9, 3, 5);
+    for_each_type(Specs2{}, [&]<class S>(S*) {
+      auto x = ts::distribute<S>(mesh, g);
+      INFO(x.describe());
+      Eigen::array<Eigen::Index, 2> off{2, 1}, ext{6, 5};
+      Eigen::Tensor<double, 2> ws = g.slice(off, ext);
+      TS_REQUIRE_ALL(compare(ts::slice(x, {2, 1}, {6, 5}).gather(), ws) == "");
+      Eigen::Tensor<double, 2> empty(0, 7);
+      TS_REQUIRE_ALL(compare(ts::slice(x, {9, 0}, {0, 7}).gather(), empty) == "");
+      Eigen::array<std::pair<Eigen::Index, Eigen::Index>, 2> pads{std::pair<Eigen::Index, Eigen::Index>{1, 3},
+                                                                  std::pair<Eigen::Index, Eigen::Index>{0, 2}};
+      Eigen::Tensor<double, 2> wp = g.pad(pads, 7.5);
+      TS_REQUIRE_ALL(compare(ts::pad(x, {1, 0}, {3, 2}, 7.5).gather(), wp) == "");
+      auto y = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, h);
+      Eigen::Tensor<double, 2> wc = g.concatenate(h, 1);
+      TS_REQUIRE_ALL(compare(ts::concat<1>(x, y).gather(), wc) == "");
+      Eigen::Tensor<double, 2> wr = g.concatenate(g, 0);
+      TS_REQUIRE_ALL(compare(ts::concat<0>(x, x).gather(), wr) == "");
+    });
+    bool threw = false;
+    try {
+      auto s = ts::slice(ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, g), {5, 0}, {5, 7});
+    } catch (const ts::ShapeError&) {
+      threw = true;
+    }
+    TS_REQUIRE_ALL(threw);
+  });
+}
+
+TEST_CASE("reshape follows column-major order; a split on the slowest dim that divides is free", "[ops][shape]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const int k = sizes[0];
+    Eigen::Tensor<double, 2> g = values(3, 4 * k, 6);
+    auto x = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, g);
+    ts::reset_comm_stats();
+    auto merged = ts::reshape<ts::Spec<ts::S<"x">>>(x, {12 * k});
+    const auto free_bytes = ts::comm_stats().op("reshape/auto").total().bytes_received;
+    Eigen::array<Eigen::Index, 1> flat{12 * k};
+    Eigen::Tensor<double, 1> wm = g.reshape(flat);
+    TS_REQUIRE_ALL(compare(merged.gather(), wm) == "");
+    TS_REQUIRE_ALL(free_bytes == 0);
+    // Uneven: 7 x 5 split on rows cannot stay local; the fallback gathers and says so.
+    Eigen::Tensor<double, 2> u = values(7, 5, 7);
+    auto ux = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, u);
+    auto r = ts::reshape<ts::Spec<ts::R, ts::S<"y">, ts::R>>(ux, {5, 7, 1});
+    Eigen::array<Eigen::Index, 3> dims{5, 7, 1};
+    Eigen::Tensor<double, 3> wr = u.reshape(dims);
+    TS_REQUIRE_ALL(compare(r.gather(), wr) == "");
+    bool threw = false;
+    try {
+      auto bad = ts::reshape<ts::Spec<ts::R>>(ux, {34});
+    } catch (const ts::ShapeError&) {
+      threw = true;
+    }
+    TS_REQUIRE_ALL(threw);
+  });
+}

@@ -1,6 +1,7 @@
 // Copy of an N-D box between two column-major buffers of different extents: the one local
 // data-movement kernel that slicing, packing and unpacking share.
 #pragma once
+#include <algorithm>
 #include <cstring>
 
 #include "tshard/core/shard.hpp"
@@ -53,6 +54,40 @@ void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T
     }
     if (d == rank) return;
   }
+}
+
+// Copies the overlap of two blocks' valid boxes (global coordinates) from one buffer to the other.
+template <class T>
+void copy_overlap(const T* src, const ShardLayout& sl, T* dst, const ShardLayout& dl) {
+  Extents ss{}, ds{}, ext{};
+  for (int d = 0; d < sl.rank; ++d) {
+    Index lo = std::max(sl.offset[d], dl.offset[d]);
+    Index hi = std::min(sl.offset[d] + sl.valid[d], dl.offset[d] + dl.valid[d]);
+    if (hi <= lo) return;
+    ss[d] = lo - sl.offset[d];
+    ds[d] = lo - dl.offset[d];
+    ext[d] = hi - lo;
+  }
+  copy_box(src, sl.padded, ss, dst, dl.padded, ds, ext, sl.rank);
+}
+
+// The overlap of two valid boxes as a dense block of its own.
+inline ShardLayout overlap_block(const ShardLayout& a, const ShardLayout& b) {
+  ShardLayout o;
+  o.rank = a.rank;
+  for (int d = 0; d < a.rank; ++d) {
+    Index lo = std::max(a.offset[d], b.offset[d]);
+    Index hi = std::min(a.offset[d] + a.valid[d], b.offset[d] + b.valid[d]);
+    o.offset[d] = lo;
+    o.valid[d] = o.padded[d] = std::max<Index>(0, hi - lo);
+  }
+  return o;
+}
+
+// The same block seen at other global coordinates (offsets moved by `shift`).
+inline ShardLayout shifted(ShardLayout l, const Extents& shift) {
+  for (int d = 0; d < l.rank; ++d) l.offset[d] += shift[d];
+  return l;
 }
 
 }  // namespace tshard::detail

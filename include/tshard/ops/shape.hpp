@@ -25,3 +25,141 @@ auto transpose(const X& x) {
 }
 
 }  // namespace tshard
+
+#include "tshard/comm/failure.hpp"
+#include "tshard/reshard/redistribute.hpp"
+#include "tshard/tensor/factories.hpp"
+
+namespace tshard {
+
+namespace detail {
+template <int Rank, std::size_t N>
+Extents extents_argument(const Eigen::Index (&v)[N]) {
+  static_assert(N == std::size_t(Rank), "tshard: the shape has a different number of entries than the tensor has dims");
+  Extents e{};
+  for (int d = 0; d < Rank; ++d) e[d] = v[d];
+  return e;
+}
+}  // namespace detail
+
+// The window [offsets, offsets + extents) of x, with x's spec; data moves only where the
+// window's shards fall on other ranks than the source's (point to point).
+template <ShardedTensorType X, std::size_t N>
+auto slice(const X& x, const Eigen::Index (&offsets)[N], const Eigen::Index (&extents)[N]) {
+  constexpr int Rank = X::rank;
+  const detail::Extents off = detail::extents_argument<Rank>(offsets), ext = detail::extents_argument<Rank>(extents);
+  for (int d = 0; d < Rank; ++d)
+    if (off[d] < 0 || ext[d] < 0 || off[d] + ext[d] > x.extents()[d])
+      throw ShapeError("tshard::slice: the window at " + detail::shape_to_string(off, Rank) + " of extent " +
+                       detail::shape_to_string(ext, Rank) + " does not fit x " + x.describe());
+  using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType, typename X::PartialType>;
+  detail::OperatorScope scope("slice");
+  Out out(x.mesh(), detail::to_array<Rank>(ext));
+  // Partial values move like plain ones: their partial axes are split by neither layout.
+  detail::redistribute(*x.mesh().state(), x.spec_desc.without_partial(), x.extents(), x.data(),
+                       Out::spec_desc.without_partial(), out.extents(), out.data(), off);
+  return out;
+}
+
+// x padded with `before` and `after` elements of `value` along every dim, with x's spec.
+template <ShardedTensorType X, std::size_t N>
+auto pad(const X& xin, const Eigen::Index (&before)[N], const Eigen::Index (&after)[N],
+         typename X::Scalar value = typename X::Scalar(0)) {
+  constexpr int Rank = X::rank;
+  detail::OperatorScope scope("pad");
+  const auto& x = detail::resolved(xin, "pad");
+  const detail::Extents lo = detail::extents_argument<Rank>(before), hi = detail::extents_argument<Rank>(after);
+  detail::Extents shape{}, shift{};
+  for (int d = 0; d < Rank; ++d) {
+    if (lo[d] < 0 || hi[d] < 0)
+      throw ShapeError("tshard::pad: negative widths " + detail::shape_to_string(lo, Rank) + " / " +
+                       detail::shape_to_string(hi, Rank) + " for x " + x.describe());
+    shape[d] = x.extents()[d] + lo[d] + hi[d];
+    shift[d] = -lo[d];
+  }
+  using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType>;
+  Out out(x.mesh(), detail::to_array<Rank>(shape));
+  std::fill(out.data(), out.data() + out.local_size(), value);
+  detail::redistribute(*x.mesh().state(), x.spec_desc, x.extents(), x.data(), Out::spec_desc, out.extents(), out.data(),
+                       shift);
+  return out;
+}
+
+// a and b joined along Dim, with a's spec; b moves straight into place from whatever spec it has.
+template <int Dim, ShardedTensorType A, ShardedTensorType B>
+auto concat(const A& ain, const B& bin) {
+  static_assert(A::rank == B::rank, "tshard: concat joins tensors of the same rank");
+  static_assert(detail::dims_valid<A::rank, Dim>(), "tshard: the concat dim must be less than the tensors' rank");
+  static_assert(std::is_same_v<typename A::Scalar, typename B::Scalar>, "tshard: concat joins tensors of one element type");
+  constexpr int Rank = A::rank;
+  detail::OperatorScope scope("concat");
+  const auto& a = detail::resolved(ain, "concat");
+  const auto& b = detail::resolved(bin, "concat");
+  detail::require_same_mesh(a, b, "concat");
+  detail::Extents shape = a.extents(), shift{};
+  for (int d = 0; d < Rank; ++d)
+    if (d != Dim && a.extents()[d] != b.extents()[d])
+      throw ShapeError("tshard::concat: the shapes differ off the concat dim " + std::to_string(Dim) + ": a is " +
+                       a.describe() + ", b is " + b.describe());
+  shape[Dim] += b.extents()[Dim];
+  shift[Dim] = -a.extents()[Dim];
+  using Out = ShardedTensor<typename A::Scalar, typename A::MeshT, typename A::SpecType>;
+  Out out(a.mesh(), detail::to_array<Rank>(shape));
+  auto& mesh = *a.mesh().state();
+  detail::redistribute(mesh, a.spec_desc, a.extents(), a.data(), Out::spec_desc, out.extents(), out.data(),
+                       detail::Extents{});
+  detail::redistribute(mesh, b.spec_desc, b.extents(), b.data(), Out::spec_desc, out.extents(), out.data(), shift);
+  return out;
+}
+
+// x with a new shape of the same size, in Eigen's column-major element order, laid out as
+// NewSpec. Free (a local copy) where every rank already holds its new block, as when the
+// split dim is the slowest of its merged group and sizes divide; otherwise x is first
+// gathered (counted under "reshape/auto", so the cost shows).
+template <class NewSpec, ShardedTensorType X, std::size_t N>
+auto reshape(const X& xin, const Eigen::Index (&new_shape)[N]) {
+  static_assert(detail::is_spec<NewSpec>::value, "tshard: reshape<Spec>(x, shape) takes a tshard::Spec<...>");
+  constexpr int Rank = NewSpec::rank;
+  using T = typename X::Scalar;
+  using Out = ShardedTensor<T, typename X::MeshT, NewSpec>;
+  detail::OperatorScope scope("reshape");
+  const auto& x = detail::resolved(xin, "reshape");
+  const detail::Extents shape = detail::extents_argument<Rank>(new_shape);
+  detail::Index old_n = detail::volume(x.extents(), X::rank), new_n = 1;
+  for (int d = 0; d < Rank; ++d) new_n *= shape[d];
+  if (old_n != new_n)
+    throw ShapeError("tshard::reshape: " + x.describe() + " has " + std::to_string(old_n) + " elements, the new shape " +
+                     detail::shape_to_string(shape, Rank) + " has " + std::to_string(new_n));
+  Out out(x.mesh(), detail::to_array<Rank>(shape));
+  // Copies this rank's new block out of a source block (src with layout sl over the old shape);
+  // false where an element lies outside it.
+  auto fill = [&](const T* src, const detail::ShardLayout& sl) {
+    bool ok = true;
+    detail::for_each_local<Rank>(out.layout(), [&](const auto& g, detail::Index lin) {
+      detail::Index linear = 0, stride = 1;
+      for (int d = 0; d < Rank; ++d) {
+        linear += g[d] * stride;
+        stride *= shape[d];
+      }
+      detail::Index at = 0, astride = 1;
+      for (int d = 0; d < X::rank; ++d) {
+        const detail::Index i = linear % x.extents()[d] - sl.offset[d];
+        linear /= x.extents()[d];
+        if (i < 0 || i >= sl.valid[d]) {
+          ok = false;
+          return;
+        }
+        at += i * astride;
+        astride *= sl.padded[d];
+      }
+      out.data()[lin] = src[at];
+    });
+    return ok;
+  };
+  if (agree(fill(x.data(), x.layout()), x.mesh().comm())) return out;
+  const auto whole = detail::implicit_reshard<Replicated<X::rank>>(x, "reshape");
+  fill(whole.data(), whole.layout());
+  return out;
+}
+
+}  // namespace tshard

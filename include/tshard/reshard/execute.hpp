@@ -13,24 +13,10 @@
 #include "tshard/comm/mesh.hpp"
 #include "tshard/core/box_copy.hpp"
 #include "tshard/reshard/plan.hpp"
+#include "tshard/reshard/redistribute.hpp"
 #include "tshard/tensor/gather_kernels.hpp"
 
 namespace tshard::detail {
-
-// Copies the overlap of two blocks' valid boxes from one buffer to the other.
-template <class T>
-void copy_overlap(const T* src, const ShardLayout& sl, T* dst, const ShardLayout& dl) {
-  Extents ss{}, ds{}, ext{};
-  for (int d = 0; d < sl.rank; ++d) {
-    Index lo = std::max(sl.offset[d], dl.offset[d]);
-    Index hi = std::min(sl.offset[d] + sl.valid[d], dl.offset[d] + dl.valid[d]);
-    if (hi <= lo) return;
-    ss[d] = lo - sl.offset[d];
-    ds[d] = lo - dl.offset[d];
-    ext[d] = hi - lo;
-  }
-  copy_box(src, sl.padded, ss, dst, dl.padded, ds, ext, sl.rank);
-}
 
 // A block with dim d's extent, offset and valid length taken from another block.
 inline ShardLayout with_dim_of(ShardLayout l, const ShardLayout& o, int d) {
@@ -125,69 +111,8 @@ class StepRunner {
     reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, op);
   }
 
-  void direct_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
-    Planner planner(shape_, m_);
-    const int me = mesh_.rank();
-    std::vector<Message<const T>> sends;
-    std::vector<Message<T>> recvs;
-    std::vector<std::pair<int, ShardLayout>> incoming;  // (sender, its overlap block)
-    Index send_total = 0, recv_total = 0;
-    std::vector<std::pair<int, ShardLayout>> outgoing;
-    for (int r = 0; r < m_.size(); ++r) {
-      // I send to r when I am r's owner of the elements r needs from my block.
-      const auto senders = planner.direct_senders(st.from, r);
-      if (std::find(senders.begin(), senders.end(), me) != senders.end()) {
-        ShardLayout ov = overlap(from, shard_layout_of_rank(st.to, shape_, m_, r));
-        if (ov.valid_size()) {
-          outgoing.emplace_back(r, ov);
-          send_total += ov.valid_size();
-        }
-      }
-    }
-    for (int s : planner.direct_senders(st.from, me)) {
-      ShardLayout ov = overlap(shard_layout_of_rank(st.from, shape_, m_, s), to);
-      if (ov.valid_size()) {
-        incoming.emplace_back(s, ov);
-        recv_total += ov.valid_size();
-      }
-    }
-    Scratch<T> sbuf(static_cast<std::size_t>(send_total)), rbuf(static_cast<std::size_t>(recv_total));
-    Index off = 0;
-    for (auto& [r, ov] : outgoing) {
-      if (r == me) {
-        copy_overlap(src, from, dst, to);
-        continue;
-      }
-      copy_overlap(src, from, sbuf.data() + off, ov);
-      sends.push_back({r, sbuf.data() + off, ov.valid_size()});
-      off += ov.valid_size();
-    }
-    off = 0;
-    std::vector<Index> roff;
-    for (auto& [s, ov] : incoming) {
-      roff.push_back(off);
-      if (s != me) {
-        recvs.push_back({s, rbuf.data() + off, ov.valid_size()});
-        off += ov.valid_size();
-      }
-    }
-    const bool permute = sends.size() <= 1 && recvs.size() <= 1;
-    exchange<T>(mesh_.comm(), sends, recvs, permute ? "permute" : "all_to_all_v");
-    for (std::size_t i = 0; i < incoming.size(); ++i)
-      if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, to);
-  }
-
-  // The overlap of two valid boxes as a dense block of its own.
-  static ShardLayout overlap(const ShardLayout& a, const ShardLayout& b) {
-    ShardLayout o;
-    o.rank = a.rank;
-    for (int d = 0; d < a.rank; ++d) {
-      Index lo = std::max(a.offset[d], b.offset[d]);
-      Index hi = std::min(a.offset[d] + a.valid[d], b.offset[d] + b.valid[d]);
-      o.offset[d] = lo;
-      o.valid[d] = o.padded[d] = std::max<Index>(0, hi - lo);
-    }
-    return o;
+  void direct_step(const ReshardStep& st, const ShardLayout&, const ShardLayout&, const T* src, T* dst) {
+    redistribute<T>(mesh_, st.from, shape_, src, st.to, shape_, dst, Extents{});
   }
 
   MeshState& mesh_;

@@ -87,6 +87,22 @@ inline bool box_inside(const ShardLayout& inner, const ShardLayout& outer, int d
   return inner.offset[d] >= outer.offset[d] && inner.offset[d] + inner.valid[d] <= outer.offset[d] + outer.valid[d];
 }
 
+// The ranks that send to rank r in a direct redistribution from `from`: those whose
+// coordinates on the axes `from` does not split equal r's (one owner per element).
+inline std::vector<int> direct_senders(const SpecDesc& from, const MeshShape& mesh, int r) {
+  const std::uint32_t split = from.split_axes();
+  auto cr = mesh.coords_of(r);
+  std::vector<int> v;
+  for (int s = 0; s < mesh.size(); ++s) {
+    auto cs = mesh.coords_of(s);
+    bool same = true;
+    for (int a = 0; a < mesh.axes(); ++a)
+      if (!(split & (1u << a)) && cs[a] != cr[a]) same = false;
+    if (same) v.push_back(s);
+  }
+  return v;
+}
+
 class Planner {
  public:
   Planner(const Extents& shape, const MeshShape& mesh) : shape_(shape), mesh_(mesh) {}
@@ -312,7 +328,7 @@ class Planner {
     for (int r = 0; r < mesh_.size(); ++r) {
       ShardLayout t = layout(to, r);
       Index elems = 0, messages = 0;
-      for (int s : direct_senders(from, r)) {
+      for (int s : direct_senders(from, mesh_, r)) {
         if (s == r) continue;
         Index o = box_overlap(layout(from, s), t);
         if (o) {
@@ -323,23 +339,6 @@ class Planner {
       worst = std::max(worst, double(elems) + kLatencyElements * double(messages));
     }
     return worst;
-  }
-
- public:
-  // The ranks that send to rank r in a direct redistribution from `from`: those whose
-  // coordinates on the axes `from` does not split equal r's (one owner per element).
-  std::vector<int> direct_senders(const SpecDesc& from, int r) const {
-    const std::uint32_t split = from.split_axes();
-    auto cr = mesh_.coords_of(r);
-    std::vector<int> v;
-    for (int s = 0; s < mesh_.size(); ++s) {
-      auto cs = mesh_.coords_of(s);
-      bool same = true;
-      for (int a = 0; a < mesh_.axes(); ++a)
-        if (!(split & (1u << a)) && cs[a] != cr[a]) same = false;
-      if (same) v.push_back(s);
-    }
-    return v;
   }
 
  private:

@@ -1,0 +1,71 @@
+// Direct redistribution between any two layouts, point to point: each rank receives exactly
+// the elements it lacks, each from one owner. With a shift and two global shapes it also moves
+// windows of a tensor (slice, pad, concat): dst[i] = src[i + shift] wherever both exist.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/core/box_copy.hpp"
+#include "tshard/reshard/plan.hpp"
+
+namespace tshard::detail {
+
+// dst (laid out for `to` over `to_shape`) gets src (laid out for `from`, a plain spec, over
+// `from_shape`) at dst index i = src index i + shift; dst elements with no source are untouched.
+template <class T>
+void redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_shape, const T* src, const SpecDesc& to,
+                  const Extents& to_shape, T* dst, const Extents& shift) {
+  const MeshShape& m = mesh.shape();
+  const int me = mesh.rank();
+  const ShardLayout mine_from = shard_layout(from, from_shape, m, mesh.coords());
+  const ShardLayout mine_to = shifted(shard_layout(to, to_shape, m, mesh.coords()), shift);  // in source coordinates
+  std::vector<std::pair<int, ShardLayout>> outgoing, incoming;  // (peer, overlap in source coordinates)
+  Index send_total = 0, recv_total = 0;
+  for (int r = 0; r < m.size(); ++r) {
+    const auto senders = direct_senders(from, m, r);
+    if (std::find(senders.begin(), senders.end(), me) == senders.end()) continue;
+    ShardLayout ov = overlap_block(mine_from, shifted(shard_layout_of_rank(to, to_shape, m, r), shift));
+    if (ov.valid_size()) {
+      outgoing.emplace_back(r, ov);
+      if (r != me) send_total += ov.valid_size();
+    }
+  }
+  for (int s : direct_senders(from, m, me)) {
+    ShardLayout ov = overlap_block(shard_layout_of_rank(from, from_shape, m, s), mine_to);
+    if (ov.valid_size()) {
+      incoming.emplace_back(s, ov);
+      if (s != me) recv_total += ov.valid_size();
+    }
+  }
+  Scratch<T> sbuf(static_cast<std::size_t>(send_total)), rbuf(static_cast<std::size_t>(recv_total));
+  std::vector<Message<const T>> sends;
+  std::vector<Message<T>> recvs;
+  Index off = 0;
+  for (auto& [r, ov] : outgoing) {
+    if (r == me) {
+      copy_overlap(src, mine_from, dst, mine_to);
+      continue;
+    }
+    copy_overlap(src, mine_from, sbuf.data() + off, ov);
+    sends.push_back({r, sbuf.data() + off, ov.valid_size()});
+    off += ov.valid_size();
+  }
+  off = 0;
+  std::vector<Index> roff;
+  for (auto& [s, ov] : incoming) {
+    roff.push_back(off);
+    if (s != me) {
+      recvs.push_back({s, rbuf.data() + off, ov.valid_size()});
+      off += ov.valid_size();
+    }
+  }
+  const bool permute = sends.size() <= 1 && recvs.size() <= 1;
+  exchange<T>(mesh.comm(), sends, recvs, permute ? "permute" : "all_to_all_v");
+  for (std::size_t i = 0; i < incoming.size(); ++i)
+    if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, mine_to);
+}
+
+}  // namespace tshard::detail
