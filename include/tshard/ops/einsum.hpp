@@ -179,9 +179,10 @@ struct einsum_output<SA, SB, E, std::index_sequence<I...>> {
 
 // ---- the local product ----
 
-// dst (contiguous, dims src's in `order`, extents = valid) = the valid block of src, permuted.
-template <class T>
-void pack_permuted(const T* src, const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, T* dst) {
+// Copies between the valid block of a padded buffer (layout l) and a contiguous buffer holding
+// the same elements with the dims in `order`: Pack reads the block, !Pack writes it.
+template <bool Pack, class T>
+void permuted_copy(const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, const T* from, T* to) {
   if (l.valid_size() == 0) return;
   Extents stride{}, ext{};
   Index s = 1;
@@ -192,43 +193,19 @@ void pack_permuted(const T* src, const ShardLayout& l, const std::array<int, kMa
   for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
   const Index inner = ext[0], inner_stride = stride[order[0]];
   Extents i{};
-  for (;;) {
+  for (Index run = 0;; run += inner) {
     Index base = 0;
     for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
-    const T* p = src + base;
+    const Index src = Pack ? base : run, dst = Pack ? run : base;
     if (inner_stride == 1)
-      std::copy(p, p + inner, dst);
+      std::copy(from + src, from + src + inner, to + dst);
     else
-      for (Index x = 0; x < inner; ++x) dst[x] = p[x * inner_stride];
-    dst += inner;
-    int k = 1;
-    for (; k < rank; ++k) {
-      if (++i[k] < ext[k]) break;
-      i[k] = 0;
-    }
-    if (k >= rank) return;
-  }
-}
-
-// The inverse: the valid block of dst (layout l) from contiguous src whose dims are dst's in `order`.
-template <class T>
-void unpack_permuted(const T* src, const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, T* dst) {
-  if (l.valid_size() == 0) return;
-  Extents stride{}, ext{};
-  Index s = 1;
-  for (int d = 0; d < rank; ++d) {
-    stride[d] = s;
-    s *= l.padded[d];
-  }
-  for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
-  const Index inner = ext[0], inner_stride = stride[order[0]];
-  Extents i{};
-  for (;;) {
-    Index base = 0;
-    for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
-    T* p = dst + base;
-    for (Index x = 0; x < inner; ++x) p[x * inner_stride] = src[x];
-    src += inner;
+      for (Index x = 0; x < inner; ++x) {
+        if constexpr (Pack)
+          to[run + x] = from[base + x * inner_stride];
+        else
+          to[base + x * inner_stride] = from[run + x];
+      }
     int k = 1;
     for (; k < rank; ++k) {
       if (++i[k] < ext[k]) break;
@@ -320,12 +297,12 @@ void local_einsum(const EinsumLabels& e, const T* a, const ShardLayout& la, cons
   }
   Scratch<T> pa(static_cast<std::size_t>(M * K * NB)), pb(static_cast<std::size_t>(K * N * NB)),
       pc(static_cast<std::size_t>(M * N * NB));
-  pack_permuted(a, la, g.a_order, e.na, pa.data());
-  pack_permuted(b, lb, g.b_order, e.nb, pb.data());
+  permuted_copy<true>(la, g.a_order, e.na, a, pa.data());
+  permuted_copy<true>(lb, g.b_order, e.nb, b, pb.data());
   for (Index t = 0; t < NB; ++t)
     gemm<T>(M, N, K, pa.data() + t * M * K, std::max<Index>(M, 1), pb.data() + t * K * N, std::max<Index>(K, 1),
             pc.data() + t * M * N, std::max<Index>(M, 1));
-  unpack_permuted(pc.data(), lc, g.c_order, e.no, c);
+  permuted_copy<false>(lc, g.c_order, e.no, pc.data(), c);
 }
 
 }  // namespace detail

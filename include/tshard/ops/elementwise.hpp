@@ -82,11 +82,6 @@ decltype(auto) resolved(const X& x, const char* op) {
     return (x);
 }
 
-template <class T, int Rank>
-std::string shape_pair(const char* op, const std::string& a, const std::string& b) {
-  return std::string("tshard::") + op + ": a is " + a + ", b is " + b;
-}
-
 template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
 auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name) {
   static_assert(SA::rank == SB::rank, "tshard: elementwise operands must have the same rank");
