@@ -43,6 +43,29 @@ int MPI_Allgather(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI
   return PMPI_Allgather(sb, sc, st, rb, rc, rt, comm);
 }
 
+int MPI_Allgatherv(const void* sb, int sc, MPI_Datatype st, void* rb, const int* rcs, const int* displs,
+                   MPI_Datatype rt, MPI_Comm comm) {
+  const int p = size_of(comm), me = rank_of(comm);
+  std::uint64_t received = 0;
+  for (int g = 0; g < p; ++g)
+    if (g != me) received += bytes(rcs[g], rt);
+  add(bytes(sc, st) * (p - 1), received);
+  return PMPI_Allgatherv(sb, sc, st, rb, rcs, displs, rt, comm);
+}
+
+int MPI_Alltoallw(const void* sb, const int* scs, const int* sds, const MPI_Datatype* sts, void* rb, const int* rcs,
+                  const int* rds, const MPI_Datatype* rts, MPI_Comm comm) {
+  const int p = size_of(comm), me = rank_of(comm);
+  std::uint64_t sent = 0, received = 0;
+  for (int g = 0; g < p; ++g)
+    if (g != me) {
+      sent += bytes(scs[g], sts[g]);
+      received += bytes(rcs[g], rts[g]);
+    }
+  add(sent, received);
+  return PMPI_Alltoallw(sb, scs, sds, sts, rb, rcs, rds, rts, comm);
+}
+
 int MPI_Allreduce(const void* sb, void* rb, int count, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
   const int p = size_of(comm);
   const std::uint64_t n = 2 * bytes(count, t) * (p - 1) / p;

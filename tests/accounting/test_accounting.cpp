@@ -34,13 +34,19 @@ void require_moved(const Moved& m, std::uint64_t sent, std::uint64_t received, c
 
 }  // namespace
 
-TEST_CASE("S->R reshard moves (k-1)/k of the padded tensor per rank, by one all-gather") {
-  const std::uint64_t p = world_size(), n0 = 13, n1 = 5;
+// Valid rows of shard c when n rows are split p ways (DESIGN's shard rule, computed here).
+std::uint64_t rows_of(std::uint64_t n, std::uint64_t p, std::uint64_t c) {
+  const std::uint64_t b = ceil_div(n, p);
+  return c * b >= n ? 0 : std::min(b, n - c * b);
+}
+
+TEST_CASE("S->R reshard sends every rank's valid shard to the others once, by one all-gather") {
+  const std::uint64_t p = world_size(), me = world_rank(), n0 = 13, n1 = 5;
   ts::Mesh<"x"> mesh({-1});
   auto x = ts::random<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {13, 5}, 1);
   const auto m = measure([&] { auto r = ts::reshard<ts::Spec<ts::R, ts::R>>(x); });
-  const std::uint64_t padded_tensor = p * ceil_div(n0, p) * n1 * sizeof(float);
-  require_moved(m, padded_tensor * (p - 1) / p, padded_tensor * (p - 1) / p, "S->R");
+  const std::uint64_t mine = rows_of(n0, p, me) * n1 * sizeof(float), all = n0 * n1 * sizeof(float);
+  require_moved(m, mine * (p - 1), all - mine, "S->R");
   TS_REQUIRE_ALL(ts::comm_stats().op("reshard").calls("all_gather") == (p > 1 ? 1u : 0u));
 }
 
@@ -51,13 +57,19 @@ TEST_CASE("R->S reshard is a local slice and moves nothing") {
   require_moved(m, 0, 0, "R->S");
 }
 
-TEST_CASE("a split moving between dims is one all-to-all of padded blocks") {
-  const std::uint64_t p = world_size();
+TEST_CASE("a split moving between dims is one all-to-all of the blocks each rank keeps") {
+  const std::uint64_t p = world_size(), me = world_rank();
   ts::Mesh<"x"> mesh({-1});
   auto x = ts::random<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {13, 7}, 3);
   const auto m = measure([&] { auto r = ts::reshard<ts::Spec<ts::R, ts::S<"x">>>(x); });
-  const std::uint64_t block = ceil_div(13, p) * ceil_div(7, p) * sizeof(float);
-  require_moved(m, block * (p - 1), block * (p - 1), "S(0)->S(1)");
+  // I send my rows x rank g's columns to every g; I receive rank g's rows x my columns.
+  std::uint64_t sent = 0, received = 0;
+  for (std::uint64_t g = 0; g < p; ++g)
+    if (g != me) {
+      sent += rows_of(13, p, me) * rows_of(7, p, g) * sizeof(float);
+      received += rows_of(13, p, g) * rows_of(7, p, me) * sizeof(float);
+    }
+  require_moved(m, sent, received, "S(0)->S(1)");
 }
 
 TEST_CASE("partial -> R is one all-reduce, partial -> S one reduce-scatter") {

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "tshard/comm/datatype.hpp"
@@ -154,13 +155,99 @@ void broadcast(MPI_Comm comm, T* data, Index n, int root) {
   }
 }
 
-// One message of a point-to-point exchange.
+// One message of a point-to-point exchange: `count` elements at `data`, or, with a datatype,
+// one instance of `type` (a box of a larger buffer) holding `count` elements, sent in place.
 template <class T>
 struct Message {
   int peer;
   T* data;
   Index count;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
 };
+
+// An MPI datatype for the box [start, start + extent) of a column-major buffer of extents
+// `dims`, so that strided blocks travel without packing. With `stride` >= 0 its extent is
+// resized to `stride` elements (consecutive instances then step by that much).
+template <class T>
+class BoxType {
+ public:
+  BoxType() = default;
+  BoxType(int rank, const Extents& dims, const Extents& start, const Extents& extent, Index stride = -1) {
+    int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank];
+    for (int d = 0; d < rank; ++d) {
+      sizes[d] = int(dims[d]);
+      sub[d] = int(extent[d]);
+      starts[d] = int(start[d]);
+    }
+    MPI_Datatype box;
+    MPI_Type_create_subarray(rank, sizes, sub, starts, MPI_ORDER_FORTRAN, mpi_datatype<T>(), &box);
+    if (stride >= 0) {
+      MPI_Type_create_resized(box, 0, MPI_Aint(stride * Index(sizeof(T))), &type_);
+      MPI_Type_free(&box);
+    } else {
+      type_ = box;
+    }
+    MPI_Type_commit(&type_);
+  }
+  BoxType(BoxType&& o) noexcept : type_(o.type_) { o.type_ = MPI_DATATYPE_NULL; }
+  BoxType& operator=(BoxType&& o) noexcept {
+    std::swap(type_, o.type_);
+    return *this;
+  }
+  BoxType(const BoxType&) = delete;
+  BoxType& operator=(const BoxType&) = delete;
+  ~BoxType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+// Whether a buffer of these extents can be described by MPI's int-sized datatypes.
+inline bool fits_datatype(const Extents& dims, int rank) {
+  Index n = 1;
+  for (int d = 0; d < rank; ++d) {
+    if (dims[d] > INT_MAX) return false;
+    n *= std::max<Index>(dims[d], 1);
+  }
+  return n <= INT_MAX;
+}
+
+// All-gather of slices along one dim: group rank g contributes counts[g] slices, which land
+// displs[g] slices into recv. Slices are described by datatypes (no packing on either side).
+template <class T>
+void all_gather_slices(MPI_Comm comm, const T* send, MPI_Datatype send_slice, T* recv, MPI_Datatype recv_slice,
+                       Index slice_elements, const std::vector<int>& counts, const std::vector<int>& displs) {
+  const int p = comm_size(comm), me = comm_rank(comm);
+  std::uint64_t received = 0;
+  for (int g = 0; g < p; ++g)
+    if (g != me) received += bytes_of<T>(Index(counts[g]) * slice_elements);
+  CollectiveTimer t("all_gather", bytes_of<T>(Index(counts[me]) * slice_elements) * (p - 1), received);
+  MPI_Allgatherv(send, counts[me], send_slice, recv, counts.data(), displs.data(), recv_slice, comm);
+}
+
+// All-to-all of one box per peer, each described by a datatype (MPI_Alltoallw): nothing is
+// packed; `elements[g]` is the size of the box sent to (s) or received from (r) group rank g.
+template <class T>
+void all_to_all_boxes(MPI_Comm comm, const T* send, const std::vector<MPI_Datatype>& send_types,
+                      const std::vector<Index>& send_elements, T* recv, const std::vector<MPI_Datatype>& recv_types,
+                      const std::vector<Index>& recv_elements) {
+  const int p = comm_size(comm), me = comm_rank(comm);
+  std::uint64_t sent = 0, received = 0;
+  std::vector<int> sc(p), rc(p), zero(p, 0);
+  for (int g = 0; g < p; ++g) {
+    sc[g] = send_elements[g] ? 1 : 0;
+    rc[g] = recv_elements[g] ? 1 : 0;
+    if (g != me) {
+      sent += bytes_of<T>(send_elements[g]);
+      received += bytes_of<T>(recv_elements[g]);
+    }
+  }
+  CollectiveTimer t("all_to_all", sent, received);
+  MPI_Alltoallw(send, sc.data(), zero.data(), send_types.data(), recv, rc.data(), zero.data(), recv_types.data(), comm);
+}
 
 // Posts every receive, then every send, and waits: the general pattern behind permute,
 // all-to-all-v, gather-v and scatter-v. Messages to self are copied, not sent. `kind` names
@@ -185,24 +272,37 @@ void exchange(MPI_Comm comm, const std::vector<Message<const T>>& sends, const s
       self_dst = m.data;
     else
       received += bytes_of<T>(m.count);
+  // (Self messages are plain contiguous copies; typed messages never go to self.)
   if (self_src && self_dst && self_n && self_src != self_dst) std::memcpy(self_dst, self_src, bytes_of<T>(self_n));
   if (sent == 0 && received == 0) return;
   CollectiveTimer t(kind, sent, received);
   const Index limit = collective_chunk_limit();
   std::vector<MPI_Request> reqs;
-  for (auto& m : recvs)
-    if (m.peer != me)
-      for (Index off = 0; off < m.count; off += limit) {
-        reqs.emplace_back();
-        MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
-      }
-  for (auto& m : sends)
-    if (m.peer != me)
-      for (Index off = 0; off < m.count; off += limit) {
-        reqs.emplace_back();
-        MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
-                  comm, &reqs.back());
-      }
+  for (auto& m : recvs) {
+    if (m.peer == me) continue;
+    if (m.type != MPI_DATATYPE_NULL) {
+      reqs.emplace_back();
+      MPI_Irecv(m.data, 1, m.type, m.peer, tag, comm, &reqs.back());
+      continue;
+    }
+    for (Index off = 0; off < m.count; off += limit) {
+      reqs.emplace_back();
+      MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
+    }
+  }
+  for (auto& m : sends) {
+    if (m.peer == me) continue;
+    if (m.type != MPI_DATATYPE_NULL) {
+      reqs.emplace_back();
+      MPI_Isend(const_cast<T*>(m.data), 1, m.type, m.peer, tag, comm, &reqs.back());
+      continue;
+    }
+    for (Index off = 0; off < m.count; off += limit) {
+      reqs.emplace_back();
+      MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
+                comm, &reqs.back());
+    }
+  }
   MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
 }
 

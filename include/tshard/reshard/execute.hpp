@@ -67,22 +67,75 @@ class StepRunner {
     return k;
   }
 
+  // Each member's valid slices along the dim travel straight from its block into place in
+  // mine, described by datatypes: no scratch, no packing, padding never sent (Allgatherv).
   void all_gather_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
+    const int k = group_size(st.axes), d = st.dim, rank = from.rank;
+    if (k == 1) return copy_overlap(src, from, dst, to);  // an axis of size 1: nothing moves
+    if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank)) return all_gather_packed(st, from, to, src, dst);
+    std::vector<int> counts(k), displs(k);
+    for (int g = 0; g < k; ++g) {
+      const ShardLayout l = member(st.from, st.axes, g);
+      counts[g] = int(l.valid[d]);
+      displs[g] = int(l.valid[d] ? l.offset[d] - to.offset[d] : 0);
+    }
+    Extents zero{}, one_from = from.padded, one_to = to.padded;
+    one_from[d] = one_to[d] = 1;
+    const Index slice = volume(one_from, rank);
+    if (slice == 0) return;
+    BoxType<T> send(rank, from.padded, zero, one_from, slice_stride(from, d));
+    BoxType<T> recv(rank, to.padded, zero, one_to, slice_stride(to, d));
+    all_gather_slices(mesh_.group(st.axes), src, send.get(), dst, recv.get(), slice, counts, displs);
+  }
+
+  // Past MPI's int-sized datatypes: gather whole padded blocks and copy them into place.
+  void all_gather_packed(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
     const int k = group_size(st.axes);
     const Index n = from.padded_size();
-    // Zero-copy where the gathered blocks are exactly the new block, back to back.
-    if (slowest_dim(to, st.dim) && to.padded[st.dim] == k * from.padded[st.dim] &&
-        member(st.from, st.axes, 0).offset[st.dim] == to.offset[st.dim]) {
-      all_gather(mesh_.group(st.axes), src, n, dst);
-      return;
-    }
     Scratch<T> all(static_cast<std::size_t>(n) * k);
     all_gather(mesh_.group(st.axes), src, n, all.data());
     for (int g = 0; g < k; ++g) copy_overlap(all.data() + g * n, member(st.from, st.axes, g), dst, to);
   }
 
+  static Index slice_stride(const ShardLayout& l, int d) {
+    Index s = 1;
+    for (int e = 0; e < d; ++e) s *= l.padded[e];
+    return s;
+  }
+
+  // Each member gets the box of my block it keeps, straight from my buffer into its own
+  // (MPI_Alltoallw with one subarray datatype per peer): no packing on either side.
   void all_to_all_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
-    const int k = group_size(st.axes), d1 = st.dim, d2 = st.dim2;
+    const int k = group_size(st.axes), d2 = st.dim2, rank = from.rank;
+    if (k == 1) return copy_overlap(src, from, dst, to);
+    if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank)) return all_to_all_packed(st, from, to, src, dst);
+    std::vector<BoxType<T>> types;
+    types.reserve(2 * static_cast<std::size_t>(k));
+    std::vector<MPI_Datatype> stypes(k, mpi_datatype<T>()), rtypes(k, mpi_datatype<T>());
+    std::vector<Index> selems(k, 0), relems(k, 0);
+    for (int g = 0; g < k; ++g) {
+      const ShardLayout out = overlap_block(from, with_dim_of(from, member(st.to, st.axes, g), d2));
+      const ShardLayout in = overlap_block(with_dim_of(member(st.from, st.axes, g), to, d2), to);
+      if (out.valid_size()) {
+        Extents start{};
+        for (int d = 0; d < rank; ++d) start[d] = out.offset[d] - from.offset[d];
+        types.emplace_back(rank, from.padded, start, out.valid);
+        stypes[g] = types.back().get();
+        selems[g] = out.valid_size();
+      }
+      if (in.valid_size()) {
+        Extents start{};
+        for (int d = 0; d < rank; ++d) start[d] = in.offset[d] - to.offset[d];
+        types.emplace_back(rank, to.padded, start, in.valid);
+        rtypes[g] = types.back().get();
+        relems[g] = in.valid_size();
+      }
+    }
+    all_to_all_boxes(mesh_.group(st.axes), src, stypes, selems, dst, rtypes, relems);
+  }
+
+  void all_to_all_packed(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
+    const int k = group_size(st.axes), d2 = st.dim2;
     const Index chunk = from.padded[d2] ? from.padded_size() / from.padded[d2] * to.padded[d2] : 0;
     Scratch<T> send(static_cast<std::size_t>(chunk) * k), recv(static_cast<std::size_t>(chunk) * k);
     for (int g = 0; g < k; ++g)  // the part of my block that member g keeps along d2
@@ -90,7 +143,6 @@ class StepRunner {
     all_to_all(mesh_.group(st.axes), send.data(), recv.data(), chunk);
     for (int g = 0; g < k; ++g)  // member g's block along d1, cut to mine along d2
       copy_overlap(recv.data() + g * chunk, with_dim_of(member(st.from, st.axes, g), to, d2), dst, to);
-    (void)d1;
   }
 
   void reduce_scatter_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
@@ -105,8 +157,10 @@ class StepRunner {
     }
     Scratch<T> send(static_cast<std::size_t>(chunk) * k);
     // Padding in the chunks is reduced along with the data and lands in padding: harmless,
-    // but zeroed so that no uninitialised memory is ever read.
-    std::fill(send.data(), send.data() + chunk * k, T(0));
+    // but zeroed (only where there is any) so that no uninitialised memory is ever read.
+    Index packed = 0;
+    for (int g = 0; g < k; ++g) packed += overlap_block(from, member(st.to, st.axes, g)).valid_size();
+    if (packed != chunk * k) std::fill(send.data(), send.data() + chunk * k, T(0));
     for (int g = 0; g < k; ++g) copy_overlap(src, from, send.data() + g * chunk, member(st.to, st.axes, g));
     reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, op);
   }

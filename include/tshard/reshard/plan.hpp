@@ -151,7 +151,6 @@ class Planner {
   bool gathers(const SpecDesc& from, const SpecDesc& to, int d, const std::vector<int>& axes) const {
     for (int r = 0; r < mesh_.size(); ++r) {
       ShardLayout t = layout(to, r);
-      if (t.valid[d] == 0) continue;
       auto c = mesh_.coords_of(r);
       Index lo = shape_[d], hi = 0;
       for (Index g = 0; g < axes_size(axes); ++g) {
@@ -162,10 +161,12 @@ class Planner {
         }
         ShardLayout f = shard_layout(from, shape_, mesh_, c);
         if (f.valid[d] == 0) continue;
+        // Every member's slices must land inside the new buffer (they are received in place).
+        if (f.offset[d] < t.offset[d] || f.offset[d] + f.valid[d] > t.offset[d] + t.padded[d]) return false;
         lo = std::min(lo, f.offset[d]);
         hi = std::max(hi, f.offset[d] + f.valid[d]);
       }
-      if (t.offset[d] < lo || t.offset[d] + t.valid[d] > hi) return false;
+      if (t.valid[d] > 0 && (t.offset[d] < lo || t.offset[d] + t.valid[d] > hi)) return false;
     }
     return true;
   }

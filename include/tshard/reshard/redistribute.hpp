@@ -40,32 +40,50 @@ void redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_sha
       if (s != me) recv_total += ov.valid_size();
     }
   }
-  Scratch<T> sbuf(static_cast<std::size_t>(send_total)), rbuf(static_cast<std::size_t>(recv_total));
+  // Every message is a box of the source or destination buffer, described by a datatype:
+  // nothing is packed (past MPI's int-sized datatypes, boxes are packed into scratch).
+  const ShardLayout dst_layout = shard_layout(to, to_shape, m, mesh.coords());
+  const bool typed = fits_datatype(mine_from.padded, from.rank) && fits_datatype(dst_layout.padded, to.rank);
+  Scratch<T> sbuf(typed ? 0 : static_cast<std::size_t>(send_total)), rbuf(typed ? 0 : static_cast<std::size_t>(recv_total));
+  std::vector<BoxType<T>> types;
+  types.reserve(outgoing.size() + incoming.size());
   std::vector<Message<const T>> sends;
   std::vector<Message<T>> recvs;
+  auto box_of = [&](const ShardLayout& block, const ShardLayout& ov) {
+    Extents start{};
+    for (int d = 0; d < block.rank; ++d) start[d] = ov.offset[d] - block.offset[d];
+    types.emplace_back(block.rank, block.padded, start, ov.valid);
+    return types.back().get();
+  };
   Index off = 0;
   for (auto& [r, ov] : outgoing) {
     if (r == me) {
       copy_overlap(src, mine_from, dst, mine_to);
-      continue;
+    } else if (typed) {
+      sends.push_back({r, src, ov.valid_size(), box_of(mine_from, ov)});
+    } else {
+      copy_overlap(src, mine_from, sbuf.data() + off, ov);
+      sends.push_back({r, sbuf.data() + off, ov.valid_size()});
+      off += ov.valid_size();
     }
-    copy_overlap(src, mine_from, sbuf.data() + off, ov);
-    sends.push_back({r, sbuf.data() + off, ov.valid_size()});
-    off += ov.valid_size();
   }
   off = 0;
   std::vector<Index> roff;
   for (auto& [s, ov] : incoming) {
     roff.push_back(off);
-    if (s != me) {
+    if (s == me) continue;
+    if (typed) {
+      recvs.push_back({s, dst, ov.valid_size(), box_of(mine_to, ov)});
+    } else {
       recvs.push_back({s, rbuf.data() + off, ov.valid_size()});
       off += ov.valid_size();
     }
   }
   const bool permute = sends.size() <= 1 && recvs.size() <= 1;
   exchange<T>(mesh.comm(), sends, recvs, permute ? "permute" : "all_to_all_v");
-  for (std::size_t i = 0; i < incoming.size(); ++i)
-    if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, mine_to);
+  if (!typed)
+    for (std::size_t i = 0; i < incoming.size(); ++i)
+      if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, mine_to);
 }
 
 }  // namespace tshard::detail
