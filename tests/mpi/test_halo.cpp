@@ -1,2 +1,547 @@
-// Windowed operators: halo exchange, convolution, stencils (issue 4).
+// Windowed operators: halo exchange, convolution, stencils (issue 4). Every result is checked
+// against a serial computation on the gathered global tensor, on every mesh shape of the world.
+#include <complex>
+#include <sstream>
+
 #include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+using M2 = ts::Mesh<"x", "y">;
+using M3 = ts::Mesh<"x", "y", "z">;
+
+namespace {
+
+template <std::size_t R>
+std::string shape_str(const std::array<Eigen::Index, R>& s) {
+  std::ostringstream o;
+  o << "[";
+  for (std::size_t d = 0; d < R; ++d) o << (d ? ", " : "") << s[d];
+  o << "]";
+  return o.str();
+}
+template <std::size_t R>
+std::string widths_str(const std::array<ts::Halo, R>& w) {
+  std::ostringstream o;
+  o << "[";
+  for (std::size_t d = 0; d < R; ++d) o << (d ? ", " : "") << "(" << w[d].before << "," << w[d].after << ")";
+  o << "]";
+  return o.str();
+}
+const char* boundary_str(ts::Boundary b) { return b == ts::Boundary::Zero ? "Zero" : "Periodic"; }
+
+// The global element that element i of an extended block shows, or -1 where it is zero.
+inline Eigen::Index source_index(Eigen::Index g, Eigen::Index n, ts::Boundary b) {
+  if (g >= 0 && g < n) return g;
+  if (b == ts::Boundary::Zero) return -1;
+  return ((g % n) + n) % n;
+}
+
+// The serial reference of with_halo: the valid block at `offset` of extents `valid` widened
+// by `w`, read from the global tensor g; an empty block where the shard is empty.
+template <class T, int R>
+Eigen::Tensor<T, R> halo_reference(const Eigen::Tensor<T, R>& g, const std::array<Eigen::Index, R>& offset,
+                                   const std::array<Eigen::Index, R>& valid, const std::array<ts::Halo, R>& w,
+                                   ts::Boundary b) {
+  bool empty = false;
+  for (int d = 0; d < R; ++d) empty |= valid[d] == 0;
+  std::array<Eigen::Index, R> ext{};
+  if (!empty)
+    for (int d = 0; d < R; ++d) ext[d] = valid[d] + w[d].before + w[d].after;
+  Eigen::Tensor<T, R> out(ext);
+  std::array<Eigen::Index, R> i{};
+  for (Eigen::Index n = 0; n < out.size(); ++n) {
+    std::array<Eigen::Index, R> src{};
+    bool zero = false;
+    for (int d = 0; d < R; ++d) {
+      src[d] = source_index(offset[d] + i[d] - w[d].before, g.dimension(d), b);
+      zero |= src[d] < 0;
+    }
+    out.data()[n] = zero ? T(0) : g(src);
+    for (int d = 0; d < R; ++d) {
+      if (++i[d] < ext[d]) break;
+      i[d] = 0;
+    }
+  }
+  return out;
+}
+
+// with_halo of a distributed iota tensor against the reference; "" or the first mismatch.
+template <class SpecT, class M, int R>
+std::string check_with_halo(const M& mesh, const std::array<Eigen::Index, R>& shape,
+                            const std::array<ts::Halo, R>& w, ts::Boundary b) {
+  Eigen::Tensor<double, R> g = iota_tensor<double, R>(shape);
+  auto x = ts::distribute<SpecT>(mesh, g);
+  ts::Halo widths[R];
+  for (int d = 0; d < R; ++d) widths[d] = w[d];
+  Eigen::Tensor<double, R> got = ts::with_halo(x, widths, b);
+  std::string diff = compare(got, halo_reference<double, R>(g, x.local_offset(), x.local_shape(), w, b));
+  if (diff.empty()) return "";
+  return "shape " + shape_str(shape) + " spec " + x.describe() + " widths " + widths_str(w) + " boundary " +
+         boundary_str(b) + " on mesh " + mesh.shape().describe() + ": " + diff;
+}
+
+template <int R>
+std::vector<std::array<ts::Halo, R>> symmetric_widths(const std::vector<Eigen::Index>& values) {
+  std::vector<std::array<ts::Halo, R>> out;
+  std::array<std::size_t, R> pick{};
+  for (;;) {
+    std::array<ts::Halo, R> w{};
+    for (int d = 0; d < R; ++d) w[d] = ts::Halo{values[pick[d]], values[pick[d]]};
+    out.push_back(w);
+    int d = 0;
+    for (; d < R; ++d) {
+      if (++pick[d] < values.size()) break;
+      pick[d] = 0;
+    }
+    if (d == R) return out;
+  }
+}
+
+// Serial "same" correlation, summed over the kernel in column-major order.
+template <class T, int R>
+Eigen::Tensor<T, R> convolve_reference(const Eigen::Tensor<T, R>& g, const Eigen::Tensor<T, R>& k, ts::Boundary b) {
+  Eigen::Tensor<T, R> out(g.dimensions());
+  std::array<Eigen::Index, R> i{};
+  for (Eigen::Index n = 0; n < g.size(); ++n) {
+    T s(0);
+    std::array<Eigen::Index, R> j{};
+    for (Eigen::Index m = 0; m < k.size(); ++m) {
+      std::array<Eigen::Index, R> src{};
+      bool zero = false;
+      for (int d = 0; d < R; ++d) {
+        src[d] = source_index(i[d] + j[d] - k.dimension(d) / 2, g.dimension(d), b);
+        zero |= src[d] < 0;
+      }
+      if (!zero) s += k(j) * g(src);
+      for (int d = 0; d < R; ++d) {
+        if (++j[d] < k.dimension(d)) break;
+        j[d] = 0;
+      }
+    }
+    out.data()[n] = s;
+    for (int d = 0; d < R; ++d) {
+      if (++i[d] < g.dimension(d)) break;
+      i[d] = 0;
+    }
+  }
+  return out;
+}
+
+// Direct loops of a stride-1 NCHW convolution with zero padding (ph, pw).
+template <class T>
+Eigen::Tensor<T, 4> conv2d_reference(const Eigen::Tensor<T, 4>& x, const Eigen::Tensor<T, 4>& w, Eigen::Index ph,
+                                     Eigen::Index pw) {
+  const Eigen::Index N = x.dimension(0), C = x.dimension(1), H = x.dimension(2), W = x.dimension(3);
+  const Eigen::Index O = w.dimension(0), kh = w.dimension(2), kw = w.dimension(3);
+  const Eigen::Index Ho = H + 2 * ph - kh + 1, Wo = W + 2 * pw - kw + 1;
+  Eigen::Tensor<T, 4> out(N, O, Ho, Wo);
+  for (Eigen::Index n = 0; n < N; ++n)
+    for (Eigen::Index o = 0; o < O; ++o)
+      for (Eigen::Index i = 0; i < Ho; ++i)
+        for (Eigen::Index j = 0; j < Wo; ++j) {
+          T s(0);
+          for (Eigen::Index c = 0; c < C; ++c)
+            for (Eigen::Index a = 0; a < kh; ++a)
+              for (Eigen::Index b = 0; b < kw; ++b) {
+                const Eigen::Index r = i + a - ph, q = j + b - pw;
+                if (r >= 0 && r < H && q >= 0 && q < W) s += w(o, c, a, b) * x(n, c, r, q);
+              }
+          out(n, o, i, j) = s;
+        }
+  return out;
+}
+
+template <class T, int R>
+Eigen::Tensor<T, R> small_values(const std::array<Eigen::Index, R>& shape, int seed) {
+  Eigen::Tensor<T, R> t(shape);
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> dist(-4, 4);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = T(dist(gen));
+  return t;
+}
+
+template <class T>
+T five_point(const ts::StencilView<T, 2>& v) {
+  return T(4) * v(0, 0) - v(-1, 0) - v(1, 0) - v(0, -1) - v(0, 1);
+}
+
+template <class T>
+Eigen::Tensor<T, 2> five_point_reference(const Eigen::Tensor<T, 2>& g, ts::Boundary b) {
+  Eigen::Tensor<T, 2> out(g.dimensions());
+  auto at = [&](Eigen::Index i, Eigen::Index j) {
+    const Eigen::Index si = source_index(i, g.dimension(0), b), sj = source_index(j, g.dimension(1), b);
+    return si < 0 || sj < 0 ? T(0) : g(si, sj);
+  };
+  for (Eigen::Index j = 0; j < g.dimension(1); ++j)
+    for (Eigen::Index i = 0; i < g.dimension(0); ++i)
+      out(i, j) = T(4) * at(i, j) - at(i - 1, j) - at(i + 1, j) - at(i, j - 1) - at(i, j + 1);
+  return out;
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ts::ShapeError& e) {
+    return std::string("ShapeError: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("with_halo of a 1-D tensor equals the serial reference for widths 0..3, wider than a shard and wider "
+          "than the tensor, both boundaries, on every mesh shape",
+          "[halo]") {
+  std::string fail;
+  const auto widths = symmetric_widths<1>({0, 1, 2, 3, 5, 9, 14});
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (Eigen::Index n : {1, 2, 7, 13})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+        for (auto& w : widths) {
+          for (auto* r : {&check_with_halo<ts::Spec<ts::S<"x">>, M2, 1>, &check_with_halo<ts::Spec<ts::S<"y">>, M2, 1>,
+                          &check_with_halo<ts::Spec<ts::S<"x", "y">>, M2, 1>,
+                          &check_with_halo<ts::Spec<ts::S<"y", "x">>, M2, 1>, &check_with_halo<ts::Spec<ts::R>, M2, 1>}) {
+            std::string e = r(mesh, {n}, w, b);
+            if (fail.empty()) fail = e;
+          }
+        }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("with_halo of a 2-D tensor equals the serial reference on uneven grids, with corners, multi-axis splits and "
+          "dims smaller than the axis size",
+          "[halo]") {
+  std::string fail;
+  const auto widths = symmetric_widths<2>({0, 1, 2, 3, 6});
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto shape : std::vector<std::array<Eigen::Index, 2>>{{7, 5}, {2, 3}, {1, 13}, {0, 4}})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+        for (auto& w : widths)
+          for (auto* r : {&check_with_halo<ts::Spec<ts::S<"x">, ts::S<"y">>, M2, 2>,
+                          &check_with_halo<ts::Spec<ts::S<"y">, ts::S<"x">>, M2, 2>,
+                          &check_with_halo<ts::Spec<ts::S<"x", "y">, ts::R>, M2, 2>,
+                          &check_with_halo<ts::Spec<ts::R, ts::S<"y", "x">>, M2, 2>,
+                          &check_with_halo<ts::Spec<ts::R, ts::S<"x">>, M2, 2>}) {
+            std::string e = r(mesh, shape, w, b);
+            if (fail.empty()) fail = e;
+          }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("with_halo of a 3-D tensor on a 3-axis mesh equals the serial reference", "[halo]") {
+  std::string fail;
+  const auto widths = symmetric_widths<3>({0, 1, 3});
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    M3 mesh({sizes[0], sizes[1], sizes[2]});
+    for (auto shape : std::vector<std::array<Eigen::Index, 3>>{{4, 3, 5}, {1, 2, 7}})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+        for (auto& w : widths)
+          for (auto* r : {&check_with_halo<ts::Spec<ts::S<"x">, ts::S<"y">, ts::S<"z">>, M3, 3>,
+                          &check_with_halo<ts::Spec<ts::S<"z", "x">, ts::R, ts::S<"y">>, M3, 3>,
+                          &check_with_halo<ts::Spec<ts::R, ts::S<"y", "z", "x">, ts::R>, M3, 3>}) {
+            std::string e = r(mesh, shape, w, b);
+            if (fail.empty()) fail = e;
+          }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("with_halo takes asymmetric widths Halo{before, after} per dim", "[halo]") {
+  std::string fail;
+  const std::vector<std::array<ts::Halo, 2>> widths{
+      {ts::Halo{0, 2}, ts::Halo{1, 0}}, {ts::Halo{3, 1}, ts::Halo{0, 0}}, {ts::Halo{0, 7}, ts::Halo{5, 2}},
+      {ts::Halo{2, 0}, ts::Halo{0, 3}}};
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto shape : std::vector<std::array<Eigen::Index, 2>>{{7, 5}, {3, 2}})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+        for (auto& w : widths)
+          for (auto* r : {&check_with_halo<ts::Spec<ts::S<"x">, ts::S<"y">>, M2, 2>,
+                          &check_with_halo<ts::Spec<ts::S<"y", "x">, ts::R>, M2, 2>}) {
+            std::string e = r(mesh, shape, w, b);
+            if (fail.empty()) fail = e;
+          }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("with_halo with a braced list of widths, every element type, and an empty block on an empty shard", "[halo]") {
+  const int p = world_size();
+  M2 mesh({p, 1});
+  // 2 rows over p ranks: ranks 2.. hold nothing.
+  Eigen::Tensor<std::complex<float>, 2> g = iota_tensor<std::complex<float>, 2>({2, 3}, 1);
+  auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, g);
+  Eigen::Tensor<std::complex<float>, 2> got = ts::with_halo(x, {1, 1}, ts::Boundary::Periodic);
+  const std::array<ts::Halo, 2> w{ts::Halo{1, 1}, ts::Halo{1, 1}};
+  TS_REQUIRE_ALL(compare(got, halo_reference<std::complex<float>, 2>(g, x.local_offset(), x.local_shape(), w,
+                                                                      ts::Boundary::Periodic)) == "");
+  TS_REQUIRE_ALL(mesh.rank() < 2 || got.size() == 0);
+  Eigen::Tensor<std::int64_t, 2> gi = iota_tensor<std::int64_t, 2>({5, 4});
+  auto xi = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, gi);
+  Eigen::Tensor<std::int64_t, 2> goti = ts::with_halo(xi, {2, 0}, ts::Boundary::Zero);
+  const std::array<ts::Halo, 2> wi{ts::Halo{2, 2}, ts::Halo{0, 0}};
+  TS_REQUIRE_ALL(compare(goti, halo_reference<std::int64_t, 2>(gi, xi.local_offset(), xi.local_shape(), wi,
+                                                               ts::Boundary::Zero)) == "");
+}
+
+TEST_CASE("with_halo resolves a partial sum first", "[halo]") {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    // Each rank holds its rank number times the iota values: the sum over y is known.
+    using Sp = ts::Spec<ts::S<"x">, ts::R>;
+    Eigen::Tensor<double, 2> g = iota_tensor<double, 2>({7, 5});
+    auto plain = ts::distribute<Sp>(mesh, g);
+    Eigen::Tensor<double, 2> local(plain.padded_shape());
+    local = plain.local() * double(mesh.coord<"y">() + 1);
+    auto partial = ts::from_local<Sp, ts::PartialSum<"y">>(mesh, {7, 5}, std::move(local));
+    const int ny = mesh.size<"y">();
+    Eigen::Tensor<double, 2> want_global = g * double(ny * (ny + 1) / 2);
+    Eigen::Tensor<double, 2> got = ts::with_halo(partial, {2, 1}, ts::Boundary::Zero);
+    const std::array<ts::Halo, 2> w{ts::Halo{2, 2}, ts::Halo{1, 1}};
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    TS_REQUIRE_ALL(compare(got, halo_reference<double, 2>(want_global, plain.local_offset(), plain.local_shape(), w,
+                                                          ts::Boundary::Zero)) == "");
+  }
+}
+
+TEST_CASE("with_halo moves only the halo elements, point to point, counted as halo traffic", "[halo]") {
+  const int p = world_size();
+  ts::Mesh<"x"> line({p});
+  auto x = ts::from_function<double, ts::Spec<ts::S<"x">>>(line, {12}, [](auto i) { return double(i[0]); });
+  ts::reset_comm_stats();
+  Eigen::Tensor<double, 1> got = ts::with_halo(x, {1}, ts::Boundary::Zero);
+  const auto& halo = ts::comm_stats().op("with_halo").collectives;
+  const int c = line.coord<"x">();
+  const std::uint64_t neighbours = (c > 0) + (c < p - 1);
+  const auto it = halo.find("halo");
+  const std::uint64_t sent = it == halo.end() ? 0 : it->second.bytes_sent;
+  const std::uint64_t received = it == halo.end() ? 0 : it->second.bytes_received;
+  INFO("rank " << c << " sent " << sent << " received " << received);
+  TS_REQUIRE_ALL(sent == neighbours * sizeof(double) && received == neighbours * sizeof(double));
+  TS_REQUIRE_ALL(ts::comm_stats().op("with_halo").total().calls == (p > 1 ? 1u : 0u));
+}
+
+TEST_CASE("stencil applies a user kernel over halo-extended views, equal to the serial loop", "[halo]") {
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto shape : std::vector<std::array<Eigen::Index, 2>>{{7, 5}, {2, 9}, {1, 1}})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic}) {
+        Eigen::Tensor<double, 2> g = iota_tensor<double, 2>(shape);
+        auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, g);
+        auto y = ts::stencil(x, {1, 1}, b, [](const auto& v) { return five_point<double>(v); });
+        std::string e = compare(y.gather(), five_point_reference(g, b));
+        if (fail.empty() && !e.empty()) fail = "mesh " + mesh.shape().describe() + " shape " + shape_str(shape) + ": " + e;
+        // A kernel that also takes the global index, with an asymmetric window.
+        auto z = ts::stencil(x, {ts::Halo{0, 1}, ts::Halo{2, 0}}, b, [](const auto& v, const auto& i) {
+          return v(1, 0) + 10.0 * v(0, -2) + 100.0 * double(i[0] + 7 * i[1]);
+        });
+        Eigen::Tensor<double, 2> want(g.dimensions());
+        for (Eigen::Index j = 0; j < shape[1]; ++j)
+          for (Eigen::Index i = 0; i < shape[0]; ++i) {
+            auto at = [&](Eigen::Index r, Eigen::Index c) {
+              const Eigen::Index sr = source_index(r, shape[0], b), sc = source_index(c, shape[1], b);
+              return sr < 0 || sc < 0 ? 0.0 : g(sr, sc);
+            };
+            want(i, j) = at(i + 1, j) + 10.0 * at(i, j - 2) + 100.0 * double(i + 7 * j);
+          }
+        e = compare(z.gather(), want);
+        if (fail.empty() && !e.empty())
+          fail = "indexed kernel, mesh " + mesh.shape().describe() + " shape " + shape_str(shape) + ": " + e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("convolve equals the serial correlation for 1-D to 3-D kernels, both boundaries", "[halo]") {
+  std::string fail;
+  auto note = [&](const std::string& what, const std::string& e) {
+    if (fail.empty() && !e.empty()) fail = what + ": " + e;
+  };
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    const std::string m = " on mesh " + mesh.shape().describe();
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic}) {
+      {
+        Eigen::Tensor<double, 1> g = small_values<double, 1>({11}, 1), k = small_values<double, 1>({5}, 2);
+        auto x = ts::distribute<ts::Spec<ts::S<"y", "x">>>(mesh, g);
+        note("1-D" + m, compare(ts::convolve(x, k, b).gather(), convolve_reference(g, k, b), 1e-12));
+      }
+      {
+        Eigen::Tensor<double, 2> g = small_values<double, 2>({7, 5}, 3), k = small_values<double, 2>({3, 5}, 4);
+        auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, g);
+        auto y = ts::convolve(x, k, b);
+        static_assert(std::is_same_v<decltype(y), decltype(x)>, "output spec = input spec");
+        note("2-D" + m, compare(y.gather(), convolve_reference(g, k, b), 1e-12));
+      }
+      {
+        Eigen::Tensor<std::int32_t, 3> g = small_values<std::int32_t, 3>({4, 3, 6}, 5),
+                                       k = small_values<std::int32_t, 3>({3, 1, 3}, 6);
+        auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::S<"y">>>(mesh, g);
+        note("3-D int" + m, compare(ts::convolve(x, k, b).gather(), convolve_reference(g, k, b)));
+      }
+      {
+        Eigen::Tensor<std::complex<double>, 2> g = small_values<std::complex<double>, 2>({3, 8}, 7),
+                                               k = small_values<std::complex<double>, 2>({7, 3}, 8);
+        auto x = ts::distribute<ts::Spec<ts::R, ts::S<"x", "y">>>(mesh, g);
+        note("2-D complex, kernel wider than the tensor" + m,
+             compare(ts::convolve(x, k, b).gather(), convolve_reference(g, k, b), 1e-12));
+      }
+    }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("conv2d on NCHW input split on batch and spatial dims equals direct serial loops, Same and Valid", "[halo]") {
+  std::string fail;
+  Eigen::Tensor<double, 4> g = small_values<double, 4>({3, 2, 7, 5}, 11);
+  Eigen::Tensor<double, 4> w33 = small_values<double, 4>({4, 2, 3, 3}, 12);
+  Eigen::Tensor<double, 4> w15 = small_values<double, 4>({2, 2, 1, 5}, 13);
+  Eigen::Tensor<double, 4> w22 = small_values<double, 4>({3, 2, 2, 2}, 14);
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    auto run = [&](const auto& x, const std::string& what) {
+      auto note = [&](const std::string& k, const std::string& e) {
+        if (fail.empty() && !e.empty()) fail = what + " " + k + " on mesh " + mesh.shape().describe() + ": " + e;
+      };
+      note("3x3 same", compare(ts::conv2d(x, w33, ts::Padding::Same).gather(), conv2d_reference(g, w33, 1, 1), 1e-9));
+      note("3x3 valid", compare(ts::conv2d(x, w33, ts::Padding::Valid).gather(), conv2d_reference(g, w33, 0, 0), 1e-9));
+      note("1x5 same", compare(ts::conv2d(x, w15).gather(), conv2d_reference(g, w15, 0, 2), 1e-9));
+      note("2x2 valid", compare(ts::conv2d(x, w22, ts::Padding::Valid).gather(), conv2d_reference(g, w22, 0, 0), 1e-9));
+    };
+    run(ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::S<"y">, ts::R>>(mesh, g), "{x, R, y, R}");
+    run(ts::distribute<ts::Spec<ts::R, ts::R, ts::S<"x">, ts::S<"y">>>(mesh, g), "{R, R, x, y}");
+    run(ts::distribute<ts::Spec<ts::S<"x", "y">, ts::R, ts::R, ts::R>>(mesh, g), "{(x,y), R, R, R}");
+    run(ts::distribute<ts::Spec<ts::R, ts::R, ts::R, ts::S<"y", "x">>>(mesh, g), "{R, R, R, (y,x)}");
+    auto split_channels = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">, ts::R, ts::R>>(mesh, g);
+    auto y = ts::conv2d(split_channels, w33);
+    static_assert(std::is_same_v<decltype(y)::SpecType, ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R>>,
+                  "conv2d's output is split like its input with channels whole");
+    run(split_channels, "{x, y, R, R} (channels gathered first)");
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("a HaloPlan reused for 1000 exchanges allocates nothing after the first and stays correct", "[halo]") {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    Eigen::Tensor<float, 2> g = iota_tensor<float, 2>({7, 5});
+    auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, g);
+    ts::HaloPlan<float, 2> plan(x, {ts::Halo{1, 2}, ts::Halo{3, 1}}, ts::Boundary::Periodic);
+    Eigen::Tensor<float, 2> ext;
+    plan.exchange(x, ext);  // the first exchange sizes ext
+    Eigen::Tensor<float, 2> inplace = plan.make_extended();
+    plan.load_interior(x, inplace);
+    plan.exchange(inplace);
+    const auto before = ts::pool_stats();
+    for (int i = 0; i < 500; ++i) {
+      plan.start(x, ext);
+      plan.finish();
+      plan.start(inplace);
+      plan.finish();
+    }
+    const auto after = ts::pool_stats();
+    INFO("mesh " << sizes[0] << "x" << sizes[1] << ": fresh allocations " << before.fresh_allocations << " -> "
+                 << after.fresh_allocations << ", reuses " << before.reuses << " -> " << after.reuses);
+    TS_REQUIRE_ALL(after.fresh_allocations == before.fresh_allocations && after.reuses == before.reuses);
+    const std::array<ts::Halo, 2> w{ts::Halo{1, 2}, ts::Halo{3, 1}};
+    Eigen::Tensor<float, 2> want =
+        halo_reference<float, 2>(g, x.local_offset(), x.local_shape(), w, ts::Boundary::Periodic);
+    TS_REQUIRE_ALL(compare(ext, want) == "");
+    TS_REQUIRE_ALL(compare(inplace, want) == "");
+  }
+}
+
+TEST_CASE("HaloPlan start/finish around apply_inner/apply_outer steps a field in place like the serial loop", "[halo]") {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic}) {
+      Eigen::Tensor<double, 2> g = small_values<double, 2>({9, 6}, 21);
+      auto x = ts::distribute<ts::Spec<ts::S<"y">, ts::S<"x">>>(mesh, g);
+      ts::HaloPlan<double, 2> plan(x, {1, 1}, b);
+      Eigen::Tensor<double, 2> u = plan.make_extended(), v = plan.make_extended();
+      plan.load_interior(x, u);
+      Eigen::Tensor<double, 2> serial = g;
+      auto kernel = [](const ts::StencilView<double, 2>& s) { return 0.5 * five_point<double>(s); };
+      for (int step = 0; step < 5; ++step) {
+        plan.start(u);
+        plan.apply_inner(u, v, kernel);
+        plan.finish();
+        plan.apply_outer(u, v, kernel);
+        std::swap(u, v);
+        Eigen::Tensor<double, 2> next = five_point_reference(serial, b);
+        serial = next * 0.5;
+      }
+      plan.store_interior(u, x);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << " boundary " << boundary_str(b));
+      TS_REQUIRE_ALL(compare(x.gather(), serial) == "");  // same arithmetic, bit for bit
+      // The tensor-to-tensor form of one step.
+      auto y = ts::zeros<double, ts::Spec<ts::S<"y">, ts::S<"x">>>(mesh, {9, 6});
+      plan.stencil(x, y, kernel);
+      Eigen::Tensor<double, 2> once = five_point_reference(serial, b);
+      Eigen::Tensor<double, 2> half = once * 0.5;
+      TS_REQUIRE_ALL(compare(y.gather(), half) == "");
+    }
+  }
+}
+
+TEST_CASE("windowed operators reject even kernels, negative widths and mismatched channels on every rank", "[halo]") {
+  M2 mesh({world_size(), 1});
+  auto x = ts::zeros<double, ts::Spec<ts::S<"x">, ts::R>>(mesh, {7, 5});
+  Eigen::Tensor<double, 2> even(3, 2);
+  even.setZero();
+  const std::string e1 = error_of([&] { ts::convolve(x, even, ts::Boundary::Zero); });
+  INFO(e1);
+  TS_REQUIRE_ALL(e1.find("ShapeError: tshard::convolve") == 0 && e1.find("[3, 2]") != std::string::npos &&
+                 e1.find("[7, 5] {x, R}") != std::string::npos);
+  const std::string e2 = error_of([&] { (void)ts::with_halo(x, {1, -1}, ts::Boundary::Zero); });
+  INFO(e2);
+  TS_REQUIRE_ALL(e2.find("ShapeError: tshard::with_halo") == 0 && e2.find("[7, 5] {x, R}") != std::string::npos);
+  const std::string e3 = error_of([&] { ts::HaloPlan<double, 2> plan(x, {ts::Halo{0, 1}, ts::Halo{-2, 0}}, ts::Boundary::Zero); });
+  INFO(e3);
+  TS_REQUIRE_ALL(e3.find("ShapeError: tshard::HaloPlan") == 0);
+  const std::string e4 = error_of([&] { ts::stencil(x, {-1, 0}, ts::Boundary::Zero, [](const auto& v) { return v(0, 0); }); });
+  TS_REQUIRE_ALL(e4.find("ShapeError: tshard::stencil") == 0);
+  auto images = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R>>(mesh, {2, 3, 5, 5});
+  Eigen::Tensor<float, 4> w(4, 2, 3, 3), w_even(4, 3, 2, 3);
+  w.setZero();
+  w_even.setZero();
+  const std::string e5 = error_of([&] { ts::conv2d(images, w); });
+  INFO(e5);
+  TS_REQUIRE_ALL(e5.find("ShapeError: tshard::conv2d") == 0 && e5.find("[4, 2, 3, 3]") != std::string::npos);
+  const std::string e6 = error_of([&] { ts::conv2d(images, w_even, ts::Padding::Same); });
+  TS_REQUIRE_ALL(e6.find("ShapeError: tshard::conv2d: Same padding") == 0);
+  const std::string e7 = error_of([&] { ts::conv2d(images, w_even, ts::Padding::Valid); });
+  TS_REQUIRE_ALL(e7 == "no error");
+}
+
+TEST_CASE("halo messages longer than the chunk limit arrive whole", "[halo]") {
+  std::string fail;
+  ts::detail::set_collective_chunk_limit(3);
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic}) {
+      std::string e = check_with_halo<ts::Spec<ts::S<"x">, ts::S<"y">>, M2, 2>(
+          mesh, {11, 9}, {ts::Halo{2, 3}, ts::Halo{4, 1}}, b);
+      if (fail.empty()) fail = e;
+    }
+  }
+  ts::detail::set_collective_chunk_limit(INT_MAX);
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}

@@ -448,50 +448,60 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
                 "tshard: every index of an einsum operand must appear in the other operand or in the output");
   static_assert(std::is_same_v<typename A::Scalar, typename B::Scalar>, "tshard: einsum operands have one element type");
   static_assert(std::is_same_v<typename A::MeshT, typename B::MeshT>, "tshard: einsum operands live on one mesh type");
-  using T = typename A::Scalar;
-  using M = typename A::MeshT;
-  detail::OperatorScope scope("einsum");
-  const auto& a = detail::resolved(a_in, "einsum");
-  const auto& b = detail::resolved(b_in, "einsum");
-  detail::require_same_mesh(a, b, "einsum");
-  // Sizes of shared labels agree.
-  for (int i = 0; i < e.na; ++i)
-    if (int j = e.in_b(e.a[i]); j >= 0 && a.extents()[i] != b.extents()[j])
-      throw ShapeError(std::string("tshard::einsum<\"") + std::string(Eq.view()) + "\">: index '" + e.a[i] +
-                       "' has extent " + std::to_string(a.extents()[i]) + " in a and " +
-                       std::to_string(b.extents()[j]) + " in b: a is " + a.describe() + ", b is " + b.describe());
-  using SA = typename std::remove_cvref_t<decltype(a)>::SpecType;
-  using SB = typename std::remove_cvref_t<decltype(b)>::SpecType;
-  using O = detail::einsum_output<SA, SB, e>;
-  using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
-  std::array<Eigen::Index, std::size_t(e.no)> shape{};
-  for (int i = 0; i < e.no; ++i) {
-    const int ia = e.in_a(e.o[i]);
-    shape[i] = ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
+  // After a failed check, stop: the sentence above stays the only error.
+  constexpr bool valid = e.well_formed && !detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb) &&
+                         !detail::labels_repeat(e.o, e.no) && detail::outputs_known(e) && e.na == A::rank &&
+                         e.nb == B::rank && detail::every_label_used(e) &&
+                         std::is_same_v<typename A::Scalar, typename B::Scalar> &&
+                         std::is_same_v<typename A::MeshT, typename B::MeshT>;
+  if constexpr (!valid) {
+    return 0;  // never used: compilation has failed
+  } else {
+    using T = typename A::Scalar;
+    using M = typename A::MeshT;
+    detail::OperatorScope scope("einsum");
+    const auto& a = detail::resolved(a_in, "einsum");
+    const auto& b = detail::resolved(b_in, "einsum");
+    detail::require_same_mesh(a, b, "einsum");
+    // Sizes of shared labels agree.
+    for (int i = 0; i < e.na; ++i)
+      if (int j = e.in_b(e.a[i]); j >= 0 && a.extents()[i] != b.extents()[j])
+        throw ShapeError(std::string("tshard::einsum<\"") + std::string(Eq.view()) + "\">: index '" + e.a[i] +
+                         "' has extent " + std::to_string(a.extents()[i]) + " in a and " +
+                         std::to_string(b.extents()[j]) + " in b: a is " + a.describe() + ", b is " + b.describe());
+    using SA = typename std::remove_cvref_t<decltype(a)>::SpecType;
+    using SB = typename std::remove_cvref_t<decltype(b)>::SpecType;
+    using O = detail::einsum_output<SA, SB, e>;
+    using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
+    std::array<Eigen::Index, std::size_t(e.no)> shape{};
+    for (int i = 0; i < e.no; ++i) {
+      const int ia = e.in_a(e.o[i]);
+      shape[i] = ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
+    }
+    const detail::EinsumPlan plan = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
+    auto& mesh = *a.mesh().state();
+    auto al = detail::implicit_reshard(mesh, a.spec_desc, plan.wa, a.extents(), a.data(), "einsum");
+    auto bl = detail::implicit_reshard(mesh, b.spec_desc, plan.wb, b.extents(), b.data(), "einsum");
+    Out out(a.mesh(), shape);
+    const auto la = detail::shard_layout(plan.wa, a.extents(), mesh.shape(), mesh.coords());
+    const auto lb = detail::shard_layout(plan.wb, b.extents(), mesh.shape(), mesh.coords());
+    if (plan.strategy == EinsumStrategy::Windowed) {
+      detail::windowed_matmul<T>(mesh, plan.wa, plan.wb, a.extents(), b.extents(), al.data, bl.data, out.data(),
+                                 out.layout());
+    } else if (plan.wc == Out::spec_desc) {
+      detail::local_einsum<T>(e, al.data, la, bl.data, lb, out.data(), out.layout());
+    } else {  // GatherLeft: the product is split like the right operand, then moved
+      detail::SpecDesc wc = plan.wc;
+      wc.partial = Out::spec_desc.partial;
+      wc.partial_axes = Out::spec_desc.partial_axes;
+      const auto lc = detail::shard_layout(wc, out.extents(), mesh.shape(), mesh.coords());
+      detail::Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
+      detail::local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
+      detail::OperatorScope move("einsum/auto");
+      detail::execute_reshard(mesh, wc, Out::spec_desc, out.extents(), c.data(), out.data());
+    }
+    return out;
   }
-  const detail::EinsumPlan plan = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
-  auto& mesh = *a.mesh().state();
-  auto al = detail::implicit_reshard(mesh, a.spec_desc, plan.wa, a.extents(), a.data(), "einsum");
-  auto bl = detail::implicit_reshard(mesh, b.spec_desc, plan.wb, b.extents(), b.data(), "einsum");
-  Out out(a.mesh(), shape);
-  const auto la = detail::shard_layout(plan.wa, a.extents(), mesh.shape(), mesh.coords());
-  const auto lb = detail::shard_layout(plan.wb, b.extents(), mesh.shape(), mesh.coords());
-  if (plan.strategy == EinsumStrategy::Windowed) {
-    detail::windowed_matmul<T>(mesh, plan.wa, plan.wb, a.extents(), b.extents(), al.data, bl.data, out.data(),
-                               out.layout());
-  } else if (plan.wc == Out::spec_desc) {
-    detail::local_einsum<T>(e, al.data, la, bl.data, lb, out.data(), out.layout());
-  } else {  // GatherLeft: the product is split like the right operand, then moved
-    detail::SpecDesc wc = plan.wc;
-    wc.partial = Out::spec_desc.partial;
-    wc.partial_axes = Out::spec_desc.partial_axes;
-    const auto lc = detail::shard_layout(wc, out.extents(), mesh.shape(), mesh.coords());
-    detail::Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
-    detail::local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
-    detail::OperatorScope move("einsum/auto");
-    detail::execute_reshard(mesh, wc, Out::spec_desc, out.extents(), c.data(), out.data());
-  }
-  return out;
 }
 
 // Which strategy einsum<Eq>(a, b, strategy) takes and how its operands move.
@@ -524,7 +534,10 @@ auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Au
 template <ShardedTensorType A, ShardedTensorType B>
 auto matmul(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
   static_assert(A::rank == 2 && B::rank == 2, "tshard: matmul multiplies rank-2 tensors (use einsum for others)");
-  return einsum<"ij,jk->ik">(a, b, strategy);
+  if constexpr (A::rank == 2 && B::rank == 2)
+    return einsum<"ij,jk->ik">(a, b, strategy);
+  else
+    return 0;  // never used: compilation has failed
 }
 
 }  // namespace tshard

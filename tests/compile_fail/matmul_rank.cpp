@@ -1,0 +1,10 @@
+// Must not compile: matmul of a rank-1 tensor
+#include <tshard/tshard.hpp>
+namespace ts = tshard;
+int main(int argc, char** argv) {
+  ts::Environment env(argc, argv);
+  ts::Mesh<"x", "y"> mesh({1, -1});
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto v = ts::zeros<float, ts::Spec<ts::R>>(mesh, {4});
+  auto c = ts::matmul(a, v);
+}
