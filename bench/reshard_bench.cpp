@@ -3,7 +3,7 @@
 // it allocates once, as a tuned HPC code would. Goal: tshard / hand-written <= 1.03.
 //
 //   bench/run_reshard.sh [--n N | --rows N0 --cols N1] [--reps R] [--warmup W]
-//                        [--mesh 1d,1xP,Px1|all] [--kind S0R,PS1,...]
+//                        [--mesh 1d,1xP,Px1|all] [--kind S0R,PS1,...] [--hand pack|datatype]
 //
 // Each kind runs three variants, interleaved and rotated so none always goes first:
 //   reshard  `auto r = ts::reshard<NewSpec>(x);` as users write it (storage from the pool),
@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@ namespace {
 struct Options {
   Index rows = 4096, cols = 4096;
   int reps = 9, warmup = 2;
+  bool hand_datatypes = false;  // --hand datatype
   std::vector<std::string> meshes{"1d"};
   std::vector<std::string> kinds;  // empty: all
   std::string args;                // as given, for the reproduction line
@@ -66,10 +68,12 @@ std::string kind_key(const std::string& k) {
   if (rank == 0)
     std::printf(
         "usage: tshard_bench_reshard [--n N] [--rows N0] [--cols N1] [--reps R>=5] [--warmup W>=2]\n"
-        "                            [--mesh 1d,1xP,Px1|all] [--kind K1,K2,...]\n"
+        "                            [--mesh 1d,1xP,Px1|all] [--kind K1,K2,...] [--hand pack|datatype]\n"
         "kinds: S0->R S1->R R->S0 R->S1 S0->S1 S1->S0 P->R P->S0 P->S1 (default: all), also\n"
         "       written without '->' (--kind S0R,PS1) so that the shell leaves them alone\n"
-        "a float tensor of rows x cols (default 4096 x 4096 = 64 MiB), split over mesh axis x\n");
+        "a float tensor of rows x cols (default 4096 x 4096 = 64 MiB), split over mesh axis x\n"
+        "--hand datatype: the hand-written S0->R, S0->S1 and S1->S0 move strided row blocks through\n"
+        "                 MPI vector datatypes instead of packing them (even splits only)\n");
   MPI_Finalize();
   std::exit(code);
 }
@@ -94,6 +98,9 @@ Options parse(int argc, char** argv, int rank) {
       o.warmup = std::atoi(v.c_str());
     } else if (a == "--mesh") {
       o.meshes = v == "all" ? std::vector<std::string>{"1d", "1xP", "Px1"} : split_list(v);
+    } else if (a == "--hand") {
+      if (v != "pack" && v != "datatype") usage_and_exit(rank, 2);
+      o.hand_datatypes = v == "datatype";
     } else if (a == "--kind") {
       for (auto& k : split_list(v)) o.kinds.push_back(kind_key(k));
     } else {
@@ -470,6 +477,16 @@ void agree_or_abort(const std::string& problem, const std::string& what) {
   MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// The 1-minute load average: another job on these 2 cores shows up here, and in the figures.
+double load_average() {
+  double l = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
@@ -599,7 +616,7 @@ void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, M
     std::printf("%-7s %-4s %5" PRId64 "x%-5" PRId64 " %9.3f %9.3f %9.3f %7.3f %7.3f %8.1f %8.1f %8.3f %7.2f %8.1f %5.0f  %s\n",
                 kind, mesh_name.c_str(), std::int64_t(rows), std::int64_t(cols), t_reshard, t_into, t_hand,
                 t_reshard / t_hand, t_into / t_hand, sent_mib, recv_mib, mpi_ms, lookup_us, plan_us, fresh,
-                path.c_str());
+                (path + (hand.note.empty() ? "" : "  [hand: " + hand.note + "]")).c_str());
     std::fflush(stdout);
   }
 }
@@ -628,6 +645,7 @@ int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   const int rank = ts::Environment::world_rank(), p = ts::Environment::world_size();
   const Options o = parse(argc, argv, rank);
+  const double load_at_start = load_average();
   // The hand-written side gets its own communicator, as tshard's mesh does.
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
@@ -640,6 +658,9 @@ int main(int argc, char** argv) {
     std::printf("# reproduce: NP=%d bench/run_reshard.sh%s\n", p, o.args.c_str());
     std::printf("#   i.e. OMPI_MCA_btl_vader_single_copy_mechanism=%s OPENBLAS_NUM_THREADS=1 mpirun -np %d --oversubscribe %s%s\n",
                 single_copy ? single_copy : "<unset>", p, argv[0], o.args.c_str());
+    std::printf("# hand-written: %s\n", o.hand_datatypes
+                                              ? "strided row blocks through MPI vector datatypes where the split is even"
+                                              : "pack/unpack around the collective where the layout needs it");
     std::printf("# ms: median over reps of the slowest rank; ratio: tshard / hand-written (goal <= 1.03)\n");
     std::printf("# MiB: sent / received per rank by one ts::reshard (comm_stats); mpi_ms: median time of ts::reshard inside MPI;\n");
     std::printf("# lookup_us: plan-cache lookup per call; plan_us: planning one uncached plan; fresh: pool allocations in the timed loop\n");
@@ -661,6 +682,10 @@ int main(int argc, char** argv) {
       bench_mesh("Px1", mesh, comm, o);
     }
   }
+  if (rank == 0)
+    std::printf("# 1-minute load average: %.2f at start, %.2f at end (this run adds up to %d; more means another job\n"
+                "# shared the cores and the figures are not to be trusted)\n",
+                load_at_start, load_average(), p);
   MPI_Comm_free(&comm);
   return 0;
 }
