@@ -79,6 +79,15 @@ int MPI_Reduce_scatter_block(const void* sb, void* rb, int rc, MPI_Datatype t, M
   return PMPI_Reduce_scatter_block(sb, rb, rc, t, op, comm);
 }
 
+int MPI_Reduce_scatter(const void* sb, void* rb, const int* rcs, MPI_Datatype t, MPI_Op op, MPI_Comm comm) {
+  const int p = size_of(comm), me = rank_of(comm);
+  std::uint64_t sent = 0;
+  for (int g = 0; g < p; ++g)
+    if (g != me) sent += bytes(rcs[g], t);
+  add(sent, bytes(rcs[me], t) * (p - 1));
+  return PMPI_Reduce_scatter(sb, rb, rcs, t, op, comm);
+}
+
 int MPI_Alltoall(const void* sb, int sc, MPI_Datatype st, void* rb, int rc, MPI_Datatype rt, MPI_Comm comm) {
   const std::uint64_t n = bytes(sc, st) * (size_of(comm) - 1);
   add(n, n);

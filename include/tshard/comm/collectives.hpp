@@ -215,17 +215,41 @@ inline bool fits_datatype(const Extents& dims, int rank) {
   return n <= INT_MAX;
 }
 
-// All-gather of slices along one dim: group rank g contributes counts[g] slices, which land
-// displs[g] slices into recv. Slices are described by datatypes (no packing on either side).
+// All-gather of n contiguous elements per rank whose blocks land in recv as `placed` says
+// (a datatype with its extent resized to the step between blocks): no unpacking.
 template <class T>
-void all_gather_slices(MPI_Comm comm, const T* send, MPI_Datatype send_slice, T* recv, MPI_Datatype recv_slice,
-                       Index slice_elements, const std::vector<int>& counts, const std::vector<int>& displs) {
+void all_gather_placed(MPI_Comm comm, const T* send, Index n, T* recv, MPI_Datatype placed) {
+  const int p = comm_size(comm);
+  CollectiveTimer t("all_gather", bytes_of<T>(n) * (p - 1), bytes_of<T>(n) * (p - 1));
+  MPI_Allgather(send, int(n), mpi_datatype<T>(), recv, 1, placed, comm);
+}
+
+// All-gather of contiguous runs of different lengths: group rank g's counts[g] elements land
+// at displs[g] in recv (MPI_Allgatherv).
+template <class T>
+void all_gather_counts(MPI_Comm comm, const T* send, T* recv, const std::vector<int>& counts,
+                       const std::vector<int>& displs) {
   const int p = comm_size(comm), me = comm_rank(comm);
   std::uint64_t received = 0;
   for (int g = 0; g < p; ++g)
-    if (g != me) received += bytes_of<T>(Index(counts[g]) * slice_elements);
-  CollectiveTimer t("all_gather", bytes_of<T>(Index(counts[me]) * slice_elements) * (p - 1), received);
-  MPI_Allgatherv(send, counts[me], send_slice, recv, counts.data(), displs.data(), recv_slice, comm);
+    if (g != me) received += bytes_of<T>(counts[g]);
+  CollectiveTimer t("all_gather", bytes_of<T>(counts[me]) * (p - 1), received);
+  MPI_Allgatherv(send, counts[me], mpi_datatype<T>(), recv, counts.data(), displs.data(), mpi_datatype<T>(), comm);
+}
+
+// Reduce-scatter of consecutive chunks of different lengths: group rank g receives op over
+// the group of the counts[g] elements of chunk g (MPI_Reduce_scatter).
+template <class T>
+void reduce_scatter_counts(MPI_Comm comm, const T* send, T* recv, const std::vector<Index>& counts, ReduceOp op) {
+  const int p = comm_size(comm), me = comm_rank(comm);
+  std::vector<int> c(p);
+  std::uint64_t sent = 0;
+  for (int g = 0; g < p; ++g) {
+    c[g] = int(counts[g]);
+    if (g != me) sent += bytes_of<T>(counts[g]);
+  }
+  CollectiveTimer t("reduce_scatter", sent, bytes_of<T>(counts[me]) * (p - 1));
+  MPI_Reduce_scatter(send, recv, c.data(), mpi_datatype<T>(), mpi_op(op), comm);
 }
 
 // All-to-all of one box per peer, each described by a datatype (MPI_Alltoallw): nothing is
@@ -233,7 +257,7 @@ void all_gather_slices(MPI_Comm comm, const T* send, MPI_Datatype send_slice, T*
 template <class T>
 void all_to_all_boxes(MPI_Comm comm, const T* send, const std::vector<MPI_Datatype>& send_types,
                       const std::vector<Index>& send_elements, T* recv, const std::vector<MPI_Datatype>& recv_types,
-                      const std::vector<Index>& recv_elements) {
+                      const std::vector<Index>& recv_elements, const char* kind) {
   const int p = comm_size(comm), me = comm_rank(comm);
   std::uint64_t sent = 0, received = 0;
   std::vector<int> sc(p), rc(p), zero(p, 0);
@@ -245,7 +269,7 @@ void all_to_all_boxes(MPI_Comm comm, const T* send, const std::vector<MPI_Dataty
       received += bytes_of<T>(recv_elements[g]);
     }
   }
-  CollectiveTimer t("all_to_all", sent, received);
+  CollectiveTimer t(kind, sent, received);
   MPI_Alltoallw(send, sc.data(), zero.data(), send_types.data(), recv, rc.data(), zero.data(), recv_types.data(), comm);
 }
 

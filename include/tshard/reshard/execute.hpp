@@ -67,25 +67,54 @@ class StepRunner {
     return k;
   }
 
-  // Each member's valid slices along the dim travel straight from its block into place in
-  // mine, described by datatypes: no scratch, no packing, padding never sent (Allgatherv).
+  // Each member's block travels straight into place in mine: where the padded blocks tile the
+  // new block, one all-gather (a plain one when the blocks are back to back in memory, else
+  // with a datatype that places each block); with uneven padding, one box per member
+  // (Alltoallw), valid elements only. No scratch and no unpacking either way.
   void all_gather_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
     const int k = group_size(st.axes), d = st.dim, rank = from.rank;
     if (k == 1) return copy_overlap(src, from, dst, to);  // an axis of size 1: nothing moves
-    if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank)) return all_gather_packed(st, from, to, src, dst);
-    std::vector<int> counts(k), displs(k);
+    const Index n = from.padded_size();
+    if (n == 0) return;
+    MPI_Comm group = mesh_.group(st.axes);
+    const bool tiles = to.padded[d] == k * from.padded[d] && member(st.from, st.axes, 0).offset[d] == to.offset[d];
+    if (tiles && slowest_dim(to, d)) return all_gather(group, src, n, dst);
+    if (slowest_dim(to, d) && to.padded_size() <= INT_MAX) {  // uneven, but each block is one run
+      const Index slice = to.padded[d] ? to.padded_size() / to.padded[d] : 0;
+      std::vector<int> counts(k), displs(k);
+      for (int g = 0; g < k; ++g) {
+        const ShardLayout l = member(st.from, st.axes, g);
+        counts[g] = int(l.valid[d] * slice);
+        displs[g] = int(l.valid[d] ? (l.offset[d] - to.offset[d]) * slice : 0);
+      }
+      return all_gather_counts(group, src, dst, counts, displs);
+    }
+    if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank) || n > collective_chunk_limit())
+      return all_gather_packed(st, from, to, src, dst);
+    const Extents zero{};
+    if (tiles) {
+      BoxType<T> block(rank, to.padded, zero, from.padded, from.padded[d] * slice_stride(to, d));
+      return all_gather_placed(group, src, n, dst, block.get());
+    }
+    std::vector<BoxType<T>> types;
+    types.reserve(static_cast<std::size_t>(k) + 1);
+    std::vector<MPI_Datatype> stypes(k, mpi_datatype<T>()), rtypes(k, mpi_datatype<T>());
+    std::vector<Index> selems(k, 0), relems(k, 0);
+    if (from.valid_size()) {
+      types.emplace_back(rank, from.padded, zero, from.valid);
+      std::fill(stypes.begin(), stypes.end(), types.back().get());
+      std::fill(selems.begin(), selems.end(), from.valid_size());
+    }
     for (int g = 0; g < k; ++g) {
       const ShardLayout l = member(st.from, st.axes, g);
-      counts[g] = int(l.valid[d]);
-      displs[g] = int(l.valid[d] ? l.offset[d] - to.offset[d] : 0);
+      if (!l.valid_size()) continue;
+      Extents start{};
+      for (int e = 0; e < rank; ++e) start[e] = l.offset[e] - to.offset[e];
+      types.emplace_back(rank, to.padded, start, l.valid);
+      rtypes[g] = types.back().get();
+      relems[g] = l.valid_size();
     }
-    Extents zero{}, one_from = from.padded, one_to = to.padded;
-    one_from[d] = one_to[d] = 1;
-    const Index slice = volume(one_from, rank);
-    if (slice == 0) return;
-    BoxType<T> send(rank, from.padded, zero, one_from, slice_stride(from, d));
-    BoxType<T> recv(rank, to.padded, zero, one_to, slice_stride(to, d));
-    all_gather_slices(mesh_.group(st.axes), src, send.get(), dst, recv.get(), slice, counts, displs);
+    all_to_all_boxes(group, src, stypes, selems, dst, rtypes, relems, "all_gather");
   }
 
   // Past MPI's int-sized datatypes: gather whole padded blocks and copy them into place.
@@ -131,7 +160,7 @@ class StepRunner {
         relems[g] = in.valid_size();
       }
     }
-    all_to_all_boxes(mesh_.group(st.axes), src, stypes, selems, dst, rtypes, relems);
+    all_to_all_boxes(mesh_.group(st.axes), src, stypes, selems, dst, rtypes, relems, "all_to_all");
   }
 
   void all_to_all_packed(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {
@@ -145,24 +174,60 @@ class StepRunner {
       copy_overlap(recv.data() + g * chunk, with_dim_of(member(st.from, st.axes, g), to, d2), dst, to);
   }
 
+  // Member g's chunk is its rows along the dim with every other dim whole (padding included,
+  // reduced harmlessly into padding). Even chunks back to back in memory go straight from src to
+  // dst (reduce_scatter_block); uneven ones as they are (MPI_Reduce_scatter with counts), packed
+  // first only when they are not back to back.
   void reduce_scatter_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
                            T* dst) {
-    const int k = group_size(st.axes), d = st.dim;
-    const Index chunk = to.padded_size();
+    const int k = group_size(st.axes), d = st.dim, rank = from.rank;
     const ReduceOp op = reduce_op_of(st.from.partial);
-    if (slowest_dim(from, d) && from.padded[d] == k * to.padded[d] &&
-        member(st.to, st.axes, 0).offset[d] == from.offset[d]) {
-      reduce_scatter_block(mesh_.group(st.axes), src, dst, chunk, op);
-      return;
+    MPI_Comm group = mesh_.group(st.axes);
+    const bool from_start = member(st.to, st.axes, 0).offset[d] == from.offset[d];
+    if (slowest_dim(from, d) && from.padded[d] == k * to.padded[d] && from_start)
+      return reduce_scatter_block(group, src, dst, to.padded_size(), op);
+    const Index slice = to.padded[d] ? to.padded_size() / to.padded[d] : 0;
+    std::vector<Index> counts(k);
+    Index total = 0;
+    for (int g = 0; g < k; ++g) total += counts[g] = member(st.to, st.axes, g).valid[d] * slice;
+    if (total > collective_chunk_limit() || total > INT_MAX) return reduce_scatter_padded(st, from, to, src, dst);
+    const int me = comm_rank(group);
+    const bool in_place = to.valid[d] == to.padded[d] || slowest_dim(to, d);  // my rows land as dst's layout
+    Scratch<T> result(in_place ? 0 : static_cast<std::size_t>(counts[me]));
+    T* out = in_place ? dst : result.data();
+    if (slowest_dim(from, d) && from_start) {
+      reduce_scatter_counts(group, src, out, counts, op);
+    } else {
+      Scratch<T> send(static_cast<std::size_t>(total));
+      Index off = 0;
+      for (int g = 0; g < k; ++g) {
+        const ShardLayout l = member(st.to, st.axes, g);
+        Extents start{}, ext = from.padded;
+        start[d] = l.offset[d] - from.offset[d];
+        ext[d] = l.valid[d];
+        copy_box(src, from.padded, start, send.data() + off, ext, Extents{}, ext, rank);
+        off += counts[g];
+      }
+      reduce_scatter_counts(group, send.data(), out, counts, op);
     }
+    if (!in_place) {
+      Extents ext = to.padded;
+      ext[d] = to.valid[d];
+      copy_box(result.data(), ext, Extents{}, dst, to.padded, Extents{}, ext, rank);
+    }
+  }
+
+  // Past MPI's int counts: padded chunks of equal size, packed (zeroed where padding exists).
+  void reduce_scatter_padded(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
+                             T* dst) {
+    const int k = group_size(st.axes);
+    const Index chunk = to.padded_size();
     Scratch<T> send(static_cast<std::size_t>(chunk) * k);
-    // Padding in the chunks is reduced along with the data and lands in padding: harmless,
-    // but zeroed (only where there is any) so that no uninitialised memory is ever read.
     Index packed = 0;
     for (int g = 0; g < k; ++g) packed += overlap_block(from, member(st.to, st.axes, g)).valid_size();
     if (packed != chunk * k) std::fill(send.data(), send.data() + chunk * k, T(0));
     for (int g = 0; g < k; ++g) copy_overlap(src, from, send.data() + g * chunk, member(st.to, st.axes, g));
-    reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, op);
+    reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, reduce_op_of(st.from.partial));
   }
 
   void direct_step(const ReshardStep& st, const ShardLayout&, const ShardLayout&, const T* src, T* dst) {
