@@ -82,9 +82,13 @@ TEST_CASE("partial -> R is one all-reduce, partial -> S one reduce-scatter") {
   const std::uint64_t n = 13 * 5 * sizeof(double);
   require_moved(a, 2 * n * (p - 1) / p, 2 * n * (p - 1) / p, "partial->R");
   const auto b = measure([&] { auto r = ts::reshard<ts::Spec<ts::S<"x">, ts::R>>(part); });
-  // I send every other rank its valid rows of my contribution and receive p-1 contributions to mine.
-  const std::uint64_t me = world_rank(), row = 5 * sizeof(double);
-  require_moved(b, (13 - rows_of(13, p, me)) * row, rows_of(13, p, me) * row * (p - 1), "partial->S");
+  // Rows split over dim 0 are strided in memory: packed into equal padded chunks of ceil(13/p) rows.
+  const std::uint64_t chunk = ceil_div(13, p) * 5 * sizeof(double);
+  require_moved(b, chunk * (p - 1), chunk * (p - 1), "partial->S");
+  // Split over the last dim, uneven chunks are back to back and go as they are.
+  const auto c = measure([&] { auto r = ts::reshard<ts::Spec<ts::R, ts::S<"x">>>(part); });
+  const std::uint64_t me = world_rank(), col = 13 * sizeof(double);
+  require_moved(c, (5 - rows_of(5, p, me)) * col, rows_of(5, p, me) * col * (p - 1), "partial->S(last dim)");
 }
 
 TEST_CASE("an axis-order swap is a permute: each rank sends its block to one partner") {

@@ -175,59 +175,34 @@ class StepRunner {
   }
 
   // Member g's chunk is its rows along the dim with every other dim whole (padding included,
-  // reduced harmlessly into padding). Even chunks back to back in memory go straight from src to
-  // dst (reduce_scatter_block); uneven ones as they are (MPI_Reduce_scatter with counts), packed
-  // first only when they are not back to back.
+  // reduced harmlessly into padding). Equal chunks back to back in memory go straight from src
+  // to dst; uneven chunks back to back go as they are (MPI_Reduce_scatter with counts); others
+  // are packed into equal padded chunks (zeroed only where a chunk has padding), since
+  // OpenMPI's reduce_scatter_block is much faster than its counted reduce-scatter (70 vs 48 ms
+  // for 64 MiB on 2 ranks here).
   void reduce_scatter_step(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
                            T* dst) {
-    const int k = group_size(st.axes), d = st.dim, rank = from.rank;
+    const int k = group_size(st.axes), d = st.dim;
     const ReduceOp op = reduce_op_of(st.from.partial);
     MPI_Comm group = mesh_.group(st.axes);
-    const bool from_start = member(st.to, st.axes, 0).offset[d] == from.offset[d];
-    if (slowest_dim(from, d) && from.padded[d] == k * to.padded[d] && from_start)
-      return reduce_scatter_block(group, src, dst, to.padded_size(), op);
-    const Index slice = to.padded[d] ? to.padded_size() / to.padded[d] : 0;
-    std::vector<Index> counts(k);
-    Index total = 0;
-    for (int g = 0; g < k; ++g) total += counts[g] = member(st.to, st.axes, g).valid[d] * slice;
-    if (total > collective_chunk_limit() || total > INT_MAX) return reduce_scatter_padded(st, from, to, src, dst);
-    const int me = comm_rank(group);
-    const bool in_place = to.valid[d] == to.padded[d] || slowest_dim(to, d);  // my rows land as dst's layout
-    Scratch<T> result(in_place ? 0 : static_cast<std::size_t>(counts[me]));
-    T* out = in_place ? dst : result.data();
-    if (slowest_dim(from, d) && from_start) {
-      reduce_scatter_counts(group, src, out, counts, op);
-    } else {
-      Scratch<T> send(static_cast<std::size_t>(total));
-      Index off = 0;
-      for (int g = 0; g < k; ++g) {
-        const ShardLayout l = member(st.to, st.axes, g);
-        Extents start{}, ext = from.padded;
-        start[d] = l.offset[d] - from.offset[d];
-        ext[d] = l.valid[d];
-        copy_box(src, from.padded, start, send.data() + off, ext, Extents{}, ext, rank);
-        off += counts[g];
-      }
-      reduce_scatter_counts(group, send.data(), out, counts, op);
-    }
-    if (!in_place) {
-      Extents ext = to.padded;
-      ext[d] = to.valid[d];
-      copy_box(result.data(), ext, Extents{}, dst, to.padded, Extents{}, ext, rank);
-    }
-  }
-
-  // Past MPI's int counts: padded chunks of equal size, packed (zeroed where padding exists).
-  void reduce_scatter_padded(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src,
-                             T* dst) {
-    const int k = group_size(st.axes);
     const Index chunk = to.padded_size();
+    const bool from_start = member(st.to, st.axes, 0).offset[d] == from.offset[d];
+    if (slowest_dim(from, d) && from_start) {
+      if (from.padded[d] == k * to.padded[d]) return reduce_scatter_block(group, src, dst, chunk, op);
+      const Index slice = to.padded[d] ? chunk / to.padded[d] : 0;
+      std::vector<Index> counts(k);
+      Index total = 0;
+      for (int g = 0; g < k; ++g) total += counts[g] = member(st.to, st.axes, g).valid[d] * slice;
+      if (total <= collective_chunk_limit() && total <= INT_MAX) return reduce_scatter_counts(group, src, dst, counts, op);
+    }
     Scratch<T> send(static_cast<std::size_t>(chunk) * k);
-    Index packed = 0;
-    for (int g = 0; g < k; ++g) packed += overlap_block(from, member(st.to, st.axes, g)).valid_size();
-    if (packed != chunk * k) std::fill(send.data(), send.data() + chunk * k, T(0));
-    for (int g = 0; g < k; ++g) copy_overlap(src, from, send.data() + g * chunk, member(st.to, st.axes, g));
-    reduce_scatter_block(mesh_.group(st.axes), send.data(), dst, chunk, reduce_op_of(st.from.partial));
+    for (int g = 0; g < k; ++g) {
+      const ShardLayout l = member(st.to, st.axes, g);
+      T* c = send.data() + g * chunk;
+      if (overlap_block(from, l).valid_size() != chunk) std::fill(c, c + chunk, T(0));
+      copy_overlap(src, from, c, l);
+    }
+    reduce_scatter_block(group, send.data(), dst, chunk, op);
   }
 
   void direct_step(const ReshardStep& st, const ShardLayout&, const ShardLayout&, const T* src, T* dst) {
