@@ -56,6 +56,31 @@ void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T
   }
 }
 
+// Sets the box [start, start + extent) of a column-major buffer of extents `dims` to `value`.
+template <class T>
+void fill_box(T* buf, const Extents& dims, const Extents& start, const Extents& extent, int rank, const T& value) {
+  for (int d = 0; d < rank; ++d)
+    if (extent[d] <= 0) return;
+  Extents stride{}, i{};
+  Index s = 1, base = 0;
+  for (int d = 0; d < rank; ++d) {
+    stride[d] = s;
+    base += start[d] * s;
+    s *= dims[d];
+  }
+  for (;;) {
+    Index off = base;
+    for (int d = 1; d < rank; ++d) off += i[d] * stride[d];
+    std::fill(buf + off, buf + off + extent[0], value);
+    int d = 1;
+    for (; d < rank; ++d) {
+      if (++i[d] < extent[d]) break;
+      i[d] = 0;
+    }
+    if (d >= rank) return;
+  }
+}
+
 // Copies the overlap of two blocks' valid boxes (global coordinates) from one buffer to the other.
 template <class T>
 void copy_overlap(const T* src, const ShardLayout& sl, T* dst, const ShardLayout& dl) {

@@ -197,10 +197,20 @@ class StepRunner {
     }
     Scratch<T> send(static_cast<std::size_t>(chunk) * k);
     for (int g = 0; g < k; ++g) {
-      const ShardLayout l = member(st.to, st.axes, g);
+      const ShardLayout l = member(st.to, st.axes, g), ov = overlap_block(from, l);
       T* c = send.data() + g * chunk;
-      if (overlap_block(from, l).valid_size() != chunk) std::fill(c, c + chunk, T(0));
+      // What the copy leaves is zeroed: the rows past a short chunk's end, or all of a ragged one.
+      bool rows_only = true;
+      for (int e = 0; e < from.rank; ++e)
+        if (e != d) rows_only &= ov.valid[e] == l.padded[e];
+      if (!rows_only) std::fill(c, c + chunk, T(0));
       copy_overlap(src, from, c, l);
+      if (rows_only) {
+        Extents start{}, rest = l.padded;
+        start[d] = ov.valid[d];
+        rest[d] = l.padded[d] - ov.valid[d];
+        fill_box(c, l.padded, start, rest, from.rank, T(0));
+      }
     }
     reduce_scatter_block(group, send.data(), dst, chunk, op);
   }
