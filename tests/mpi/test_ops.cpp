@@ -417,3 +417,24 @@ TEST_CASE("reshape follows column-major order; a split on the slowest dim that d
     TS_REQUIRE_ALL(threw);
   });
 }
+
+TEST_CASE("einsum sums indices that appear in one operand alone, split or not", "[ops][matmul]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const auto ga = values(7, 5, 1), gb = values(5, 6, 2);
+    // out(k) = sum_i sum_j a(i, j) b(j, k)
+    Eigen::array<Eigen::IndexPair<int>, 1> contract{Eigen::IndexPair<int>(1, 0)};
+    Eigen::array<Eigen::Index, 1> rows{0};
+    Eigen::Tensor<double, 1> want = ga.contract(gb, contract).sum(rows);
+    auto a = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, ga);
+    auto b = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, gb);
+    auto c = ts::einsum<"ij,jk->k">(a, b);
+    static_assert(decltype(c)::is_partial);
+    TS_REQUIRE_ALL(compare(c.gather(), want, 1e-12) == "");
+    // out(j, l) = sum_i a(i, j) * sum_k b(k, l): each operand summed on its own.
+    Eigen::array<Eigen::Index, 1> first{0};
+    Eigen::Tensor<double, 1> sa = ga.sum(first), sb = gb.sum(first);
+    Eigen::array<Eigen::IndexPair<int>, 0> none{};
+    Eigen::Tensor<double, 2> outer = sa.contract(sb, none);
+    TS_REQUIRE_ALL(compare(ts::einsum<"ij,kl->jl">(a, b).gather(), outer, 1e-12) == "");
+  });
+}

@@ -18,6 +18,7 @@
 
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/ops/elementwise.hpp"
+#include "tshard/ops/reduce.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
@@ -81,14 +82,6 @@ constexpr bool outputs_known(const EinsumLabels& e) {
     if (e.in_a(e.o[i]) < 0 && e.in_b(e.o[i]) < 0) return false;
   return true;
 }
-constexpr bool every_label_used(const EinsumLabels& e) {
-  for (int i = 0; i < e.na; ++i)
-    if (e.in_b(e.a[i]) < 0 && e.in_o(e.a[i]) < 0) return false;
-  for (int i = 0; i < e.nb; ++i)
-    if (e.in_a(e.b[i]) < 0 && e.in_o(e.b[i]) < 0) return false;
-  return true;
-}
-
 // ---- the compile-time sharding decision ----
 template <class SpecT>
 struct dim_name_table;
@@ -162,12 +155,14 @@ struct einsum_output<SA, SB, E, std::index_sequence<I...>> {
   using dim = std::conditional_t<Src == 0, dim_at_t<SA, (Src == 0 ? Idx : 0)>,
                                  std::conditional_t<Src == 1, dim_at_t<SB, (Src == 1 ? Idx : 0)>, R>>;
   using spec = Spec<dim<decision.of(E.o[I]).src, decision.of(E.o[I]).idx>...>;
-  // The contracted labels (in the left operand, not in the output) that carry a split.
+  // The summed labels (contracted, or summed in one operand alone) that carry a split.
   static constexpr auto contracted = [] {
     std::array<LabelSource, kMaxRank> c{};
     int n = 0;
     for (int i = 0; i < E.na; ++i)
       if (E.in_o(E.a[i]) < 0 && decision.of(E.a[i]).src != 2) c[n++] = decision.of(E.a[i]);
+    for (int i = 0; i < E.nb; ++i)  // summed in the right operand alone
+      if (E.in_a(E.b[i]) < 0 && E.in_o(E.b[i]) < 0 && decision.of(E.b[i]).src != 2) c[n++] = decision.of(E.b[i]);
     return std::pair{c, n};
   }();
   template <std::size_t... J>
@@ -275,9 +270,45 @@ inline bool is_identity(const std::array<int, kMaxRank>& order, int rank) {
 }
 
 // The local einsum on aligned blocks: out's valid block = contraction of a's and b's.
+// Sums an operand over its labels that appear nowhere else (valid elements only): the
+// operand's labels and block without them, in `keep`.
 template <class T>
-void local_einsum(const EinsumLabels& e, const T* a, const ShardLayout& la, const T* b, const ShardLayout& lb, T* c,
-                  const ShardLayout& lc) {
+bool sum_lone_labels(const EinsumLabels& e, bool left, const T* x, const ShardLayout& l, std::array<char, kMaxRank>& labels,
+                     int& n, ShardLayout& kept, std::shared_ptr<T>& storage) {
+  const auto& own = left ? e.a : e.b;
+  const int count = left ? e.na : e.nb;
+  std::array<bool, kMaxRank> lone{};
+  bool any = false;
+  for (int i = 0; i < count; ++i) {
+    lone[i] = (left ? e.in_b(own[i]) : e.in_a(own[i])) < 0 && e.in_o(own[i]) < 0;
+    any |= lone[i];
+  }
+  if (!any) return false;
+  kept = ShardLayout{};
+  n = 0;
+  for (int i = 0; i < count; ++i)
+    if (!lone[i]) {
+      labels[n] = own[i];
+      kept.padded[n] = l.padded[i];
+      kept.offset[n] = l.offset[i];
+      kept.valid[n] = l.valid[i];
+      ++n;
+    }
+  kept.rank = n;
+  storage = pooled_array<T>(static_cast<std::size_t>(std::max<Index>(kept.padded_size(), 1)));
+  reduce_kernel<T>(ReduceOp::Sum, x, l, lone, storage.get(), kept.padded, n);
+  return true;
+}
+
+template <class T>
+void local_einsum(const EinsumLabels& e_in, const T* a, const ShardLayout& la_in, const T* b, const ShardLayout& lb_in,
+                  T* c, const ShardLayout& lc) {
+  // Labels summed in one operand alone are summed first; what is left is a plain contraction.
+  EinsumLabels e = e_in;
+  ShardLayout la = la_in, lb = lb_in;
+  std::shared_ptr<T> a_sum, b_sum;
+  if (sum_lone_labels(e_in, true, a, la_in, e.a, e.na, la, a_sum)) a = a_sum.get();
+  if (sum_lone_labels(e_in, false, b, lb_in, e.b, e.nb, lb, b_sum)) b = b_sum.get();
   const EinsumGroups g = group_labels(e);
   auto extent = [](const ShardLayout& l, const std::array<int, kMaxRank>& order, int from, int count) {
     Index v = 1;
@@ -351,16 +382,19 @@ EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const Spec
   // Axes that split a free dim of the left operand and, in the input, a free dim of the right.
   std::uint32_t left_free = 0, right_free = 0;
   bool whole = true;  // every conflicting dim is split by conflicting axes only
+  auto free_in_a = [&](char c) { return e.in_b(c) < 0 && e.in_o(c) >= 0; };
+  auto free_in_b = [&](char c) { return e.in_a(c) < 0 && e.in_o(c) >= 0; };
   for (int i = 0; i < e.na; ++i)
-    if (e.in_b(e.a[i]) < 0) left_free |= p.wa.dims[i].mask();
+    if (free_in_a(e.a[i])) left_free |= p.wa.dims[i].mask();
   for (int i = 0; i < e.nb; ++i)
-    if (e.in_a(e.b[i]) < 0) right_free |= b.spec_desc.dims[i].mask();
+    if (free_in_b(e.b[i])) right_free |= b.spec_desc.dims[i].mask();
   p.conflict = left_free & right_free;
   if (!p.conflict) return p;
   for (int i = 0; i < e.na; ++i)
-    if (e.in_b(e.a[i]) < 0 && (p.wa.dims[i].mask() & p.conflict)) whole &= p.wa.dims[i].mask() == (p.wa.dims[i].mask() & p.conflict);
+    if (free_in_a(e.a[i]) && (p.wa.dims[i].mask() & p.conflict))
+      whole &= p.wa.dims[i].mask() == (p.wa.dims[i].mask() & p.conflict);
   for (int i = 0; i < e.nb; ++i)
-    if (e.in_a(e.b[i]) < 0 && (b.spec_desc.dims[i].mask() & p.conflict))
+    if (free_in_b(e.b[i]) && (b.spec_desc.dims[i].mask() & p.conflict))
       whole &= b.spec_desc.dims[i].mask() == (b.spec_desc.dims[i].mask() & p.conflict);
   EinsumStrategy s = wanted;
   const bool windowable = whole && e.na == 2 && e.nb == 2 && e.no == 2 && e.in_b(e.a[0]) < 0 && e.a[1] == e.b[0] &&
@@ -390,9 +424,9 @@ EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const Spec
     // The left operand drops the conflicting axes; the right keeps its free splits; the
     // product comes out split like the right operand and is then moved to the output spec.
     for (int i = 0; i < e.na; ++i)
-      if (e.in_b(e.a[i]) < 0 && (p.wa.dims[i].mask() & p.conflict)) p.wa.dims[i] = DimSplit{};
+      if (free_in_a(e.a[i]) && (p.wa.dims[i].mask() & p.conflict)) p.wa.dims[i] = DimSplit{};
     for (int i = 0; i < e.nb; ++i)
-      if (e.in_a(e.b[i]) < 0 && (b.spec_desc.dims[i].mask() & p.conflict)) p.wb.dims[i] = b.spec_desc.dims[i];
+      if (free_in_b(e.b[i]) && (b.spec_desc.dims[i].mask() & p.conflict)) p.wb.dims[i] = b.spec_desc.dims[i];
     for (int i = 0; i < e.no; ++i) {
       const int ia = e.in_a(e.o[i]), ib = e.in_b(e.o[i]);
       p.wc.dims[i] = ia >= 0 ? p.wa.dims[ia] : p.wb.dims[ib];
@@ -444,14 +478,12 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
   static_assert(!detail::labels_repeat(e.o, e.no), "tshard: the einsum output repeats an index");
   static_assert(detail::outputs_known(e), "tshard: an einsum output index appears in neither operand");
   static_assert(e.na == A::rank && e.nb == B::rank, "tshard: the einsum string's operand ranks differ from the tensors' ranks");
-  static_assert(detail::every_label_used(e),
-                "tshard: every index of an einsum operand must appear in the other operand or in the output");
   static_assert(std::is_same_v<typename A::Scalar, typename B::Scalar>, "tshard: einsum operands have one element type");
   static_assert(std::is_same_v<typename A::MeshT, typename B::MeshT>, "tshard: einsum operands live on one mesh type");
   // After a failed check, stop: the sentence above stays the only error.
   constexpr bool valid = e.well_formed && !detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb) &&
                          !detail::labels_repeat(e.o, e.no) && detail::outputs_known(e) && e.na == A::rank &&
-                         e.nb == B::rank && detail::every_label_used(e) &&
+                         e.nb == B::rank &&
                          std::is_same_v<typename A::Scalar, typename B::Scalar> &&
                          std::is_same_v<typename A::MeshT, typename B::MeshT>;
   if constexpr (!valid) {
