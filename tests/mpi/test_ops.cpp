@@ -1,6 +1,8 @@
 // Sharded operators against serial references computed with Eigen on the gathered inputs, on
 // every 2-D mesh of the world size, for a representative set of input specs (every per-dim case
 // of the propagation rules), with uneven shapes.
+#include <map>
+
 #include "test_support.hpp"
 
 namespace ts = tshard;
@@ -437,4 +439,119 @@ TEST_CASE("einsum sums indices that appear in one operand alone, split or not", 
     Eigen::Tensor<double, 2> outer = sa.contract(sb, none);
     TS_REQUIRE_ALL(compare(ts::einsum<"ij,kl->jl">(a, b).gather(), outer, 1e-12) == "");
   });
+}
+
+// ---- every spec combination, through descriptors (one instantiation per element type) ----
+
+namespace {
+namespace d = tshard::detail;
+
+std::vector<double> serial_values(d::Index n, int salt) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (d::Index i = 0; i < n; ++i) v[i] = std::sin(double(i * 7 + salt)) + 0.1 * salt;
+  return v;
+}
+
+// C = einsum over column-major buffers, serially (labels as in the string).
+std::vector<double> serial_einsum(const d::EinsumLabels& e, const d::Extents& sa, const std::vector<double>& a,
+                                  const d::Extents& sb, const std::vector<double>& b, const d::Extents& so) {
+  std::map<char, d::Index> extent;
+  for (int i = 0; i < e.na; ++i) extent[e.a[i]] = sa[i];
+  for (int i = 0; i < e.nb; ++i) extent[e.b[i]] = sb[i];
+  std::vector<char> labels;
+  for (auto& [c, n] : extent) labels.push_back(c);
+  std::vector<double> out(static_cast<std::size_t>(std::max<d::Index>(d::volume(so, e.no), 1)), 0.0);
+  std::map<char, d::Index> at;
+  std::function<void(std::size_t)> loop = [&](std::size_t li) {
+    if (li == labels.size()) {
+      auto lin = [&](const std::array<char, d::kMaxRank>& l, int n, const d::Extents& s) {
+        d::Index x = 0, stride = 1;
+        for (int i = 0; i < n; ++i) {
+          x += at[l[i]] * stride;
+          stride *= s[i];
+        }
+        return x;
+      };
+      out[lin(e.o, e.no, so)] += a[lin(e.a, e.na, sa)] * b[lin(e.b, e.nb, sb)];
+      return;
+    }
+    for (at[labels[li]] = 0; at[labels[li]] < extent[labels[li]]; ++at[labels[li]]) loop(li + 1);
+  };
+  loop(0);
+  return out;
+}
+
+std::string first_difference(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (!(std::abs(got[i] - want[i]) <= tol))
+      return "element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", want " + std::to_string(want[i]);
+  return "";
+}
+}  // namespace
+
+TEST_CASE("elementwise ops for every pair of rank-2 specs on every 2-D mesh, broadcasting included", "[ops][all-specs]") {
+  const auto specs = all_specs(2, 2);
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    auto& st = *mesh.state();
+    for (d::Extents sb : {d::Extents{7, 5}, d::Extents{7, 1}, d::Extents{1, 5}}) {
+      const d::Extents sa{7, 5}, so{7, 5};
+      const auto ga = serial_values(35, 1), gb = serial_values(d::volume(sb, 2), 2);
+      for (const auto& da : specs)
+        for (const auto& db : specs) {
+          const d::SpecDesc dout = d::elementwise_desc(da, db);
+          const auto la = local_block(st, da, sa, ga.data()), lb = local_block(st, db, sb, gb.data());
+          const auto lo = d::shard_layout(dout, so, st.shape(), st.coords());
+          std::vector<double> out(static_cast<std::size_t>(std::max<d::Index>(lo.padded_size(), 1)));
+          d::binary_run<double>(st, d::BinaryKind::Sub, da, sa, la.data(), db, sb, lb.data(), dout, so, out.data(), "t");
+          std::vector<double> want(35);
+          for (int j = 0; j < 5; ++j)
+            for (int i = 0; i < 7; ++i) want[i + 7 * j] = ga[i + 7 * j] - gb[(sb[0] == 1 ? 0 : i) + sb[0] * (sb[1] == 1 ? 0 : j)];
+          const std::string err = first_difference(global_of(st, dout, so, out.data()), want, 0);
+          INFO("a " << da.to_string(st.shape()) << " - b " << d::shape_to_string(sb, 2) << " " << db.to_string(st.shape())
+                    << " -> " << dout.to_string(st.shape()) << " on " << st.shape().describe() << ": " << err);
+          TS_REQUIRE_ALL(err.empty());
+        }
+    }
+  }
+}
+
+TEST_CASE("einsum for every pair of operand specs: rank-2 matmul and rank-3 batched, every strategy", "[ops][all-specs]") {
+  struct Form {
+    d::EinsumLabels e;
+    d::Extents sa, sb, so;
+  };
+  const Form forms[] = {
+      {d::parse_einsum(ts::FixedString("ij,jk->ik")), {7, 5}, {5, 6}, {7, 6}},
+      {d::parse_einsum(ts::FixedString("bij,bjk->bik")), {3, 4, 5}, {3, 5, 2}, {3, 4, 2}},
+      {d::parse_einsum(ts::FixedString("ij,jk->k")), {5, 3}, {3, 4}, {4}},
+  };
+  const ts::EinsumStrategy strategies[] = {ts::EinsumStrategy::Auto, ts::EinsumStrategy::GatherLeft,
+                                           ts::EinsumStrategy::Windowed};
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    auto& st = *mesh.state();
+    for (const auto& f : forms) {
+      const auto ga = serial_values(d::volume(f.sa, f.e.na), 3), gb = serial_values(d::volume(f.sb, f.e.nb), 4);
+      const auto want = serial_einsum(f.e, f.sa, ga, f.sb, gb, f.so);
+      const auto specs_a = all_specs(f.e.na, 2), specs_b = all_specs(f.e.nb, 2);
+      int n = 0;
+      for (const auto& da : specs_a)
+        for (const auto& db : specs_b) {
+          const auto decision = d::decide_einsum(f.e, da, db);
+          const d::SpecDesc dout = d::einsum_output_desc(f.e, decision, da, db);
+          const auto la = local_block(st, da, f.sa, ga.data()), lb = local_block(st, db, f.sb, gb.data());
+          const auto lo = d::shard_layout(dout, f.so, st.shape(), st.coords());
+          const auto strategy = strategies[n++ % 3];
+          std::vector<double> out(static_cast<std::size_t>(std::max<d::Index>(lo.padded_size(), 1)));
+          d::einsum_run<double>(st, f.e, decision, da, f.sa, la.data(), db, f.sb, lb.data(), dout, f.so, out.data(),
+                                strategy);
+          const std::string err = first_difference(global_of(st, dout, f.so, out.data()), want, 1e-12);
+          INFO("a " << da.to_string(st.shape()) << ", b " << db.to_string(st.shape()) << " -> "
+                    << dout.to_string(st.shape()) << " on " << st.shape().describe() << ", strategy "
+                    << int(strategy) << ": " << err);
+          TS_REQUIRE_ALL(err.empty());
+        }
+    }
+  }
 }

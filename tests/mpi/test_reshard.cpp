@@ -9,32 +9,6 @@ using namespace tshard_test;
 
 namespace {
 
-// All specs of a given rank over `axes` mesh axes: each axis on at most one dim, in any order.
-std::vector<d::SpecDesc> all_specs(int rank, int axes) {
-  std::vector<d::SpecDesc> out;
-  d::SpecDesc s;
-  s.rank = rank;
-  std::function<void(int, std::uint32_t)> place = [&](int dim, std::uint32_t used) {
-    if (dim == rank) {
-      out.push_back(s);
-      return;
-    }
-    // Every ordered list of unused axes for this dim (including the empty one).
-    std::function<void(std::uint32_t)> extend = [&](std::uint32_t u) {
-      place(dim + 1, u);
-      for (int a = 0; a < axes; ++a)
-        if (!(u & (1u << a))) {
-          s.dims[dim].push(a);
-          extend(u | (1u << a));
-          s.dims[dim].count--;
-        }
-    };
-    extend(used);
-  };
-  place(0, 0);
-  return out;
-}
-
 d::SpecDesc random_spec(std::mt19937_64& rng, int rank, int axes) {
   d::SpecDesc s;
   s.rank = rank;
@@ -120,7 +94,7 @@ std::string check_reshard(d::MeshState& mesh, const Case& c) {
 }  // namespace
 
 TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, uneven shapes included") {
-  const auto specs = all_specs(2, 2);
+  const auto specs = tshard_test::all_specs(2, 2);
   REQUIRE(specs.size() == 11);
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
@@ -138,7 +112,7 @@ TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, un
 }
 
 TEST_CASE("partial sums, maxima and minima resolve to R or S on every 2-D mesh") {
-  const auto specs = all_specs(2, 2);
+  const auto specs = tshard_test::all_specs(2, 2);
   const d::PartialKind kinds[] = {d::PartialKind::Sum, d::PartialKind::Max, d::PartialKind::Min};
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
@@ -194,7 +168,7 @@ TEST_CASE("random transitions of rank 1-3 tensors on 1-3 axis meshes equal the s
 
 TEST_CASE("collectives split into chunks give the same results as unchunked ones") {
   d::set_collective_chunk_limit(3);
-  const auto specs = all_specs(2, 2);
+  const auto specs = tshard_test::all_specs(2, 2);
   auto sizes = mesh_shapes(world_size(), 2).back();
   ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
   auto& st = *mesh.state();

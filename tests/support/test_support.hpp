@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <complex>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -60,6 +61,51 @@ Eigen::Tensor<T, R> iota_tensor(const std::array<Eigen::Index, R>& shape, int sa
   Eigen::Tensor<T, R> t(shape);
   for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = T(double(i % 100003) + 0.5 * salt);
   return t;
+}
+
+// All specs of a given rank over `axes` mesh axes: each axis on at most one dim, in any order
+// (11 for rank 2 over 2 axes, 19 for rank 3).
+inline std::vector<tshard::detail::SpecDesc> all_specs(int rank, int axes) {
+  std::vector<tshard::detail::SpecDesc> out;
+  tshard::detail::SpecDesc s;
+  s.rank = rank;
+  std::function<void(int, std::uint32_t)> place = [&](int dim, std::uint32_t used) {
+    if (dim == rank) {
+      out.push_back(s);
+      return;
+    }
+    std::function<void(std::uint32_t)> extend = [&](std::uint32_t u) {
+      place(dim + 1, u);
+      for (int a = 0; a < axes; ++a)
+        if (!(u & (1u << a))) {
+          s.dims[dim].push(a);
+          extend(u | (1u << a));
+          s.dims[dim].count--;
+        }
+    };
+    extend(used);
+  };
+  place(0, 0);
+  return out;
+}
+
+// This rank's padded block of a global column-major tensor laid out as `spec`.
+template <class T>
+std::vector<T> local_block(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
+                           const tshard::detail::Extents& shape, const T* global) {
+  const auto l = tshard::detail::shard_layout(spec, shape, mesh.shape(), mesh.coords());
+  std::vector<T> block(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)), T(-7));
+  tshard::detail::copy_box(global, shape, l.offset, block.data(), l.padded, tshard::detail::Extents{}, l.valid, spec.rank);
+  return block;
+}
+
+// The global value of a block laid out as `spec` (a partial is resolved), on every rank.
+template <class T>
+std::vector<T> global_of(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
+                         const tshard::detail::Extents& shape, const T* block) {
+  std::vector<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tshard::detail::volume(shape, spec.rank), 1)));
+  tshard::detail::gather_to_all(mesh, spec, shape, block, g.data());
+  return g;
 }
 
 }  // namespace tshard_test

@@ -103,24 +103,6 @@ constexpr bool same_name_set(const std::array<std::string_view, K>& a, const std
   return true;
 }
 
-// Elementwise specs (DESIGN): equal dims stay; R with S gives S; two different splits: the
-// left wins. A right split is taken only where its axes are free in the left operand's spec.
-template <class SA, class SB>
-struct elementwise_spec {
-  static constexpr auto choice = [] {
-    std::array<int, std::size_t(SA::rank)> c{};
-    constexpr auto left_axes = spec_traits<SA>::all_names();
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((c[I] = dim_at_t<SA, int(I)>::names.size() > 0 ? 0
-               : names_disjoint(dim_at_t<SB, int(I)>::names, left_axes) ? 1
-                                                                         : 2),
-       ...);
-    }(std::make_index_sequence<std::size_t(SA::rank)>{});
-    return c;
-  }();
-  using type = typename merge_dims<SA, SB, choice>::type;
-};
-
 // The spec without the listed dims.
 template <class SpecT, int... Drop>
 struct drop_dims {

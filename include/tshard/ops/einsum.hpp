@@ -83,20 +83,6 @@ constexpr bool outputs_known(const EinsumLabels& e) {
   return true;
 }
 // ---- the compile-time sharding decision ----
-template <class SpecT>
-struct dim_name_table;
-template <class... D>
-struct dim_name_table<Spec<D...>> {
-  template <class Dim>
-  static constexpr std::array<std::string_view, kMaxAxes> padded() {
-    std::array<std::string_view, kMaxAxes> out{};
-    for (std::size_t i = 0; i < Dim::names.size(); ++i) out[i] = Dim::names[i];
-    return out;
-  }
-  static constexpr std::array<int, sizeof...(D) + 1> count{int(D::names.size())..., 0};
-  static constexpr std::array<std::array<std::string_view, kMaxAxes>, sizeof...(D) + 1> names{padded<D>()..., {}};
-};
-
 // Where a label's split comes from: 0 = the left operand's dim idx, 1 = the right's, 2 = R.
 struct LabelSource {
   int src = 2, idx = -1;
@@ -113,29 +99,25 @@ struct EinsumDecision {
   }
 };
 
-template <class SA, class SB>
-constexpr EinsumDecision decide_einsum(const EinsumLabels& e) {
-  using TA = dim_name_table<SA>;
-  using TB = dim_name_table<SB>;
+// GSPMD's propagation, label by label (the left operand's labels first): a label keeps the left
+// operand's split if it has one, else the right's, unless that reuses a mesh axis already taken.
+// One constexpr function for the typed API (at compile time) and for descriptors (at run time).
+constexpr EinsumDecision decide_einsum(const EinsumLabels& e, const SpecDesc& a, const SpecDesc& b) {
   EinsumDecision d;
-  std::array<std::string_view, 2 * kMaxAxes> used{};
-  int nused = 0;
-  auto take = [&](int src, int idx) {
-    const int cnt = src == 0 ? TA::count[idx] : TB::count[idx];
-    const auto& names = src == 0 ? TA::names[idx] : TB::names[idx];
-    for (int i = 0; i < cnt; ++i)
-      for (int j = 0; j < nused; ++j)
-        if (names[i] == used[j]) return false;
-    for (int i = 0; i < cnt; ++i) used[nused++] = names[i];
-    return true;
-  };
+  std::uint32_t used = 0;
   auto decide = [&](char c) {
     const int ia = e.in_a(c), ib = e.in_b(c);
     LabelSource s;
-    if (ia >= 0 && TA::count[ia] > 0) {
-      if (take(0, ia)) s = {0, ia};
-    } else if (ib >= 0 && TB::count[ib] > 0) {
-      if (take(1, ib)) s = {1, ib};
+    if (ia >= 0 && a.dims[ia].count > 0) {
+      if (!(a.dims[ia].mask() & used)) {
+        s = {0, ia};
+        used |= a.dims[ia].mask();
+      }
+    } else if (ib >= 0 && b.dims[ib].count > 0) {
+      if (!(b.dims[ib].mask() & used)) {
+        s = {1, ib};
+        used |= b.dims[ib].mask();
+      }
     }
     d.label[d.n] = c;
     d.source[d.n++] = s;
@@ -146,29 +128,47 @@ constexpr EinsumDecision decide_einsum(const EinsumLabels& e) {
   return d;
 }
 
-template <class SA, class SB, auto E, class Seq = std::make_index_sequence<std::size_t(E.no)>>
+constexpr DimSplit split_of(const LabelSource& s, const SpecDesc& a, const SpecDesc& b) {
+  return s.src == 0 ? a.dims[s.idx] : s.src == 1 ? b.dims[s.idx] : DimSplit{};
+}
+
+// The output's descriptor: each output label's decided split; a partial sum over the splits
+// of every summed label (contracted, or summed in one operand alone).
+constexpr SpecDesc einsum_output_desc(const EinsumLabels& e, const EinsumDecision& d, const SpecDesc& a,
+                                      const SpecDesc& b) {
+  SpecDesc o;
+  o.rank = e.no;
+  for (int i = 0; i < e.no; ++i) o.dims[i] = split_of(d.of(e.o[i]), a, b);
+  for (int i = 0; i < d.n; ++i)
+    if (e.in_o(d.label[i]) < 0) o.partial_axes |= split_of(d.source[i], a, b).mask();
+  if (o.partial_axes) o.partial = PartialKind::Sum;
+  return o;
+}
+
+// The output type of the typed API, built from the same decision.
+template <class SA, class SB, class M, auto E, class Seq = std::make_index_sequence<std::size_t(E.no)>>
 struct einsum_output;
-template <class SA, class SB, auto E, std::size_t... I>
-struct einsum_output<SA, SB, E, std::index_sequence<I...>> {
-  static constexpr EinsumDecision decision = decide_einsum<SA, SB>(E);
+template <class SA, class SB, class M, auto E, std::size_t... I>
+struct einsum_output<SA, SB, M, E, std::index_sequence<I...>> {
+  static constexpr SpecDesc da = make_desc<SA, NoPartial>(M::axis_names);
+  static constexpr SpecDesc db = make_desc<SB, NoPartial>(M::axis_names);
+  static constexpr EinsumDecision decision = decide_einsum(E, da, db);
   template <int Src, int Idx>
   using dim = std::conditional_t<Src == 0, dim_at_t<SA, (Src == 0 ? Idx : 0)>,
                                  std::conditional_t<Src == 1, dim_at_t<SB, (Src == 1 ? Idx : 0)>, R>>;
   using spec = Spec<dim<decision.of(E.o[I]).src, decision.of(E.o[I]).idx>...>;
-  // The summed labels (contracted, or summed in one operand alone) that carry a split.
-  static constexpr auto contracted = [] {
-    std::array<LabelSource, kMaxRank> c{};
+  // The summed labels that carry a split: their axes make the partial.
+  static constexpr auto summed = [] {
+    std::array<LabelSource, 2 * kMaxRank> c{};
     int n = 0;
-    for (int i = 0; i < E.na; ++i)
-      if (E.in_o(E.a[i]) < 0 && decision.of(E.a[i]).src != 2) c[n++] = decision.of(E.a[i]);
-    for (int i = 0; i < E.nb; ++i)  // summed in the right operand alone
-      if (E.in_a(E.b[i]) < 0 && E.in_o(E.b[i]) < 0 && decision.of(E.b[i]).src != 2) c[n++] = decision.of(E.b[i]);
+    for (int i = 0; i < decision.n; ++i)
+      if (E.in_o(decision.label[i]) < 0 && decision.source[i].src != 2) c[n++] = decision.source[i];
     return std::pair{c, n};
   }();
   template <std::size_t... J>
   static auto partial_axes_of(std::index_sequence<J...>) ->
-      typename concat_axes<typename dim_axes<dim<contracted.first[J].src, contracted.first[J].idx>>::type...>::type;
-  using axes = decltype(partial_axes_of(std::make_index_sequence<std::size_t(contracted.second)>{}));
+      typename concat_axes<typename dim_axes<dim<summed.first[J].src, summed.first[J].idx>>::type...>::type;
+  using axes = decltype(partial_axes_of(std::make_index_sequence<std::size_t(summed.second)>{}));
   using partial = typename partial_of<ReduceOp::Sum, axes>::type;
 };
 
@@ -361,19 +361,16 @@ inline std::string strategy_name(EinsumStrategy s, std::uint32_t conflict) {
   }
 }
 
-// Decides the operand layouts at run time (descriptors only) from the compile-time decision.
-template <class O, class A, class B>
-EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const SpecDesc& out_desc,
-                       EinsumStrategy wanted) {
+// Decides the operand layouts (descriptors only) from the decision, and the strategy for
+// axes that split a free dim of both operands.
+inline EinsumPlan plan_einsum(const EinsumLabels& e, const EinsumDecision& decision, const SpecDesc& da,
+                              const Extents& sa, const SpecDesc& db, const Extents& sb, const SpecDesc& out_desc,
+                              const MeshShape& mesh, EinsumStrategy wanted) {
   EinsumPlan p;
   auto aligned = [&](const std::array<char, kMaxRank>& labels, int n) {
     SpecDesc w;
     w.rank = n;
-    for (int i = 0; i < n; ++i) {
-      const LabelSource s = O::decision.of(labels[i]);
-      if (s.src == 0) w.dims[i] = a.spec_desc.dims[s.idx];
-      if (s.src == 1) w.dims[i] = b.spec_desc.dims[s.idx];
-    }
+    for (int i = 0; i < n; ++i) w.dims[i] = split_of(decision.of(labels[i]), da, db);
     return w;
   };
   p.wa = aligned(e.a, e.na);
@@ -387,36 +384,35 @@ EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const Spec
   for (int i = 0; i < e.na; ++i)
     if (free_in_a(e.a[i])) left_free |= p.wa.dims[i].mask();
   for (int i = 0; i < e.nb; ++i)
-    if (free_in_b(e.b[i])) right_free |= b.spec_desc.dims[i].mask();
+    if (free_in_b(e.b[i])) right_free |= db.dims[i].mask();
   p.conflict = left_free & right_free;
   if (!p.conflict) return p;
   for (int i = 0; i < e.na; ++i)
     if (free_in_a(e.a[i]) && (p.wa.dims[i].mask() & p.conflict))
       whole &= p.wa.dims[i].mask() == (p.wa.dims[i].mask() & p.conflict);
   for (int i = 0; i < e.nb; ++i)
-    if (free_in_b(e.b[i]) && (b.spec_desc.dims[i].mask() & p.conflict))
-      whole &= b.spec_desc.dims[i].mask() == (b.spec_desc.dims[i].mask() & p.conflict);
+    if (free_in_b(e.b[i]) && (db.dims[i].mask() & p.conflict))
+      whole &= db.dims[i].mask() == (db.dims[i].mask() & p.conflict);
   EinsumStrategy s = wanted;
   const bool windowable = whole && e.na == 2 && e.nb == 2 && e.no == 2 && e.in_b(e.a[0]) < 0 && e.a[1] == e.b[0] &&
                           e.in_a(e.b[1]) < 0 && e.o[0] == e.a[0] && e.o[1] == e.b[1] &&
-                          p.wa.dims[0] == b.spec_desc.dims[1] && p.wb.dims[0] == p.wa.dims[1];
+                          p.wa.dims[0] == db.dims[1] && p.wb.dims[0] == p.wa.dims[1];
   if (s == EinsumStrategy::Windowed && !windowable) s = EinsumStrategy::GatherRight;
   if (s == EinsumStrategy::GatherLeft && !whole) s = EinsumStrategy::GatherRight;
   if (s == EinsumStrategy::Auto) {
-    // Bytes each rank receives: the gathered operand, plus the output move for GatherLeft.
-    const Index k = split_parts([&] {
-      DimSplit d;
-      for (int x = 0; x < kMaxAxes; ++x)
-        if (p.conflict & (1u << x)) d.push(x);
-      return d;
-    }(), a.mesh().shape());
-    double right = double(b.local_size()) * double(k - 1), left = double(a.local_size()) * double(k - 1);
-    Index c_size = 1;
+    // Elements each rank receives: the gathered operand, plus the output move for GatherLeft.
+    DimSplit g;
+    for (int x = 0; x < mesh.axes(); ++x)
+      if (p.conflict & (1u << x)) g.push(x);
+    const double k = double(split_parts(g, mesh)), ranks = double(mesh.size());
+    const auto a_local = double(shard_layout_of_rank(da, sa, mesh, 0).padded_size());
+    const auto b_local = double(shard_layout_of_rank(db, sb, mesh, 0).padded_size());
+    double c_size = 1;
     for (int i = 0; i < e.no; ++i) {
       const int ia = e.in_a(e.o[i]);
-      c_size *= ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
+      c_size *= double(ia >= 0 ? sa[ia] : sb[e.in_b(e.o[i])]);
     }
-    left += double(c_size) / double(a.mesh().size()) * double(k - 1) / double(k);
+    const double right = b_local * (k - 1), left = a_local * (k - 1) + c_size / ranks * (k - 1) / k;
     s = whole && left < right ? EinsumStrategy::GatherLeft : EinsumStrategy::GatherRight;
   }
   p.strategy = s;
@@ -426,13 +422,13 @@ EinsumPlan plan_einsum(const EinsumLabels& e, const A& a, const B& b, const Spec
     for (int i = 0; i < e.na; ++i)
       if (free_in_a(e.a[i]) && (p.wa.dims[i].mask() & p.conflict)) p.wa.dims[i] = DimSplit{};
     for (int i = 0; i < e.nb; ++i)
-      if (free_in_b(e.b[i]) && (b.spec_desc.dims[i].mask() & p.conflict)) p.wb.dims[i] = b.spec_desc.dims[i];
+      if (free_in_b(e.b[i]) && (db.dims[i].mask() & p.conflict)) p.wb.dims[i] = db.dims[i];
     for (int i = 0; i < e.no; ++i) {
       const int ia = e.in_a(e.o[i]), ib = e.in_b(e.o[i]);
       p.wc.dims[i] = ia >= 0 ? p.wa.dims[ia] : p.wb.dims[ib];
     }
   }
-  if (s == EinsumStrategy::Windowed) p.wb.dims[1] = b.spec_desc.dims[1];  // B keeps its column blocks
+  if (s == EinsumStrategy::Windowed) p.wb.dims[1] = db.dims[1];  // B keeps its column blocks
   return p;
 }
 
@@ -465,6 +461,52 @@ void windowed_matmul(MeshState& mesh, const SpecDesc& wa, const SpecDesc& wb, co
   }
 }
 
+// The whole einsum on descriptors, instantiated per element type only: aligns the operands
+// (implicit reshards), multiplies locally or around the ring, moves a GatherLeft result.
+template <class T>
+void einsum_run(MeshState& mesh, const EinsumLabels& e, const EinsumDecision& decision, const SpecDesc& da,
+                const Extents& sa, const T* a, const SpecDesc& db, const Extents& sb, const T* b,
+                const SpecDesc& dout, const Extents& sout, T* out, EinsumStrategy strategy) {
+  const EinsumPlan plan = plan_einsum(e, decision, da, sa, db, sb, dout, mesh.shape(), strategy);
+  auto al = implicit_reshard(mesh, da, plan.wa, sa, a, "einsum");
+  auto bl = implicit_reshard(mesh, db, plan.wb, sb, b, "einsum");
+  const auto la = shard_layout(plan.wa, sa, mesh.shape(), mesh.coords());
+  const auto lb = shard_layout(plan.wb, sb, mesh.shape(), mesh.coords());
+  const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
+  if (plan.strategy == EinsumStrategy::Windowed) {
+    windowed_matmul<T>(mesh, plan.wa, plan.wb, sa, sb, al.data, bl.data, out, lo);
+  } else if (plan.wc == dout) {
+    local_einsum<T>(e, al.data, la, bl.data, lb, out, lo);
+  } else {  // GatherLeft: the product is split like the right operand, then moved
+    SpecDesc wc = plan.wc;
+    wc.partial = dout.partial;
+    wc.partial_axes = dout.partial_axes;
+    const auto lc = shard_layout(wc, sout, mesh.shape(), mesh.coords());
+    Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
+    local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
+    OperatorScope move("einsum/auto");
+    execute_reshard(mesh, wc, dout, sout, c.data(), out);
+  }
+}
+
+inline void check_einsum_shapes(const EinsumLabels& e, std::string_view eq, const Extents& sa, const Extents& sb,
+                                const std::string& a, const std::string& b) {
+  for (int i = 0; i < e.na; ++i)
+    if (int j = e.in_b(e.a[i]); j >= 0 && sa[i] != sb[j])
+      throw ShapeError("tshard::einsum<\"" + std::string(eq) + "\">: index '" + e.a[i] + "' has extent " +
+                       std::to_string(sa[i]) + " in a and " + std::to_string(sb[j]) + " in b: a is " + a + ", b is " +
+                       b);
+}
+
+inline Extents einsum_output_shape(const EinsumLabels& e, const Extents& sa, const Extents& sb) {
+  Extents s{};
+  for (int i = 0; i < e.no; ++i) {
+    const int ia = e.in_a(e.o[i]);
+    s[i] = ia >= 0 ? sa[ia] : sb[e.in_b(e.o[i])];
+  }
+  return s;
+}
+
 }  // namespace detail
 
 // The einsum of two sharded tensors, e.g. einsum<"bij,bjk->bik">(a, b). The output spec is
@@ -483,8 +525,7 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
   // After a failed check, stop: the sentence above stays the only error.
   constexpr bool valid = e.well_formed && !detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb) &&
                          !detail::labels_repeat(e.o, e.no) && detail::outputs_known(e) && e.na == A::rank &&
-                         e.nb == B::rank &&
-                         std::is_same_v<typename A::Scalar, typename B::Scalar> &&
+                         e.nb == B::rank && std::is_same_v<typename A::Scalar, typename B::Scalar> &&
                          std::is_same_v<typename A::MeshT, typename B::MeshT>;
   if constexpr (!valid) {
     return 0;  // never used: compilation has failed
@@ -495,43 +536,15 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
     const auto& a = detail::resolved(a_in, "einsum");
     const auto& b = detail::resolved(b_in, "einsum");
     detail::require_same_mesh(a, b, "einsum");
-    // Sizes of shared labels agree.
-    for (int i = 0; i < e.na; ++i)
-      if (int j = e.in_b(e.a[i]); j >= 0 && a.extents()[i] != b.extents()[j])
-        throw ShapeError(std::string("tshard::einsum<\"") + std::string(Eq.view()) + "\">: index '" + e.a[i] +
-                         "' has extent " + std::to_string(a.extents()[i]) + " in a and " +
-                         std::to_string(b.extents()[j]) + " in b: a is " + a.describe() + ", b is " + b.describe());
-    using SA = typename std::remove_cvref_t<decltype(a)>::SpecType;
-    using SB = typename std::remove_cvref_t<decltype(b)>::SpecType;
-    using O = detail::einsum_output<SA, SB, e>;
+    detail::check_einsum_shapes(e, Eq.view(), a.extents(), b.extents(), a.describe(), b.describe());
+    using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, M, e>;
     using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
-    std::array<Eigen::Index, std::size_t(e.no)> shape{};
-    for (int i = 0; i < e.no; ++i) {
-      const int ia = e.in_a(e.o[i]);
-      shape[i] = ia >= 0 ? a.extents()[ia] : b.extents()[e.in_b(e.o[i])];
-    }
-    const detail::EinsumPlan plan = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
-    auto& mesh = *a.mesh().state();
-    auto al = detail::implicit_reshard(mesh, a.spec_desc, plan.wa, a.extents(), a.data(), "einsum");
-    auto bl = detail::implicit_reshard(mesh, b.spec_desc, plan.wb, b.extents(), b.data(), "einsum");
-    Out out(a.mesh(), shape);
-    const auto la = detail::shard_layout(plan.wa, a.extents(), mesh.shape(), mesh.coords());
-    const auto lb = detail::shard_layout(plan.wb, b.extents(), mesh.shape(), mesh.coords());
-    if (plan.strategy == EinsumStrategy::Windowed) {
-      detail::windowed_matmul<T>(mesh, plan.wa, plan.wb, a.extents(), b.extents(), al.data, bl.data, out.data(),
-                                 out.layout());
-    } else if (plan.wc == Out::spec_desc) {
-      detail::local_einsum<T>(e, al.data, la, bl.data, lb, out.data(), out.layout());
-    } else {  // GatherLeft: the product is split like the right operand, then moved
-      detail::SpecDesc wc = plan.wc;
-      wc.partial = Out::spec_desc.partial;
-      wc.partial_axes = Out::spec_desc.partial_axes;
-      const auto lc = detail::shard_layout(wc, out.extents(), mesh.shape(), mesh.coords());
-      detail::Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
-      detail::local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
-      detail::OperatorScope move("einsum/auto");
-      detail::execute_reshard(mesh, wc, Out::spec_desc, out.extents(), c.data(), out.data());
-    }
+    static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
+                  "tshard: internal: the typed and descriptor einsum decisions disagree");
+    const detail::Extents shape = detail::einsum_output_shape(e, a.extents(), b.extents());
+    Out out(a.mesh(), detail::to_array<e.no>(shape));
+    detail::einsum_run<T>(*a.mesh().state(), e, O::decision, O::da, a.extents(), a.data(), O::db, b.extents(), b.data(),
+                          Out::spec_desc, shape, out.data(), strategy);
     return out;
   }
 }
@@ -541,15 +554,15 @@ template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
 std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
   static_assert(!A::is_partial && !B::is_partial, "tshard: explain_einsum takes resolved operands");
   constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
-  using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, e>;
-  using Out = ShardedTensor<typename A::Scalar, typename A::MeshT, typename O::spec, typename O::partial>;
-  const auto p = detail::plan_einsum<O>(e, a, b, Out::spec_desc, strategy);
+  using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, typename A::MeshT, e>;
+  const detail::SpecDesc out = detail::einsum_output_desc(e, O::decision, O::da, O::db);
   auto& mesh = *a.mesh().state();
+  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, mesh.shape(), strategy);
   auto moves = [&](const auto& x, const detail::SpecDesc& w) {
     return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents())->describe(mesh.shape());
   };
   return detail::strategy_name(p.strategy, p.conflict) + "; a: " + moves(a, p.wa) + "; b: " + moves(b, p.wb) +
-         "; output " + Out::spec_desc.to_string(mesh.shape());
+         "; output " + out.to_string(mesh.shape());
 }
 
 // The einsum with its output spec pinned (the annotation users give): the natural result

@@ -20,21 +20,14 @@ namespace detail {
 
 enum class BinaryKind { Add, Sub, Mul, Div };
 
-template <int Rank>
-std::array<Eigen::Index, Rank> dims_of(const Extents& e) {
-  std::array<Eigen::Index, Rank> d{};
-  for (int i = 0; i < Rank; ++i) d[i] = e[i];
-  return d;
-}
-
 // Integer division that leaves padding harmless (padding may hold zeros).
 template <class T>
 struct SafeDivide {
   T operator()(const T& a, const T& b) const { return b == T(0) ? T(0) : T(a / b); }
 };
 
-template <class T, int Rank, class A, class B>
-void assign_binary(BinaryKind k, Eigen::TensorMap<Eigen::Tensor<T, Rank>>& o, const A& a, const B& b) {
+template <class T, class A, class B, class O>
+void assign_binary(BinaryKind k, O& o, const A& a, const B& b) {
   switch (k) {
     case BinaryKind::Add: o = a + b; break;
     case BinaryKind::Sub: o = a - b; break;
@@ -48,25 +41,107 @@ void assign_binary(BinaryKind k, Eigen::TensorMap<Eigen::Tensor<T, Rank>>& o, co
   }
 }
 
-// out = a (k) b over whole padded blocks; an operand whose padded extent is 1 where the
-// output's is not is broadcast along that dim.
-template <class T, int Rank>
+// out = a (k) b over whole padded blocks, instantiated per element type only. Equal layouts
+// run as one vectorised pass over the flat buffers; an operand whose padded extent is 1 where
+// the output's is not is broadcast along that dim (a strided pass, one output run at a time).
+template <class T>
 void binary_kernel(BinaryKind k, T* out, const Extents& op, const T* a, const Extents& ap, const T* b,
-                   const Extents& bp) {
-  if (volume(op, Rank) == 0) return;
-  Eigen::TensorMap<Eigen::Tensor<T, Rank>> o(out, dims_of<Rank>(op));
-  Eigen::TensorMap<const Eigen::Tensor<T, Rank>> A(a, dims_of<Rank>(ap)), B(b, dims_of<Rank>(bp));
-  std::array<Eigen::Index, Rank> fa{}, fb{};
+                   const Extents& bp, int rank) {
+  const Index n = volume(op, rank);
+  if (n == 0) return;
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
   bool broadcast = false;
-  for (int d = 0; d < Rank; ++d) {
-    fa[d] = ap[d] == op[d] ? 1 : op[d];
-    fb[d] = bp[d] == op[d] ? 1 : op[d];
-    broadcast |= fa[d] != 1 || fb[d] != 1;
+  for (int d = 0; d < rank; ++d) broadcast |= ap[d] != op[d] || bp[d] != op[d];
+  if (!broadcast) {
+    Eigen::Map<Array> o(out, n);
+    assign_binary<T>(k, o, Eigen::Map<const Array>(a, n), Eigen::Map<const Array>(b, n));
+    return;
   }
-  if (!broadcast)
-    assign_binary<T, Rank>(k, o, A, B);
-  else
-    assign_binary<T, Rank>(k, o, A.broadcast(fa), B.broadcast(fb));
+  // Strides of a and b over the output's index space (0 along the dims they broadcast).
+  Extents sa{}, sb{}, i{};
+  for (Index d = 0, ta = 1, tb = 1; d < rank; ++d) {
+    sa[d] = ap[d] == op[d] ? ta : 0;
+    sb[d] = bp[d] == op[d] ? tb : 0;
+    ta *= ap[d];
+    tb *= bp[d];
+  }
+  const Index run = op[0];
+  for (Index o = 0;; o += run) {
+    Index ia = 0, ib = 0;
+    for (int d = 1; d < rank; ++d) {
+      ia += i[d] * sa[d];
+      ib += i[d] * sb[d];
+    }
+    using Strided = Eigen::Map<const Array, 0, Eigen::InnerStride<>>;
+    Eigen::Map<Array> dst(out + o, run);
+    assign_binary<T>(k, dst, Strided(a + ia, run, Eigen::InnerStride<>(sa[0])),
+                     Strided(b + ib, run, Eigen::InnerStride<>(sb[0])));
+    int d = 1;
+    for (; d < rank; ++d) {
+      if (++i[d] < op[d]) break;
+      i[d] = 0;
+    }
+    if (d >= rank) return;
+  }
+}
+
+// Elementwise specs (DESIGN) on descriptors: per dim the left operand's split; else the
+// right's where its axes are free in the left's spec; else R. Shared by the typed API (at
+// compile time) and by descriptor code (at run time).
+constexpr SpecDesc elementwise_desc(const SpecDesc& a, const SpecDesc& b) {
+  SpecDesc o;
+  o.rank = a.rank;
+  const std::uint32_t left = a.split_axes();
+  for (int d = 0; d < a.rank; ++d) o.dims[d] = a.dims[d].count ? a.dims[d] : (b.dims[d].mask() & left) ? DimSplit{} : b.dims[d];
+  return o;
+}
+
+// The elementwise rule as a type, built from the same decision.
+template <class SA, class SB, class M>
+struct elementwise_type {
+  static constexpr SpecDesc da = make_desc<SA, NoPartial>(M::axis_names);
+  static constexpr SpecDesc db = make_desc<SB, NoPartial>(M::axis_names);
+  static constexpr auto choice = [] {
+    std::array<int, std::size_t(SA::rank)> c{};
+    const std::uint32_t left = da.split_axes();
+    for (int d = 0; d < SA::rank; ++d) c[d] = da.dims[d].count ? 0 : (db.dims[d].mask() & left) ? 2 : 1;
+    return c;
+  }();
+  using type = typename merge_dims<SA, SB, choice>::type;
+};
+
+// The shape a and b broadcast to; ShapeError where they do not.
+inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, const char* op, const std::string& da,
+                               const std::string& db) {
+  Extents s{};
+  for (int d = 0; d < rank; ++d) {
+    if (a[d] != b[d] && a[d] != 1 && b[d] != 1)
+      throw ShapeError(std::string("tshard::") + op + ": shapes do not broadcast: a is " + da + ", b is " + db);
+    s[d] = a[d] == 1 ? b[d] : a[d];
+  }
+  return s;
+}
+
+// out (laid out as dout over sout) = a (k) b on descriptors, instantiated per element type:
+// each operand is aligned to the output's layout, replicated along the dims it broadcasts.
+template <class T>
+void binary_run(MeshState& mesh, BinaryKind k, const SpecDesc& da, const Extents& sa, const T* a, const SpecDesc& db,
+                const Extents& sb, const T* b, const SpecDesc& dout, const Extents& sout, T* out, const char* name) {
+  auto want = [&](const SpecDesc& have, const Extents& shape) {
+    SpecDesc w = dout;
+    w.partial = have.partial;
+    w.partial_axes = have.partial_axes;
+    for (int d = 0; d < dout.rank; ++d)
+      if (shape[d] != sout[d]) w.dims[d] = DimSplit{};
+    return w;
+  };
+  const SpecDesc wa = want(da, sa), wb = want(db, sb);
+  auto al = implicit_reshard(mesh, da, wa, sa, a, name);
+  auto bl = implicit_reshard(mesh, db, wb, sb, b, name);
+  const auto la = shard_layout(wa, sa, mesh.shape(), mesh.coords());
+  const auto lb = shard_layout(wb, sb, mesh.shape(), mesh.coords());
+  const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
+  binary_kernel<T>(k, out, lo.padded, al.data, la.padded, bl.data, lb.padded, dout.rank);
 }
 
 template <class X>
@@ -95,35 +170,16 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
     return binary<K>(resolved(a, name), resolved(b, name), name);
   } else {
     constexpr int Rank = SA::rank;
-    using OutSpec = typename elementwise_spec<SA, SB>::type;
-    using Out = ShardedTensor<T, M, OutSpec, std::conditional_t<keep, PA, NoPartial>>;
+    using E = elementwise_type<SA, SB, M>;
+    using Out = ShardedTensor<T, M, typename E::type, std::conditional_t<keep, PA, NoPartial>>;
+    static_assert(Out::spec_desc.without_partial() == elementwise_desc(E::da, E::db),
+                  "tshard: internal: the typed and descriptor elementwise rules disagree");
     require_same_mesh(a, b, name);
-    Extents shape{};
-    for (int d = 0; d < Rank; ++d) {
-      const Index na = a.extents()[d], nb = b.extents()[d];
-      if (na != nb && na != 1 && nb != 1)
-        throw ShapeError(std::string("tshard::") + name + ": shapes do not broadcast: a is " + a.describe() +
-                         ", b is " + b.describe());
-      shape[d] = na == 1 ? nb : na;
-    }
+    const Extents shape = broadcast_shape(a.extents(), b.extents(), Rank, name, a.describe(), b.describe());
     OperatorScope scope(name);
     Out out(a.mesh(), to_array<Rank>(shape));
-    MeshState& mesh = *a.mesh().state();
-    // Each operand laid out as the output, replicated along the dims it broadcasts.
-    auto want = [&](const auto& x) {
-      SpecDesc w = Out::spec_desc;
-      w.partial = x.spec_desc.partial;
-      w.partial_axes = x.spec_desc.partial_axes;
-      for (int d = 0; d < Rank; ++d)
-        if (x.extents()[d] != shape[d]) w.dims[d] = DimSplit{};
-      return w;
-    };
-    const SpecDesc wa = want(a), wb = want(b);
-    auto al = implicit_reshard(mesh, a.spec_desc, wa, a.extents(), a.data(), name);
-    auto bl = implicit_reshard(mesh, b.spec_desc, wb, b.extents(), b.data(), name);
-    const auto la = shard_layout(wa, a.extents(), mesh.shape(), mesh.coords());
-    const auto lb = shard_layout(wb, b.extents(), mesh.shape(), mesh.coords());
-    binary_kernel<T, Rank>(K, out.data(), out.layout().padded, al.data, la.padded, bl.data, lb.padded);
+    binary_run<T>(*a.mesh().state(), K, a.spec_desc, a.extents(), a.data(), b.spec_desc, b.extents(), b.data(),
+                  Out::spec_desc, shape, out.data(), name);
     return out;
   }
 }
