@@ -555,3 +555,26 @@ TEST_CASE("einsum for every pair of operand specs: rank-2 matmul and rank-3 batc
     }
   }
 }
+
+TEST_CASE("forbidding implicit communication makes a misaligned operator a SpecError on every rank", "[ops]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    auto a = ts::zeros<double, ts::Spec<ts::S<"x">, ts::R>>(mesh, {6, 4});
+    auto aligned = ts::zeros<double, ts::Spec<ts::R, ts::S<"y">>>(mesh, {4, 5});
+    auto misaligned = ts::zeros<double, ts::Spec<ts::S<"y">, ts::R>>(mesh, {4, 5});
+    ts::implicit_communication() = ts::ImplicitCommunication::Forbid;
+    bool aligned_ok = true, refused = false;
+    try {
+      auto c = ts::matmul(a, aligned);  // {x, y}: nothing to move
+    } catch (const ts::SpecError&) {
+      aligned_ok = false;
+    }
+    try {
+      auto c = ts::matmul(a, misaligned);  // contracting dim split in b only: b must move
+    } catch (const ts::SpecError& e) {
+      refused = std::string(e.what()).find("implicit communication is forbidden") != std::string::npos;
+    }
+    ts::implicit_communication() = ts::ImplicitCommunication::Allow;
+    TS_REQUIRE_ALL(aligned_ok);
+    TS_REQUIRE_ALL(refused || sizes[1] == 1);
+  });
+}

@@ -484,6 +484,7 @@ void einsum_run(MeshState& mesh, const EinsumLabels& e, const EinsumDecision& de
     const auto lc = shard_layout(wc, sout, mesh.shape(), mesh.coords());
     Scratch<T> c(static_cast<std::size_t>(lc.padded_size()));
     local_einsum<T>(e, al.data, la, bl.data, lb, c.data(), lc);
+    require_implicit_allowed(mesh, wc, dout, sout, "einsum");
     OperatorScope move("einsum/auto");
     execute_reshard(mesh, wc, dout, sout, c.data(), out);
   }

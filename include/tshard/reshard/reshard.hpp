@@ -59,14 +59,20 @@ struct AlignedOperand {
 
 // The one entry point for every reshard an operator inserts on its own; counted under
 // "<op>/auto" and refused with SpecError when implicit communication is forbidden.
-template <class T>
-AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
-                                   const T* data, const char* op) {
-  if (have == want) return {data, nullptr};
+// SpecError where implicit communication is forbidden (the same on every rank).
+inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
+                                     const char* op) {
   if (implicit_communication() == ImplicitCommunication::Forbid)
     throw SpecError(std::string("tshard::") + op + ": would reshard " + shape_to_string(shape, have.rank) + " " +
                     have.to_string(mesh.shape()) + " to " + want.to_string(mesh.shape()) +
                     ", but implicit communication is forbidden");
+}
+
+template <class T>
+AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
+                                   const T* data, const char* op) {
+  if (have == want) return {data, nullptr};
+  require_implicit_allowed(mesh, have, want, shape, op);
   OperatorScope scope(std::string(op) + "/auto");
   auto l = shard_layout(want, shape, mesh.shape(), mesh.coords());
   AlignedOperand<T> out;
