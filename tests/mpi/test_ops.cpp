@@ -327,6 +327,19 @@ TEST_CASE("free dims split by one axis in both operands: every strategy gives th
         const auto ring = stats.collective("ring_shift");
         TS_REQUIRE_ALL(ring.calls == std::uint64_t(p - 1) && ring.bytes_received == block * (p - 1));
       }
+      if (s == ts::EinsumStrategy::GatherLeft && p > 1) {
+        // a's other rows (9 split p ways), then the product's move {R, (x,y)} -> {(x,y), R}:
+        // my rows of every other rank's columns (11 split p ways).
+        auto part = [&](std::int64_t n, std::int64_t c) {
+          const std::int64_t b = (n + p - 1) / p;
+          return std::clamp<std::int64_t>(n - c * b, 0, b);
+        };
+        const std::int64_t me = mesh.rank(), rows = part(9, me);
+        std::int64_t moved = 5 * (9 - rows);
+        for (int g = 0; g < p; ++g)
+          if (g != me) moved += rows * part(11, g);
+        TS_REQUIRE_ALL(stats.total().bytes_received == std::uint64_t(moved) * sizeof(double));
+      }
       if (s == ts::EinsumStrategy::GatherRight && p > 1) {
         // Every other rank's valid columns of b (11 split p ways over (x, y), my block is mine).
         const std::int64_t b = (11 + p - 1) / p, mine = std::clamp<std::int64_t>(11 - mesh.rank() * b, 0, b);

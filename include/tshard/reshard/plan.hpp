@@ -282,23 +282,32 @@ class Planner {
     return std::pair{ReshardStep{StepKind::Local, cur, next}, 0.0};
   }
 
-  // Moves the last axis of a dim that must shed it to a dim whose target continues with it.
+  // Moves trailing axes of a dim that must shed them (one, or several together over their
+  // group) to a dim whose target continues with exactly those axes.
   void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst,
                           std::vector<std::pair<ReshardStep, double>>& out) const {
     for (int d1 = 0; d1 < cur.rank; ++d1) {
       if (cur.dims[d1].count == 0 || cur.dims[d1].is_prefix_of(dst.dims[d1])) continue;
-      const int a = cur.dims[d1][cur.dims[d1].count - 1];
-      for (int d2 = 0; d2 < cur.rank; ++d2) {
-        if (d2 == d1 || !cur.dims[d2].is_prefix_of(dst.dims[d2])) continue;
-        if (dst.dims[d2].count <= cur.dims[d2].count || dst.dims[d2][cur.dims[d2].count] != a) continue;
-        SpecDesc next = cur;
-        next.dims[d1].count--;
-        next.dims[d2].push(a);
-        if (!gathers(cur, next, d1, {a}) || !refines(cur, next, d2)) continue;
-        const Index k = mesh_.sizes[a];
-        const Index chunk = max_padded(cur) / std::max<Index>(1, layout(cur, 0).padded[d2]) * layout(next, 0).padded[d2];
-        out.push_back({ReshardStep{StepKind::AllToAll, cur, next, d1, d2, {a}},
-                       double(chunk) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
+      for (int len = 1; len <= cur.dims[d1].count; ++len) {
+        std::vector<int> axes;
+        for (int i = cur.dims[d1].count - len; i < cur.dims[d1].count; ++i) axes.push_back(cur.dims[d1][i]);
+        for (int d2 = 0; d2 < cur.rank; ++d2) {
+          if (d2 == d1 || !cur.dims[d2].is_prefix_of(dst.dims[d2])) continue;
+          const int at = cur.dims[d2].count;
+          if (dst.dims[d2].count < at + len) continue;
+          bool continues = true;
+          for (int i = 0; i < len; ++i) continues &= dst.dims[d2][at + i] == axes[i];
+          if (!continues) continue;
+          SpecDesc next = cur;
+          next.dims[d1].count -= len;
+          for (int a : axes) next.dims[d2].push(a);
+          if (!gathers(cur, next, d1, axes) || !refines(cur, next, d2)) continue;
+          const Index k = axes_size(axes);
+          const Index chunk =
+              max_padded(cur) / std::max<Index>(1, layout(cur, 0).padded[d2]) * layout(next, 0).padded[d2];
+          out.push_back({ReshardStep{StepKind::AllToAll, cur, next, d1, d2, axes},
+                         double(chunk) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
+        }
       }
     }
   }
