@@ -79,7 +79,8 @@ class StepRunner {
     MPI_Comm group = mesh_.group(st.axes);
     const bool tiles = to.padded[d] == k * from.padded[d] && member(st.from, st.axes, 0).offset[d] == to.offset[d];
     if (tiles && slowest_dim(to, d)) return all_gather(group, src, n, dst);
-    if (slowest_dim(to, d) && to.padded_size() <= INT_MAX) {  // uneven, but each block is one run
+    if (slowest_dim(to, d) && to.padded_size() <= std::min<Index>(INT_MAX, collective_chunk_limit())) {
+      // Uneven, but each member's block is one run in both buffers.
       const Index slice = to.padded[d] ? to.padded_size() / to.padded[d] : 0;
       std::vector<int> counts(k), displs(k);
       for (int g = 0; g < k; ++g) {
