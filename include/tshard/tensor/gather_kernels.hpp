@@ -59,9 +59,31 @@ void gather_to_all(MeshState& mesh, const SpecDesc& spec, const Extents& shape, 
     for (int a : axes) s.push(a);
     return s;
   }(), m));
+  const Extents zero{};
+  if (members > 1 && fits_datatype(shape, spec.rank) && fits_datatype(mine.padded, spec.rank)) {
+    // Every member's valid block straight into its place in out: one box datatype each.
+    std::vector<BoxType<T>> types;
+    types.reserve(static_cast<std::size_t>(members) + 1);
+    std::vector<MPI_Datatype> stypes(members, mpi_datatype<T>()), rtypes(members, mpi_datatype<T>());
+    std::vector<Index> selems(members, 0), relems(members, 0);
+    if (mine.valid_size()) {
+      types.emplace_back(spec.rank, mine.padded, zero, mine.valid);
+      std::fill(stypes.begin(), stypes.end(), types.back().get());
+      std::fill(selems.begin(), selems.end(), mine.valid_size());
+    }
+    for (int g = 0; g < members; ++g) {
+      const ShardLayout l = shard_layout(spec, shape, m, group_member_coords(m, axes, g, mesh.coords()));
+      if (!l.valid_size()) continue;
+      types.emplace_back(spec.rank, shape, l.offset, l.valid);
+      rtypes[g] = types.back().get();
+      relems[g] = l.valid_size();
+    }
+    all_to_all_boxes(mesh.group(axes), src, stypes, selems, out, rtypes, relems, "all_gather");
+    return;
+  }
+  // One member, or past MPI's int-sized datatypes: whole padded blocks, then copies.
   Scratch<T> all(static_cast<std::size_t>(n) * members);
   all_gather(mesh.group(axes), src, n, all.data());
-  const Extents zero{};
   for (int g = 0; g < members; ++g) {
     const ShardLayout l = shard_layout(spec, shape, m, group_member_coords(m, axes, g, mesh.coords()));
     copy_box(all.data() + g * n, l.padded, zero, out, shape, l.offset, l.valid, spec.rank);
