@@ -205,6 +205,14 @@ class BoxType {
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
 };
 
+// The datatype of `box` (global coordinates) inside a buffer laid out as `block`.
+template <class T>
+BoxType<T> box_type(const ShardLayout& block, const ShardLayout& box) {
+  Extents start{};
+  for (int d = 0; d < block.rank; ++d) start[d] = box.offset[d] - block.offset[d];
+  return BoxType<T>(block.rank, block.padded, start, box.valid);
+}
+
 // Whether a buffer of these extents can be described by MPI's int-sized datatypes.
 inline bool fits_datatype(const Extents& dims, int rank) {
   Index n = 1;
@@ -252,26 +260,57 @@ void reduce_scatter_counts(MPI_Comm comm, const T* send, T* recv, const std::vec
   MPI_Reduce_scatter(send, recv, c.data(), mpi_datatype<T>(), mpi_op(op), comm);
 }
 
-// All-to-all of one box per peer, each described by a datatype (MPI_Alltoallw): nothing is
-// packed; `elements[g]` is the size of the box sent to (s) or received from (r) group rank g.
+// An all-to-all of one box per peer (MPI_Alltoallw): the part of the send buffer each group
+// rank gets and the part of the receive buffer each one fills, as datatypes, so nothing is
+// packed. Boxes are in global coordinates; empty ones are left out.
 template <class T>
-void all_to_all_boxes(MPI_Comm comm, const T* send, const std::vector<MPI_Datatype>& send_types,
-                      const std::vector<Index>& send_elements, T* recv, const std::vector<MPI_Datatype>& recv_types,
-                      const std::vector<Index>& recv_elements, const char* kind) {
-  const int p = comm_size(comm), me = comm_rank(comm);
-  std::uint64_t sent = 0, received = 0;
-  std::vector<int> sc(p), rc(p), zero(p, 0);
-  for (int g = 0; g < p; ++g) {
-    sc[g] = send_elements[g] ? 1 : 0;
-    rc[g] = recv_elements[g] ? 1 : 0;
-    if (g != me) {
-      sent += bytes_of<T>(send_elements[g]);
-      received += bytes_of<T>(recv_elements[g]);
-    }
+class BoxExchange {
+ public:
+  explicit BoxExchange(int peers)
+      : stypes_(peers, mpi_datatype<T>()), rtypes_(peers, mpi_datatype<T>()), selems_(peers, 0), relems_(peers, 0) {
+    types_.reserve(2 * static_cast<std::size_t>(peers));
   }
-  CollectiveTimer t(kind, sent, received);
-  MPI_Alltoallw(send, sc.data(), zero.data(), send_types.data(), recv, rc.data(), zero.data(), recv_types.data(), comm);
-}
+  // Group rank g gets `box` (its valid extent at its offset) of my send buffer, laid out as `block`.
+  void send(int g, const ShardLayout& block, const ShardLayout& box) { add(g, block, box, stypes_, selems_); }
+  // The same box to every group rank (an all-gather's contribution): one datatype for all.
+  void send_to_all(const ShardLayout& block, const ShardLayout& box) {
+    if (!box.valid_size()) return;
+    types_.push_back(box_type<T>(block, box));
+    std::fill(stypes_.begin(), stypes_.end(), types_.back().get());
+    std::fill(selems_.begin(), selems_.end(), box.valid_size());
+  }
+  // Group rank g's data fills `box` of my receive buffer, laid out as `block`.
+  void recv(int g, const ShardLayout& block, const ShardLayout& box) { add(g, block, box, rtypes_, relems_); }
+
+  void run(MPI_Comm comm, const T* send, T* recv, const char* kind) {
+    const int p = comm_size(comm), me = comm_rank(comm);
+    std::uint64_t sent = 0, received = 0;
+    std::vector<int> sc(p), rc(p), zero(p, 0);
+    for (int g = 0; g < p; ++g) {
+      sc[g] = selems_[g] ? 1 : 0;
+      rc[g] = relems_[g] ? 1 : 0;
+      if (g != me) {
+        sent += bytes_of<T>(selems_[g]);
+        received += bytes_of<T>(relems_[g]);
+      }
+    }
+    CollectiveTimer t(kind, sent, received);
+    MPI_Alltoallw(send, sc.data(), zero.data(), stypes_.data(), recv, rc.data(), zero.data(), rtypes_.data(), comm);
+  }
+
+ private:
+  void add(int g, const ShardLayout& block, const ShardLayout& box, std::vector<MPI_Datatype>& types,
+           std::vector<Index>& elems) {
+    if (!box.valid_size()) return;
+    types_.push_back(box_type<T>(block, box));
+    types[g] = types_.back().get();
+    elems[g] = box.valid_size();
+  }
+
+  std::vector<BoxType<T>> types_;  // owns the datatypes (moves keep the handles)
+  std::vector<MPI_Datatype> stypes_, rtypes_;
+  std::vector<Index> selems_, relems_;
+};
 
 // Posts every receive, then every send, and waits: the general pattern behind permute,
 // all-to-all-v, gather-v and scatter-v. Messages to self are copied, not sent. `kind` names

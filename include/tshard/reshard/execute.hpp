@@ -92,30 +92,17 @@ class StepRunner {
     }
     if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank) || n > collective_chunk_limit())
       return all_gather_packed(st, from, to, src, dst);
-    const Extents zero{};
     if (tiles) {
-      BoxType<T> block(rank, to.padded, zero, from.padded, from.padded[d] * slice_stride(to, d));
+      BoxType<T> block(rank, to.padded, Extents{}, from.padded, from.padded[d] * slice_stride(to, d));
       return all_gather_placed(group, src, n, dst, block.get());
     }
-    std::vector<BoxType<T>> types;
-    types.reserve(static_cast<std::size_t>(k) + 1);
-    std::vector<MPI_Datatype> stypes(k, mpi_datatype<T>()), rtypes(k, mpi_datatype<T>());
-    std::vector<Index> selems(k, 0), relems(k, 0);
-    if (from.valid_size()) {
-      types.emplace_back(rank, from.padded, zero, from.valid);
-      std::fill(stypes.begin(), stypes.end(), types.back().get());
-      std::fill(selems.begin(), selems.end(), from.valid_size());
-    }
+    BoxExchange<T> boxes(k);
+    boxes.send_to_all(from, from);
     for (int g = 0; g < k; ++g) {
       const ShardLayout l = member(st.from, st.axes, g);
-      if (!l.valid_size()) continue;
-      Extents start{};
-      for (int e = 0; e < rank; ++e) start[e] = l.offset[e] - to.offset[e];
-      types.emplace_back(rank, to.padded, start, l.valid);
-      rtypes[g] = types.back().get();
-      relems[g] = l.valid_size();
+      boxes.recv(g, to, l);
     }
-    all_to_all_boxes(group, src, stypes, selems, dst, rtypes, relems, "all_gather");
+    boxes.run(group, src, dst, "all_gather");
   }
 
   // Past MPI's int-sized datatypes: gather whole padded blocks and copy them into place.
@@ -139,29 +126,12 @@ class StepRunner {
     const int k = group_size(st.axes), d2 = st.dim2, rank = from.rank;
     if (k == 1) return copy_overlap(src, from, dst, to);
     if (!fits_datatype(from.padded, rank) || !fits_datatype(to.padded, rank)) return all_to_all_packed(st, from, to, src, dst);
-    std::vector<BoxType<T>> types;
-    types.reserve(2 * static_cast<std::size_t>(k));
-    std::vector<MPI_Datatype> stypes(k, mpi_datatype<T>()), rtypes(k, mpi_datatype<T>());
-    std::vector<Index> selems(k, 0), relems(k, 0);
+    BoxExchange<T> boxes(k);
     for (int g = 0; g < k; ++g) {
-      const ShardLayout out = overlap_block(from, with_dim_of(from, member(st.to, st.axes, g), d2));
-      const ShardLayout in = overlap_block(with_dim_of(member(st.from, st.axes, g), to, d2), to);
-      if (out.valid_size()) {
-        Extents start{};
-        for (int d = 0; d < rank; ++d) start[d] = out.offset[d] - from.offset[d];
-        types.emplace_back(rank, from.padded, start, out.valid);
-        stypes[g] = types.back().get();
-        selems[g] = out.valid_size();
-      }
-      if (in.valid_size()) {
-        Extents start{};
-        for (int d = 0; d < rank; ++d) start[d] = in.offset[d] - to.offset[d];
-        types.emplace_back(rank, to.padded, start, in.valid);
-        rtypes[g] = types.back().get();
-        relems[g] = in.valid_size();
-      }
+      boxes.send(g, from, overlap_block(from, with_dim_of(from, member(st.to, st.axes, g), d2)));
+      boxes.recv(g, to, overlap_block(with_dim_of(member(st.from, st.axes, g), to, d2), to));
     }
-    all_to_all_boxes(mesh_.group(st.axes), src, stypes, selems, dst, rtypes, relems, "all_to_all");
+    boxes.run(mesh_.group(st.axes), src, dst, "all_to_all");
   }
 
   void all_to_all_packed(const ReshardStep& st, const ShardLayout& from, const ShardLayout& to, const T* src, T* dst) {

@@ -50,9 +50,7 @@ void redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_sha
   std::vector<Message<const T>> sends;
   std::vector<Message<T>> recvs;
   auto box_of = [&](const ShardLayout& block, const ShardLayout& ov) {
-    Extents start{};
-    for (int d = 0; d < block.rank; ++d) start[d] = ov.offset[d] - block.offset[d];
-    types.emplace_back(block.rank, block.padded, start, ov.valid);
+    types.push_back(box_type<T>(block, ov));
     return types.back().get();
   };
   Index off = 0;

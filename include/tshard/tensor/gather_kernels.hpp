@@ -62,23 +62,16 @@ void gather_to_all(MeshState& mesh, const SpecDesc& spec, const Extents& shape, 
   const Extents zero{};
   if (members > 1 && fits_datatype(shape, spec.rank) && fits_datatype(mine.padded, spec.rank)) {
     // Every member's valid block straight into its place in out: one box datatype each.
-    std::vector<BoxType<T>> types;
-    types.reserve(static_cast<std::size_t>(members) + 1);
-    std::vector<MPI_Datatype> stypes(members, mpi_datatype<T>()), rtypes(members, mpi_datatype<T>());
-    std::vector<Index> selems(members, 0), relems(members, 0);
-    if (mine.valid_size()) {
-      types.emplace_back(spec.rank, mine.padded, zero, mine.valid);
-      std::fill(stypes.begin(), stypes.end(), types.back().get());
-      std::fill(selems.begin(), selems.end(), mine.valid_size());
-    }
+    ShardLayout whole;  // the global tensor as one block
+    whole.rank = spec.rank;
+    whole.padded = whole.valid = shape;
+    BoxExchange<T> boxes(members);
+    boxes.send_to_all(mine, mine);
     for (int g = 0; g < members; ++g) {
       const ShardLayout l = shard_layout(spec, shape, m, group_member_coords(m, axes, g, mesh.coords()));
-      if (!l.valid_size()) continue;
-      types.emplace_back(spec.rank, shape, l.offset, l.valid);
-      rtypes[g] = types.back().get();
-      relems[g] = l.valid_size();
+      boxes.recv(g, whole, l);
     }
-    all_to_all_boxes(mesh.group(axes), src, stypes, selems, out, rtypes, relems, "all_gather");
+    boxes.run(mesh.group(axes), src, out, "all_gather");
     return;
   }
   // One member, or past MPI's int-sized datatypes: whole padded blocks, then copies.
