@@ -9,7 +9,13 @@ function(run)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
-set(args -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/build -DTSHARD_CONSUMER_MODE=${MODE}
+set(extra)
+if(MODE STREQUAL "find_package_no_blas")
+  # The opt-out: TSHARD_USE_BLAS=OFF at the consumer's configure gives Eigen's GEMM.
+  set(extra -DTSHARD_USE_BLAS=OFF -DTSHARD_CONSUMER_EXPECT_BACKEND=eigen)
+  set(MODE find_package)
+endif()
+set(args ${extra} -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/build -DTSHARD_CONSUMER_MODE=${MODE}
          -DTSHARD_SOURCE_DIR=${SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release)
 find_program(CCACHE ccache)
 if(CCACHE)

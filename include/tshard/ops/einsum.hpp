@@ -3,85 +3,24 @@
 // once), contracting a dim both operands split over the same axes gives a partial sum resolved
 // lazily, and operands split otherwise are aligned by implicit reshards (a slice where they
 // are replicated, an all-to-all or all-gather where they are split differently). The local
-// product runs as GEMMs on the valid blocks (CBLAS with tshard::blas, else Eigen's GEMM).
+// product runs as GEMMs that read the valid blocks in place (ops/local_einsum.hpp).
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
-#include <Eigen/Core>
 #include <array>
 #include <string>
 #include <type_traits>
 
-#ifdef TSHARD_USE_BLAS
-#include <cblas.h>
-#endif
-
 #include "tshard/core/spec_algebra.hpp"
+#include "tshard/ops/einsum_labels.hpp"
 #include "tshard/ops/elementwise.hpp"
-#include "tshard/ops/reduce.hpp"
+#include "tshard/ops/local_einsum.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
 namespace detail {
 
-// ---- the einsum string, parsed at compile time ----
-struct EinsumLabels {
-  int na = 0, nb = 0, no = 0;
-  std::array<char, kMaxRank> a{}, b{}, o{};
-  bool well_formed = true;
-
-  static constexpr int find(const std::array<char, kMaxRank>& l, int n, char c) {
-    for (int i = 0; i < n; ++i)
-      if (l[i] == c) return i;
-    return -1;
-  }
-  constexpr int in_a(char c) const { return find(a, na, c); }
-  constexpr int in_b(char c) const { return find(b, nb, c); }
-  constexpr int in_o(char c) const { return find(o, no, c); }
-};
-
-template <std::size_t N>
-constexpr EinsumLabels parse_einsum(const FixedString<N>& s) {
-  EinsumLabels e;
-  int part = 0;
-  for (std::size_t i = 0; i + 1 < N; ++i) {
-    const char c = s.chars[i];
-    if (c == ' ') continue;
-    if (c == ',') {
-      if (part != 0) e.well_formed = false;
-      part = 1;
-    } else if (c == '-') {
-      if (part != 1 || i + 2 >= N || s.chars[i + 1] != '>') e.well_formed = false;
-      part = 2;
-      ++i;
-    } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
-      int& n = part == 0 ? e.na : part == 1 ? e.nb : e.no;
-      auto& l = part == 0 ? e.a : part == 1 ? e.b : e.o;
-      if (n >= kMaxRank) {
-        e.well_formed = false;
-      } else {
-        l[n++] = c;
-      }
-    } else {
-      e.well_formed = false;
-    }
-  }
-  if (part != 2) e.well_formed = false;
-  return e;
-}
-
-constexpr bool labels_repeat(const std::array<char, kMaxRank>& l, int n) {
-  for (int i = 0; i < n; ++i)
-    for (int j = i + 1; j < n; ++j)
-      if (l[i] == l[j]) return true;
-  return false;
-}
-constexpr bool outputs_known(const EinsumLabels& e) {
-  for (int i = 0; i < e.no; ++i)
-    if (e.in_a(e.o[i]) < 0 && e.in_b(e.o[i]) < 0) return false;
-  return true;
-}
 // ---- the compile-time sharding decision ----
 // Where a label's split comes from: 0 = the left operand's dim idx, 1 = the right's, 2 = R.
 struct LabelSource {
@@ -171,170 +110,6 @@ struct einsum_output<SA, SB, M, E, std::index_sequence<I...>> {
   using axes = decltype(partial_axes_of(std::make_index_sequence<std::size_t(summed.second)>{}));
   using partial = typename partial_of<ReduceOp::Sum, axes>::type;
 };
-
-// ---- the local product ----
-
-// Copies between the valid block of a padded buffer (layout l) and a contiguous buffer holding
-// the same elements with the dims in `order`: Pack reads the block, !Pack writes it.
-template <bool Pack, class T>
-void permuted_copy(const ShardLayout& l, const std::array<int, kMaxRank>& order, int rank, const T* from, T* to) {
-  if (l.valid_size() == 0) return;
-  Extents stride{}, ext{};
-  Index s = 1;
-  for (int d = 0; d < rank; ++d) {
-    stride[d] = s;
-    s *= l.padded[d];
-  }
-  for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
-  const Index inner = ext[0], inner_stride = stride[order[0]];
-  Extents i{};
-  for (Index run = 0;; run += inner) {
-    Index base = 0;
-    for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
-    const Index src = Pack ? base : run, dst = Pack ? run : base;
-    if (inner_stride == 1)
-      std::copy(from + src, from + src + inner, to + dst);
-    else
-      for (Index x = 0; x < inner; ++x) {
-        if constexpr (Pack)
-          to[run + x] = from[base + x * inner_stride];
-        else
-          to[base + x * inner_stride] = from[run + x];
-      }
-    int k = 1;
-    for (; k < rank; ++k) {
-      if (++i[k] < ext[k]) break;
-      i[k] = 0;
-    }
-    if (k >= rank) return;
-  }
-}
-
-// C (m x n, leading dim ldc) = A (m x k, lda) * B (k x n, ldb), column-major.
-template <class T>
-void gemm(Index m, Index n, Index k, const T* a, Index lda, const T* b, Index ldb, T* c, Index ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (Index j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, T(0));
-    return;
-  }
-#ifdef TSHARD_USE_BLAS
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), 0.0f,
-                c, int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), 0.0,
-                c, int(ldc));
-    return;
-  }
-#endif
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
-  Eigen::Map<const Mat, 0, Eigen::OuterStride<>> A(a, m, k, Eigen::OuterStride<>(lda));
-  Eigen::Map<const Mat, 0, Eigen::OuterStride<>> B(b, k, n, Eigen::OuterStride<>(ldb));
-  Eigen::Map<Mat, 0, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
-  C.noalias() = A * B;
-}
-
-// Label groups of one einsum, in the order the GEMM wants them.
-struct EinsumGroups {
-  std::array<int, kMaxRank> a_order{}, b_order{}, c_order{};  // operand dims as [M K batch], [K N batch], out as [M N batch]
-  int nm = 0, nk = 0, nn = 0, nbatch = 0;
-};
-
-inline EinsumGroups group_labels(const EinsumLabels& e) {
-  EinsumGroups g;
-  std::array<char, kMaxRank> m{}, k{}, n{}, bt{};
-  for (int i = 0; i < e.na; ++i) {
-    const char c = e.a[i];
-    const bool b = e.in_b(c) >= 0, o = e.in_o(c) >= 0;
-    if (b && o) bt[g.nbatch++] = c;
-    else if (b) k[g.nk++] = c;
-    else m[g.nm++] = c;
-  }
-  for (int i = 0; i < e.nb; ++i)
-    if (e.in_a(e.b[i]) < 0) n[g.nn++] = e.b[i];
-  int ia = 0, ib = 0, ic = 0;
-  for (int i = 0; i < g.nm; ++i) g.a_order[ia++] = e.in_a(m[i]), g.c_order[ic++] = e.in_o(m[i]);
-  for (int i = 0; i < g.nk; ++i) g.a_order[ia++] = e.in_a(k[i]), g.b_order[ib++] = e.in_b(k[i]);
-  for (int i = 0; i < g.nn; ++i) g.b_order[ib++] = e.in_b(n[i]), g.c_order[ic++] = e.in_o(n[i]);
-  for (int i = 0; i < g.nbatch; ++i)
-    g.a_order[ia++] = e.in_a(bt[i]), g.b_order[ib++] = e.in_b(bt[i]), g.c_order[ic++] = e.in_o(bt[i]);
-  return g;
-}
-
-inline bool is_identity(const std::array<int, kMaxRank>& order, int rank) {
-  for (int i = 0; i < rank; ++i)
-    if (order[i] != i) return false;
-  return true;
-}
-
-// The local einsum on aligned blocks: out's valid block = contraction of a's and b's.
-// Sums an operand over its labels that appear nowhere else (valid elements only): the
-// operand's labels and block without them, in `keep`.
-template <class T>
-bool sum_lone_labels(const EinsumLabels& e, bool left, const T* x, const ShardLayout& l, std::array<char, kMaxRank>& labels,
-                     int& n, ShardLayout& kept, std::shared_ptr<T>& storage) {
-  const auto& own = left ? e.a : e.b;
-  const int count = left ? e.na : e.nb;
-  std::array<bool, kMaxRank> lone{};
-  bool any = false;
-  for (int i = 0; i < count; ++i) {
-    lone[i] = (left ? e.in_b(own[i]) : e.in_a(own[i])) < 0 && e.in_o(own[i]) < 0;
-    any |= lone[i];
-  }
-  if (!any) return false;
-  kept = ShardLayout{};
-  n = 0;
-  for (int i = 0; i < count; ++i)
-    if (!lone[i]) {
-      labels[n] = own[i];
-      kept.padded[n] = l.padded[i];
-      kept.offset[n] = l.offset[i];
-      kept.valid[n] = l.valid[i];
-      ++n;
-    }
-  kept.rank = n;
-  storage = pooled_array<T>(static_cast<std::size_t>(std::max<Index>(kept.padded_size(), 1)));
-  reduce_kernel<T>(ReduceOp::Sum, x, l, lone, storage.get(), kept.padded, n);
-  return true;
-}
-
-template <class T>
-void local_einsum(const EinsumLabels& e_in, const T* a, const ShardLayout& la_in, const T* b, const ShardLayout& lb_in,
-                  T* c, const ShardLayout& lc) {
-  // Labels summed in one operand alone are summed first; what is left is a plain contraction.
-  EinsumLabels e = e_in;
-  ShardLayout la = la_in, lb = lb_in;
-  std::shared_ptr<T> a_sum, b_sum;
-  if (sum_lone_labels(e_in, true, a, la_in, e.a, e.na, la, a_sum)) a = a_sum.get();
-  if (sum_lone_labels(e_in, false, b, lb_in, e.b, e.nb, lb, b_sum)) b = b_sum.get();
-  const EinsumGroups g = group_labels(e);
-  auto extent = [](const ShardLayout& l, const std::array<int, kMaxRank>& order, int from, int count) {
-    Index v = 1;
-    for (int i = from; i < from + count; ++i) v *= l.valid[order[i]];
-    return v;
-  };
-  const Index M = extent(la, g.a_order, 0, g.nm), K = extent(la, g.a_order, g.nm, g.nk);
-  const Index N = extent(lb, g.b_order, g.nk, g.nn), NB = extent(la, g.a_order, g.nm + g.nk, g.nbatch);
-  if (lc.valid_size() == 0) return;
-  // Plain matmul layouts multiply in place with strided maps; others are packed first.
-  const bool direct = g.nbatch == 0 && g.nm <= 1 && g.nk <= 1 && g.nn <= 1 && is_identity(g.a_order, e.na) &&
-                      is_identity(g.b_order, e.nb) && is_identity(g.c_order, e.no);
-  if (direct) {
-    const Index lda = g.nm ? la.padded[0] : 1, ldb = g.nk ? lb.padded[0] : 1, ldc = g.nm ? lc.padded[0] : 1;
-    gemm<T>(M, N, K, a, std::max<Index>(lda, 1), b, std::max<Index>(ldb, 1), c, std::max<Index>(ldc, 1));
-    return;
-  }
-  Scratch<T> pa(static_cast<std::size_t>(M * K * NB)), pb(static_cast<std::size_t>(K * N * NB)),
-      pc(static_cast<std::size_t>(M * N * NB));
-  permuted_copy<true>(la, g.a_order, e.na, a, pa.data());
-  permuted_copy<true>(lb, g.b_order, e.nb, b, pb.data());
-  for (Index t = 0; t < NB; ++t)
-    gemm<T>(M, N, K, pa.data() + t * M * K, std::max<Index>(M, 1), pb.data() + t * K * N, std::max<Index>(K, 1),
-            pc.data() + t * M * N, std::max<Index>(M, 1));
-  permuted_copy<false>(lc, g.c_order, e.no, pc.data(), c);
-}
 
 }  // namespace detail
 
@@ -454,7 +229,7 @@ void windowed_matmul(MeshState& mesh, const SpecDesc& wa, const SpecDesc& wb, co
       shift.start(ring, {{(me - 1 + k) % k, cur, block}}, {{(me + 1) % k, next, block}}, "ring_shift");
     const Index col = shard_offset(n, k, q), cols = shard_valid(n, k, q);
     if (rows && cols)
-      gemm<T>(rows, cols, inner, a, std::max<Index>(la.padded[0], 1), cur, std::max<Index>(lb.padded[0], 1),
+      gemm<T>(false, false, rows, cols, inner, a, std::max<Index>(la.padded[0], 1), cur, std::max<Index>(lb.padded[0], 1),
               c + col * lc.padded[0], std::max<Index>(lc.padded[0], 1));
     shift.wait();
     std::swap(cur, next);
@@ -562,18 +337,38 @@ std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = Ein
   auto moves = [&](const auto& x, const detail::SpecDesc& w) {
     return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents())->describe(mesh.shape());
   };
+  std::string local = "a ring of GEMMs on column blocks";
+  if (p.strategy != EinsumStrategy::Windowed) {
+    detail::SpecDesc wc = p.wc;
+    wc.partial = out.partial;
+    wc.partial_axes = out.partial_axes;
+    const auto c_shape = detail::einsum_output_shape(e, a.extents(), b.extents());
+    local = detail::describe_local_product(e, detail::shard_layout(p.wa, a.extents(), mesh.shape(), mesh.coords()),
+                                           detail::shard_layout(p.wb, b.extents(), mesh.shape(), mesh.coords()),
+                                           detail::shard_layout(wc, c_shape, mesh.shape(), mesh.coords()));
+  }
   return detail::strategy_name(p.strategy, p.conflict) + "; a: " + moves(a, p.wa) + "; b: " + moves(b, p.wb) +
-         "; output " + out.to_string(mesh.shape());
+         "; output " + out.to_string(mesh.shape()) + "; local: " + local;
 }
 
 // The einsum with its output spec pinned (the annotation users give): the natural result
 // resharded to OutSpec, a partial resolved on the way (reduce-scatter where OutSpec splits).
+// The user asked for that move, so it is counted under "einsum" and never refused as implicit.
 template <FixedString Eq, class OutSpec, ShardedTensorType A, ShardedTensorType B>
 auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
   static_assert(detail::is_spec<OutSpec>::value, "tshard: einsum<\"...\", OutSpec> takes a tshard::Spec<...>");
   auto natural = einsum<Eq>(a, b, strategy);
-  detail::OperatorScope scope("einsum");
-  return detail::implicit_reshard<OutSpec>(natural, "einsum");
+  using Natural = decltype(natural);
+  using Out = ShardedTensor<typename Natural::Scalar, typename Natural::MeshT, OutSpec>;
+  if constexpr (std::is_same_v<Natural, Out>) {
+    return natural;
+  } else {
+    detail::OperatorScope scope("einsum");
+    Out out(natural.mesh(), natural.global_shape());
+    detail::execute_reshard(*natural.mesh().state(), natural.spec_desc, Out::spec_desc, natural.extents(),
+                            natural.data(), out.data());
+    return out;
+  }
 }
 
 // Matrix product of two rank-2 tensors: einsum<"ij,jk->ik">.

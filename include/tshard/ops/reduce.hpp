@@ -11,74 +11,11 @@
 #include "tshard/comm/collectives.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/ops/elementwise.hpp"
+#include "tshard/ops/reduce_kernel.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
 namespace detail {
-
-template <class T>
-T reduce_identity(ReduceOp op) {
-  if (op == ReduceOp::Sum) return T(0);
-  if constexpr (std::numeric_limits<T>::has_infinity)
-    return op == ReduceOp::Max ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
-  else
-    return op == ReduceOp::Max ? std::numeric_limits<T>::lowest() : std::numeric_limits<T>::max();
-}
-
-template <class T>
-T combine(ReduceOp op, T acc, T v) {
-  if (op == ReduceOp::Sum) return acc + v;
-  if constexpr (!is_complex_v<T>) {
-    if constexpr (std::is_floating_point_v<T>)
-      if (std::isnan(v) || std::isnan(acc)) return std::numeric_limits<T>::quiet_NaN();  // NaN wins, as numpy
-    return op == ReduceOp::Max ? (v > acc ? v : acc) : (v < acc ? v : acc);
-  }
-  return acc;
-}
-
-// out (padded extents `op`, the kept dims) = op over the reduced dims of the valid part of in.
-template <class T>
-void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, T* out,
-                   const Extents& op_ext, int out_rank) {
-  const Index out_n = volume(op_ext, out_rank);
-  std::fill(out, out + out_n, reduce_identity<T>(op));
-  if (l.valid_size() == 0) return;
-  // Strides of the output over the input's dims (0 along reduced dims).
-  Extents ostride{}, istride{};
-  Index s = 1, t = 1, k = 0;
-  for (int d = 0; d < l.rank; ++d) {
-    istride[d] = t;
-    t *= l.padded[d];
-    if (!reduced[d]) {
-      ostride[d] = s;
-      s *= op_ext[k++];
-    }
-  }
-  Extents i{};
-  const Index run = l.valid[0];
-  for (;;) {
-    Index ib = 0, ob = 0;
-    for (int d = 1; d < l.rank; ++d) {
-      ib += i[d] * istride[d];
-      ob += i[d] * ostride[d];
-    }
-    const T* src = in + ib;
-    if (reduced[0]) {
-      T acc = out[ob];
-      for (Index x = 0; x < run; ++x) acc = combine(op, acc, src[x]);
-      out[ob] = acc;
-    } else {
-      T* dst = out + ob;
-      for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], src[x]);
-    }
-    int d = 1;
-    for (; d < l.rank; ++d) {
-      if (++i[d] < l.valid[d]) break;
-      i[d] = 0;
-    }
-    if (d >= l.rank) return;
-  }
-}
 
 template <ReduceOp Op, int... Dims, class T, class M, class S, class P>
 auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {

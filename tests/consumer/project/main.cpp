@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 namespace ts = tshard;
 
@@ -76,5 +77,10 @@ int main(int argc, char** argv) {
 #endif
   if (mesh.rank() == 0)
     std::printf("tshard %s consumer (%s) on %d ranks: %s\n", TSHARD_VERSION_STRING, blas, p, ok ? "ok" : "WRONG");
+  // BLAS by default where found at configure; TSHARD_USE_BLAS=OFF gives Eigen's GEMM.
+  const bool backend_ok = std::string(ts::local_gemm_backend()) == TSHARD_CONSUMER_EXPECT_BACKEND;
+  if (!backend_ok && mesh.rank() == 0)
+    std::printf("local products run on %s, expected %s\n", ts::local_gemm_backend(), TSHARD_CONSUMER_EXPECT_BACKEND);
+  ok &= backend_ok;
   return ok ? 0 : 1;
 }
