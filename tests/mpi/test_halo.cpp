@@ -7,7 +7,6 @@
 
 namespace ts = tshard;
 using namespace tshard_test;
-using M2 = ts::Mesh<"x", "y">;
 using M3 = ts::Mesh<"x", "y", "z">;
 
 namespace {

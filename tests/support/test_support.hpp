@@ -5,6 +5,7 @@
 #include <cmath>
 #include <complex>
 #include <functional>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -106,6 +107,66 @@ std::vector<T> global_of(tshard::detail::MeshState& mesh, const tshard::detail::
   std::vector<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tshard::detail::volume(shape, spec.rank), 1)));
   tshard::detail::gather_to_all(mesh, spec, shape, block, g.data());
   return g;
+}
+
+// ---- typed-API helpers: 2-D meshes over the world, spec lists, serial values ----
+using M2 = tshard::Mesh<"x", "y">;
+
+template <class... T>
+struct TypeList {};
+template <class... T, class F>
+void for_each_type(TypeList<T...>, F&& f) {
+  (f(static_cast<T*>(nullptr)), ...);
+}
+// R, S over one axis, two axes in both orders, on either dim: every case of the per-dim rules.
+using Specs2 = TypeList<tshard::Spec<tshard::R, tshard::R>, tshard::Spec<tshard::S<"x">, tshard::R>,
+                        tshard::Spec<tshard::R, tshard::S<"y">>, tshard::Spec<tshard::S<"y">, tshard::S<"x">>,
+                        tshard::Spec<tshard::S<"x", "y">, tshard::R>>;
+
+// f(mesh, sizes) on every 2-D mesh of the world size (for 6 ranks: 1x6, 2x3, 3x2, 6x1).
+template <class F>
+void on_every_mesh(F&& f) {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    f(mesh, sizes);
+  }
+}
+
+inline Eigen::Tensor<double, 2> values(Eigen::Index r, Eigen::Index c, int salt) {
+  Eigen::Tensor<double, 2> t(r, c);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = std::sin(double(i * 7 + salt)) + 0.1 * salt;
+  return t;
+}
+
+// C = einsum over column-major buffers, serially (labels as in the string).
+inline std::vector<double> serial_einsum(const tshard::detail::EinsumLabels& e, const tshard::detail::Extents& sa,
+                                         const std::vector<double>& a, const tshard::detail::Extents& sb,
+                                         const std::vector<double>& b, const tshard::detail::Extents& so) {
+  namespace d = tshard::detail;
+  std::map<char, d::Index> extent;
+  for (int i = 0; i < e.na; ++i) extent[e.a[i]] = sa[i];
+  for (int i = 0; i < e.nb; ++i) extent[e.b[i]] = sb[i];
+  std::vector<char> labels;
+  for (auto& [c, n] : extent) labels.push_back(c);
+  std::vector<double> out(static_cast<std::size_t>(std::max<d::Index>(d::volume(so, e.no), 1)), 0.0);
+  std::map<char, d::Index> at;
+  std::function<void(std::size_t)> loop = [&](std::size_t li) {
+    if (li == labels.size()) {
+      auto lin = [&](const std::array<char, d::kMaxRank>& l, int n, const d::Extents& s) {
+        d::Index x = 0, stride = 1;
+        for (int i = 0; i < n; ++i) {
+          x += at[l[i]] * stride;
+          stride *= s[i];
+        }
+        return x;
+      };
+      out[lin(e.o, e.no, so)] += a[lin(e.a, e.na, sa)] * b[lin(e.b, e.nb, sb)];
+      return;
+    }
+    for (at[labels[li]] = 0; at[labels[li]] < extent[labels[li]]; ++at[labels[li]]) loop(li + 1);
+  };
+  loop(0);
+  return out;
 }
 
 }  // namespace tshard_test

@@ -12,11 +12,15 @@
 
 namespace tshard {
 
-// The element types tshard moves and computes with.
+// The element types tshard moves and computes with, and bool for masks (x > y, where).
 template <class T>
 concept Element = std::is_same_v<T, float> || std::is_same_v<T, double> ||
                   std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>> ||
-                  std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>;
+                  std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> || std::is_same_v<T, bool>;
+
+// Element types with arithmetic (every element type but bool).
+template <class T>
+concept Numeric = Element<T> && !std::is_same_v<T, bool>;
 
 template <class T>
 inline constexpr bool is_complex_v = std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>;
@@ -26,7 +30,9 @@ namespace detail {
 template <class T>
 MPI_Datatype mpi_datatype() {
   static_assert(Element<T>, "tshard: element types are float, double, std::complex<float/double>, int32_t and int64_t");
-  if constexpr (std::is_same_v<T, std::complex<float>>) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return MPI_CXX_BOOL;
+  } else if constexpr (std::is_same_v<T, std::complex<float>>) {
     return MPI_CXX_FLOAT_COMPLEX;
   } else if constexpr (std::is_same_v<T, std::complex<double>>) {
     return MPI_CXX_DOUBLE_COMPLEX;

@@ -111,13 +111,24 @@ inline std::string current_operator() {
   return s;
 }
 
-// Names the operator that the collectives inside this scope are counted under.
+// Names the operator that the collectives inside this scope are counted under. An operator
+// that re-enters itself (a resolve-then-retry path) is not named twice: "subtract/auto", never
+// "subtract/subtract/auto".
 class OperatorScope {
  public:
-  explicit OperatorScope(std::string name) { operator_stack().push_back(std::move(name)); }
-  ~OperatorScope() { operator_stack().pop_back(); }
+  explicit OperatorScope(std::string name) {
+    auto& st = operator_stack();
+    pushed_ = st.empty() || st.back() != name;
+    if (pushed_) st.push_back(std::move(name));
+  }
+  ~OperatorScope() {
+    if (pushed_) operator_stack().pop_back();
+  }
   OperatorScope(const OperatorScope&) = delete;
   OperatorScope& operator=(const OperatorScope&) = delete;
+
+ private:
+  bool pushed_ = false;
 };
 
 // Times one collective call and records it under the current operator.

@@ -81,6 +81,33 @@ void fill_box(T* buf, const Extents& dims, const Extents& start, const Extents& 
   }
 }
 
+// Calls f(offset, length) for every contiguous run of a block's valid elements in its padded
+// buffer (column-major), leading dims merged where no padding interrupts them.
+template <class F>
+void for_each_valid_run(const ShardLayout& l, F&& f) {
+  if (l.valid_size() == 0) return;
+  if (l.rank == 0) return f(Index(0), Index(1));
+  Extents stride{}, i{};
+  for (Index d = 0, s = 1; d < l.rank; ++d) {
+    stride[d] = s;
+    s *= l.padded[d];
+  }
+  Index run = l.valid[0];
+  int first = 1;
+  while (first < l.rank && l.valid[first - 1] == l.padded[first - 1]) run *= l.valid[first++];
+  for (;;) {
+    Index off = 0;
+    for (int d = first; d < l.rank; ++d) off += i[d] * stride[d];
+    f(off, run);
+    int d = first;
+    for (; d < l.rank; ++d) {
+      if (++i[d] < l.valid[d]) break;
+      i[d] = 0;
+    }
+    if (d >= l.rank) return;
+  }
+}
+
 // Copies the overlap of two blocks' valid boxes (global coordinates) from one buffer to the other.
 template <class T>
 void copy_overlap(const T* src, const ShardLayout& sl, T* dst, const ShardLayout& dl) {

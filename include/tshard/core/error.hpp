@@ -17,6 +17,9 @@ struct ShapeError : Error {  // shapes that do not fit an operation
 struct SpecError : Error {  // specs that do not fit an operation at run time
   using Error::Error;
 };
+struct IndexError : Error {  // an index (take's ids) outside the extent it indexes
+  using Error::Error;
+};
 struct IoError : Error {  // files and rank-local failures agreed on by all ranks
   using Error::Error;
 };

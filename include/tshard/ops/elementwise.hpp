@@ -1,7 +1,8 @@
-// Elementwise operators: + - * / between sharded tensors (with broadcasting of size-1 dims)
-// and with scalars, unary functions, and map(t, f). Output specs follow DESIGN's elementwise
-// rule at compile time; operands are aligned by implicit reshards (counted, forbiddable);
-// kernels run on padded local blocks through Eigen and are instantiated per (type, rank).
+// Elementwise operators: + - * / between sharded tensors and with scalars, comparisons giving
+// masks, where(), unary functions and map. Operands of different rank align at their last dim
+// and size-1 dims broadcast, as in numpy. Output specs follow DESIGN's elementwise rule at
+// compile time; operands are aligned by implicit reshards (counted, forbiddable); kernels run
+// on padded local blocks and are instantiated per element type, never per spec.
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tshard/core/box_copy.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -18,72 +20,36 @@
 namespace tshard {
 namespace detail {
 
-enum class BinaryKind { Add, Sub, Mul, Div };
+// ---- rank alignment (numpy): missing leading dims are replicated dims of extent 1 ----
 
-// Integer division that leaves padding harmless (padding may hold zeros).
-template <class T>
-struct SafeDivide {
-  T operator()(const T& a, const T& b) const { return b == T(0) ? T(0) : T(a / b); }
+template <int N, class SpecT>
+struct prepend_replicated {
+  using type = SpecT;
 };
+template <int N, class... D>
+  requires(N > 0)
+struct prepend_replicated<N, Spec<D...>> {
+  using type = typename prepend_replicated<N - 1, Spec<R, D...>>::type;
+};
+// SpecT seen as a spec of rank Rank: numpy aligns the last dims, so R dims go in front.
+template <class SpecT, int Rank>
+using spec_of_rank = typename prepend_replicated<Rank - SpecT::rank, SpecT>::type;
 
-template <class T, class A, class B, class O>
-void assign_binary(BinaryKind k, O& o, const A& a, const B& b) {
-  switch (k) {
-    case BinaryKind::Add: o = a + b; break;
-    case BinaryKind::Sub: o = a - b; break;
-    case BinaryKind::Mul: o = a * b; break;
-    case BinaryKind::Div:
-      if constexpr (std::is_integral_v<T>)
-        o = a.binaryExpr(b, SafeDivide<T>{});
-      else
-        o = a / b;
-      break;
-  }
+// The extents of a rank-`from` tensor seen at rank `to`: leading extents of 1. In column-major
+// order this is the same buffer: a dim of extent 1 in front moves no element.
+inline Extents extents_of_rank(const Extents& e, int from, int to) {
+  Extents out{};
+  for (int d = 0; d < to; ++d) out[d] = d < to - from ? 1 : e[d - (to - from)];
+  return out;
 }
 
-// out = a (k) b over whole padded blocks, instantiated per element type only. Equal layouts
-// run as one vectorised pass over the flat buffers; an operand whose padded extent is 1 where
-// the output's is not is broadcast along that dim (a strided pass, one output run at a time).
-template <class T>
-void binary_kernel(BinaryKind k, T* out, const Extents& op, const T* a, const Extents& ap, const T* b,
-                   const Extents& bp, int rank) {
-  const Index n = volume(op, rank);
-  if (n == 0) return;
-  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
-  bool broadcast = false;
-  for (int d = 0; d < rank; ++d) broadcast |= ap[d] != op[d] || bp[d] != op[d];
-  if (!broadcast) {
-    Eigen::Map<Array> o(out, n);
-    assign_binary<T>(k, o, Eigen::Map<const Array>(a, n), Eigen::Map<const Array>(b, n));
-    return;
-  }
-  // Strides of a and b over the output's index space (0 along the dims they broadcast).
-  Extents sa{}, sb{}, i{};
-  for (Index d = 0, ta = 1, tb = 1; d < rank; ++d) {
-    sa[d] = ap[d] == op[d] ? ta : 0;
-    sb[d] = bp[d] == op[d] ? tb : 0;
-    ta *= ap[d];
-    tb *= bp[d];
-  }
-  const Index run = op[0];
-  for (Index o = 0;; o += run) {
-    Index ia = 0, ib = 0;
-    for (int d = 1; d < rank; ++d) {
-      ia += i[d] * sa[d];
-      ib += i[d] * sb[d];
-    }
-    using Strided = Eigen::Map<const Array, 0, Eigen::InnerStride<>>;
-    Eigen::Map<Array> dst(out + o, run);
-    assign_binary<T>(k, dst, Strided(a + ia, run, Eigen::InnerStride<>(sa[0])),
-                     Strided(b + ib, run, Eigen::InnerStride<>(sb[0])));
-    int d = 1;
-    for (; d < rank; ++d) {
-      if (++i[d] < op[d]) break;
-      i[d] = 0;
-    }
-    if (d >= rank) return;
-  }
+// The descriptor of a tensor type seen at rank Rank.
+template <class X, int Rank>
+constexpr SpecDesc desc_of_rank() {
+  return make_desc<spec_of_rank<typename X::SpecType, Rank>, typename X::PartialType>(X::MeshT::axis_names);
 }
+
+// ---- the elementwise spec rule ----
 
 // Elementwise specs (DESIGN) on descriptors: per dim the left operand's split; else the
 // right's where its axes are free in the left's spec; else R. Shared by the typed API (at
@@ -96,7 +62,7 @@ constexpr SpecDesc elementwise_desc(const SpecDesc& a, const SpecDesc& b) {
   return o;
 }
 
-// The elementwise rule as a type, built from the same decision.
+// The elementwise rule as a type, built from the same decision (operands of one rank).
 template <class SA, class SB, class M>
 struct elementwise_type {
   static constexpr SpecDesc da = make_desc<SA, NoPartial>(M::axis_names);
@@ -110,7 +76,23 @@ struct elementwise_type {
   using type = typename merge_dims<SA, SB, choice>::type;
 };
 
-// The shape a and b broadcast to; ShapeError where they do not.
+// The rule folded left to right over several operand types (any ranks, aligned at the last dim).
+template <class M, int Rank, class... S>
+struct elementwise_fold;
+template <class M, int Rank, class S>
+struct elementwise_fold<M, Rank, S> {
+  using type = spec_of_rank<S, Rank>;
+};
+template <class M, int Rank, class S1, class S2, class... Rest>
+struct elementwise_fold<M, Rank, S1, S2, Rest...> {
+  using first = typename elementwise_type<spec_of_rank<S1, Rank>, spec_of_rank<S2, Rank>, M>::type;
+  using type = typename elementwise_fold<M, Rank, first, Rest...>::type;
+};
+
+template <class... X>
+inline constexpr int max_rank_v = std::max({X::rank...});
+
+// The shape operands broadcast to (each given at the output's rank); ShapeError where not.
 inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, const char* op, const std::string& da,
                                const std::string& db) {
   Extents s{};
@@ -122,26 +104,131 @@ inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, con
   return s;
 }
 
-// out (laid out as dout over sout) = a (k) b on descriptors, instantiated per element type:
-// each operand is aligned to the output's layout, replicated along the dims it broadcasts.
+// ---- the local engine: runs of the output with each operand's offset and inner stride ----
+
+// Calls f(out_offset, offsets, inner_strides, length) over the output's padded block (extents
+// `out`) in runs along dim 0; an operand whose extent is 1 where the output's is not is read
+// with stride 0 along that dim (broadcast). Without broadcasting the whole block is one run.
+template <std::size_t N, class F>
+void for_each_broadcast_run(const Extents& out, int rank, const std::array<Extents, N>& in, F&& f) {
+  const Index n = volume(out, rank);
+  if (n == 0) return;
+  std::array<Extents, N> stride{};
+  bool broadcast = false;
+  for (std::size_t j = 0; j < N; ++j)
+    for (Index d = 0, t = 1; d < rank; ++d) {
+      stride[j][d] = in[j][d] == out[d] ? t : 0;
+      broadcast |= in[j][d] != out[d];
+      t *= in[j][d];
+    }
+  std::array<Index, N> off{}, inner{};
+  if (!broadcast) {
+    inner.fill(1);
+    return f(Index(0), off, inner, n);
+  }
+  for (std::size_t j = 0; j < N; ++j) inner[j] = stride[j][0];
+  Extents i{};
+  for (Index o = 0;; o += out[0]) {
+    for (std::size_t j = 0; j < N; ++j) {
+      off[j] = 0;
+      for (int d = 1; d < rank; ++d) off[j] += i[d] * stride[j][d];
+    }
+    f(o, off, inner, out[0]);
+    int d = 1;
+    for (; d < rank; ++d) {
+      if (++i[d] < out[d]) break;
+      i[d] = 0;
+    }
+    if (d >= rank) return;
+  }
+}
+
+// One operand run as an Eigen array expression: contiguous, or strided (0: broadcast).
+template <class T, class G>
+void with_run(const T* p, Index inner, Index length, G&& g) {
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  if (inner == 1)
+    g(Eigen::Map<const Array>(p, length));
+  else
+    g(Eigen::Map<const Array, 0, Eigen::InnerStride<>>(p, length, Eigen::InnerStride<>(inner)));
+}
+
+// An operand laid out as the output needs it (aligned by an implicit reshard where it is not)
+// with its padded extents.
+template <class T>
+struct AlignedInput {
+  AlignedOperand<T> buffer;
+  Extents padded{};
+};
+
+// The operand (descriptor `have` over `shape`) aligned to the output (dout over sout): the
+// output's split on the dims where its extent matches, replicated where it broadcasts.
+template <class T>
+AlignedInput<T> align_input(MeshState& mesh, const SpecDesc& have, const Extents& shape, const T* data,
+                            const SpecDesc& dout, const Extents& sout, const char* name) {
+  SpecDesc want = dout;
+  want.partial = have.partial;
+  want.partial_axes = have.partial_axes;
+  for (int d = 0; d < dout.rank; ++d)
+    if (shape[d] != sout[d]) want.dims[d] = DimSplit{};
+  AlignedInput<T> in{implicit_reshard(mesh, have, want, shape, data, name)};
+  in.padded = shard_layout(want, shape, mesh.shape(), mesh.coords()).padded;
+  return in;
+}
+
+enum class BinaryKind { Add, Sub, Mul, Div };
+
+// Integer division that leaves padding harmless (padding may hold zeros).
+template <class T>
+struct SafeDivide {
+  T operator()(const T& a, const T& b) const { return b == T(0) ? T(0) : T(a / b); }
+};
+
+template <class T, class A, class B, class O>
+void assign_binary(BinaryKind k, O&& o, const A& a, const B& b) {
+  switch (k) {
+    case BinaryKind::Add: o = a + b; break;
+    case BinaryKind::Sub: o = a - b; break;
+    case BinaryKind::Mul: o = a * b; break;
+    case BinaryKind::Div:
+      if constexpr (std::is_integral_v<T>)
+        o = a.binaryExpr(b, SafeDivide<T>{});
+      else
+        o = a / b;
+      break;
+  }
+}
+
+// out = (alpha a) (k) (beta b) over padded blocks, one pass; alpha and beta are the factors
+// of unevaluated `s * x` operands (1 otherwise).
+template <class T>
+void binary_kernel(BinaryKind k, T* out, const Extents& op, const T* a, const Extents& ap, T alpha, const T* b,
+                   const Extents& bp, T beta, int rank) {
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const bool scaled = alpha != T(1) || beta != T(1);
+  for_each_broadcast_run<2>(op, rank, {ap, bp}, [&](Index o, const auto& off, const auto& inner, Index n) {
+    Eigen::Map<Array> dst(out + o, n);
+    with_run(a + off[0], inner[0], n, [&](const auto& x) {
+      with_run(b + off[1], inner[1], n, [&](const auto& y) {
+        if (scaled)
+          assign_binary<T>(k, dst, x * alpha, y * beta);
+        else
+          assign_binary<T>(k, dst, x, y);
+      });
+    });
+  });
+}
+
+// out (laid out as dout over sout) = (alpha a) (k) (beta b) on descriptors, instantiated per
+// element type: each operand is aligned to the output's layout, replicated where it broadcasts.
 template <class T>
 void binary_run(MeshState& mesh, BinaryKind k, const SpecDesc& da, const Extents& sa, const T* a, const SpecDesc& db,
-                const Extents& sb, const T* b, const SpecDesc& dout, const Extents& sout, T* out, const char* name) {
-  auto want = [&](const SpecDesc& have, const Extents& shape) {
-    SpecDesc w = dout;
-    w.partial = have.partial;
-    w.partial_axes = have.partial_axes;
-    for (int d = 0; d < dout.rank; ++d)
-      if (shape[d] != sout[d]) w.dims[d] = DimSplit{};
-    return w;
-  };
-  const SpecDesc wa = want(da, sa), wb = want(db, sb);
-  auto al = implicit_reshard(mesh, da, wa, sa, a, name);
-  auto bl = implicit_reshard(mesh, db, wb, sb, b, name);
-  const auto la = shard_layout(wa, sa, mesh.shape(), mesh.coords());
-  const auto lb = shard_layout(wb, sb, mesh.shape(), mesh.coords());
+                const Extents& sb, const T* b, const SpecDesc& dout, const Extents& sout, T* out, const char* name,
+                T alpha = T(1), T beta = T(1)) {
+  const auto al = align_input(mesh, da, sa, a, dout, sout, name);
+  const auto bl = align_input(mesh, db, sb, b, dout, sout, name);
   const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
-  binary_kernel<T>(k, out, lo.padded, al.data, la.padded, bl.data, lb.padded, dout.rank);
+  binary_kernel<T>(k, out, lo.padded, al.buffer.data, al.padded, alpha, bl.buffer.data, bl.padded, beta, dout.rank);
 }
 
 template <class X>
@@ -157,41 +244,50 @@ decltype(auto) resolved(const X& x, const char* op) {
     return (x);
 }
 
+template <class T>
+inline constexpr bool no_arithmetic_on_masks = !std::is_same_v<T, bool>;
+
 template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
 auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name) {
-  static_assert(SA::rank == SB::rank, "tshard: elementwise operands must have the same rank");
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
   using A = ShardedTensor<T, M, SA, PA>;
   using B = ShardedTensor<T, M, SB, PB>;
   // Only partial sum +/- partial sum over the same axes stays partial (DESIGN).
   constexpr bool keep = (K == BinaryKind::Add || K == BinaryKind::Sub) && is_partial_sum_v<A> &&
                         is_partial_sum_v<B> && same_name_set(PA::names, PB::names);
+  OperatorScope scope(name);
   if constexpr ((PA::is_partial || PB::is_partial) && !keep) {
-    OperatorScope scope(name);
     return binary<K>(resolved(a, name), resolved(b, name), name);
   } else {
-    constexpr int Rank = SA::rank;
-    using E = elementwise_type<SA, SB, M>;
+    constexpr int Rank = max_rank_v<A, B>;
+    using E = elementwise_type<spec_of_rank<SA, Rank>, spec_of_rank<SB, Rank>, M>;
     using Out = ShardedTensor<T, M, typename E::type, std::conditional_t<keep, PA, NoPartial>>;
     static_assert(Out::spec_desc.without_partial() == elementwise_desc(E::da, E::db),
                   "tshard: internal: the typed and descriptor elementwise rules disagree");
     require_same_mesh(a, b, name);
-    const Extents shape = broadcast_shape(a.extents(), b.extents(), Rank, name, a.describe(), b.describe());
-    OperatorScope scope(name);
+    const Extents ea = extents_of_rank(a.extents(), A::rank, Rank), eb = extents_of_rank(b.extents(), B::rank, Rank);
+    const Extents shape = broadcast_shape(ea, eb, Rank, name, a.describe(), b.describe());
     Out out(a.mesh(), to_array<Rank>(shape));
-    binary_run<T>(*a.mesh().state(), K, a.spec_desc, a.extents(), a.data(), b.spec_desc, b.extents(), b.data(),
-                  Out::spec_desc, shape, out.data(), name);
+    const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
+    binary_run<T>(*a.mesh().state(), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb, vb.data,
+                  Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
     return out;
   }
 }
 
-template <BinaryKind K, class X, class S>
-auto with_scalar(const X& x, S s, bool scalar_left, const char* name) {
+// tensor (k) scalar, or scalar (k) tensor where ScalarLeft. Only partial sum * s, s * partial
+// sum and partial sum / s stay partial: s - p, s / p and p + s would count s once per rank.
+template <BinaryKind K, bool ScalarLeft, class X, class S>
+auto with_scalar(const X& x, S s, const char* name) {
   using T = typename X::Scalar;
-  // Partial sums stay partial under multiplication by a scalar (and division, for fields).
-  constexpr bool keep = is_partial_sum_v<X> && (K == BinaryKind::Mul || (K == BinaryKind::Div && !std::is_integral_v<T>));
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  constexpr bool keep =
+      is_partial_sum_v<X> && (K == BinaryKind::Mul || (K == BinaryKind::Div && !ScalarLeft && !std::is_integral_v<T>));
   if constexpr (X::is_partial && !keep) {
     OperatorScope scope(name);
-    return with_scalar<K>(resolved(x, name), s, scalar_left, name);
+    return with_scalar<K, ScalarLeft>(resolved(x, name), s, name);
+  } else if constexpr (K == BinaryKind::Mul) {
+    return TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
   } else {
     X out(x.mesh(), x.global_shape());
     const T v = T(s);
@@ -200,39 +296,36 @@ auto with_scalar(const X& x, S s, bool scalar_left, const char* name) {
     T* o = out.data();
     Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
     Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(o, n);
-    switch (K) {
-      case BinaryKind::Add: xo = xi + v; break;
-      case BinaryKind::Sub:
-        if (scalar_left)
-          xo = v - xi;
-        else
-          xo = xi - v;
-        break;
-      case BinaryKind::Mul: xo = xi * v; break;
-      case BinaryKind::Div:
-        if constexpr (std::is_integral_v<T>) {
-          for (Index i = 0; i < n; ++i) o[i] = scalar_left ? SafeDivide<T>{}(v, in[i]) : SafeDivide<T>{}(in[i], v);
-        } else {
-          if (scalar_left)
-            xo = v / xi;
-          else
-            xo = xi / v;
-        }
-        break;
+    if constexpr (K == BinaryKind::Add) xo = xi + v;
+    if constexpr (K == BinaryKind::Sub) {
+      if constexpr (ScalarLeft) xo = v - xi;
+      else xo = xi - v;
+    }
+    if constexpr (K == BinaryKind::Div) {
+      if constexpr (std::is_integral_v<T>) {
+        for (Index i = 0; i < n; ++i) o[i] = ScalarLeft ? SafeDivide<T>{}(v, in[i]) : SafeDivide<T>{}(in[i], v);
+      } else if constexpr (ScalarLeft) {
+        xo = v / xi;
+      } else {
+        xo = xi / v;
+      }
     }
     return out;
   }
 }
 
-enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg };
+enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
 
 template <UnaryKind K, class X>
 auto unary(const X& x, const char* name) {
   using T = typename X::Scalar;
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
   constexpr bool keep = K == UnaryKind::Neg && is_partial_sum_v<X>;
   if constexpr (X::is_partial && !keep) {
     OperatorScope scope(name);
     return unary<K>(resolved(x, name), name);
+  } else if constexpr (K == UnaryKind::Neg && !std::is_unsigned_v<T>) {
+    return TensorAccess::scaled(x, T(-1));
   } else {
     X out(x.mesh(), x.global_shape());
     const Index n = x.local_size();
@@ -242,21 +335,179 @@ auto unary(const X& x, const char* name) {
     if constexpr (K == UnaryKind::Log) xo = xi.log();
     if constexpr (K == UnaryKind::Tanh) xo = xi.tanh();
     if constexpr (K == UnaryKind::Sqrt) xo = xi.sqrt();
-    if constexpr (K == UnaryKind::Neg) xo = -xi;
     if constexpr (K == UnaryKind::Relu) xo = xi.max(T(0));
     if constexpr (K == UnaryKind::Abs) xo = xi.abs();
+    if constexpr (K == UnaryKind::Square) xo = xi.square();
+    if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
     return out;
   }
 }
 
 template <class X>
-concept RealTensor = ShardedTensorType<X> && !is_complex_v<typename std::remove_cvref_t<X>::Scalar>;
+concept RealTensor = ShardedTensorType<X> && Numeric<typename std::remove_cvref_t<X>::Scalar> &&
+                     !is_complex_v<typename std::remove_cvref_t<X>::Scalar>;
 template <class X>
-concept FloatingTensor = ShardedTensorType<X> && !std::is_integral_v<typename std::remove_cvref_t<X>::Scalar>;
+concept FloatingTensor = ShardedTensorType<X> && Numeric<typename std::remove_cvref_t<X>::Scalar> &&
+                         !std::is_integral_v<typename std::remove_cvref_t<X>::Scalar>;
 
 template <class X, class S>
 concept ScalarFor = ShardedTensorType<X> && (std::is_arithmetic_v<S> || is_complex_v<S>) &&
                     std::is_constructible_v<typename std::remove_cvref_t<X>::Scalar, S>;
+
+// ---- comparisons and where: several operands, one broadcasting pass ----
+
+enum class CompareKind { Less, Greater, LessEqual, GreaterEqual, Equal, NotEqual };
+
+template <class T>
+bool compare_values(CompareKind k, const T& a, const T& b) {
+  if constexpr (is_complex_v<T>) {
+    return k == CompareKind::Equal ? a == b : a != b;
+  } else {
+    switch (k) {
+      case CompareKind::Less: return a < b;
+      case CompareKind::Greater: return a > b;
+      case CompareKind::LessEqual: return a <= b;
+      case CompareKind::GreaterEqual: return a >= b;
+      case CompareKind::Equal: return a == b;
+      default: return a != b;
+    }
+  }
+}
+
+// A scalar seen as an operand of the engine: one element, extent 1 along every dim.
+template <class T>
+struct ScalarOperand {
+  T value;
+  static constexpr SpecDesc desc(int rank) {
+    SpecDesc d;
+    d.rank = rank;
+    return d;
+  }
+  static Extents shape(int rank) {
+    Extents e{};
+    for (int d = 0; d < rank; ++d) e[d] = 1;
+    return e;
+  }
+};
+
+// mask = a (k) b on descriptors (either side may be a one-element scalar operand).
+template <class T>
+void compare_run(MeshState& mesh, CompareKind k, const SpecDesc& da, const Extents& sa, const T* a, const SpecDesc& db,
+                 const Extents& sb, const T* b, const SpecDesc& dout, const Extents& sout, bool* out, const char* name) {
+  const auto al = align_input(mesh, da, sa, a, dout, sout, name);
+  const auto bl = align_input(mesh, db, sb, b, dout, sout, name);
+  const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
+  const T* x = al.buffer.data;
+  const T* y = bl.buffer.data;
+  for_each_broadcast_run<2>(lo.padded, dout.rank, {al.padded, bl.padded}, [&](Index o, const auto& off, const auto& inner, Index n) {
+    for (Index i = 0; i < n; ++i) out[o + i] = compare_values(k, x[off[0] + i * inner[0]], y[off[1] + i * inner[1]]);
+  });
+}
+
+// out = mask ? a : b on descriptors.
+template <class T>
+void where_run(MeshState& mesh, const SpecDesc& dm, const Extents& sm, const bool* m, const SpecDesc& da,
+               const Extents& sa, const T* a, const SpecDesc& db, const Extents& sb, const T* b, const SpecDesc& dout,
+               const Extents& sout, T* out) {
+  const auto ml = align_input(mesh, dm, sm, m, dout, sout, "where");
+  const auto al = align_input(mesh, da, sa, a, dout, sout, "where");
+  const auto bl = align_input(mesh, db, sb, b, dout, sout, "where");
+  const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
+  const bool* mk = ml.buffer.data;
+  const T* x = al.buffer.data;
+  const T* y = bl.buffer.data;
+  for_each_broadcast_run<3>(lo.padded, dout.rank, {ml.padded, al.padded, bl.padded},
+                            [&](Index o, const auto& off, const auto& inner, Index n) {
+                              for (Index i = 0; i < n; ++i)
+                                out[o + i] = mk[off[0] + i * inner[0]] ? x[off[1] + i * inner[1]] : y[off[2] + i * inner[2]];
+                            });
+}
+
+// A where() or comparison operand: a tensor, or a scalar of the tensors' element type.
+template <class X>
+struct OperandTraits {  // a scalar
+  static constexpr bool tensor = false;
+  static constexpr int rank = 0;
+  using SpecType = Spec<>;
+  using PartialType = NoPartial;
+};
+template <class T, class M, class S, class P>
+struct OperandTraits<ShardedTensor<T, M, S, P>> {
+  static constexpr bool tensor = true;
+  static constexpr int rank = S::rank;
+  using SpecType = S;
+  using PartialType = P;
+};
+
+// Descriptor, extents and data of a resolved operand at rank Rank (scalars: one element).
+template <int Rank, class M, class T, class X>
+auto operand_view(const X& x, const T& scalar_store) {
+  struct View {
+    SpecDesc desc;
+    Extents shape;
+    const T* data;
+  };
+  if constexpr (OperandTraits<X>::tensor) {
+    return View{make_desc<spec_of_rank<typename X::SpecType, Rank>, NoPartial>(M::axis_names),
+                extents_of_rank(x.extents(), X::rank, Rank), x.data()};
+  } else {
+    return View{ScalarOperand<T>::desc(Rank), ScalarOperand<T>::shape(Rank), &scalar_store};
+  }
+}
+
+template <class X>
+decltype(auto) resolved_operand(const X& x, const char* op) {
+  if constexpr (OperandTraits<X>::tensor)
+    return resolved(x, op);
+  else
+    return (x);
+}
+
+template <class... X>
+struct first_tensor_mesh;
+template <class X, class... Rest>
+struct first_tensor_mesh<X, Rest...> {
+  static const auto& of(const X& x, const Rest&... rest) {
+    if constexpr (OperandTraits<X>::tensor)
+      return x.mesh();
+    else
+      return first_tensor_mesh<Rest...>::of(rest...);
+  }
+};
+
+template <CompareKind K, class A, class B>
+auto compare(const A& ain, const B& bin, const char* name) {
+  using TA = OperandTraits<A>;
+  using TB = OperandTraits<B>;
+  using X = std::conditional_t<TA::tensor, A, B>;
+  using T = typename X::Scalar;
+  using M = typename X::MeshT;
+  static_assert(!is_complex_v<T> || K == CompareKind::Equal || K == CompareKind::NotEqual,
+                "tshard: complex values have no order: compare them with == or != only");
+  OperatorScope scope(name);
+  const auto& a = resolved_operand(ain, name);
+  const auto& b = resolved_operand(bin, name);
+  constexpr int Rank = std::max(TA::rank, TB::rank);
+  using Out = ShardedTensor<bool, M,
+                            typename elementwise_fold<M, Rank, typename TA::SpecType, typename TB::SpecType>::type>;
+  if constexpr (TA::tensor && TB::tensor) require_same_mesh(a, b, name);
+  const T sa = [&] { if constexpr (TA::tensor) return T(0); else return T(a); }();
+  const T sb = [&] { if constexpr (TB::tensor) return T(0); else return T(b); }();
+  const auto va = operand_view<Rank, M, T>(a, sa);
+  const auto vb = operand_view<Rank, M, T>(b, sb);
+  const std::string describe_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); }();
+  const std::string describe_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); }();
+  const Extents shape = broadcast_shape(va.shape, vb.shape, Rank, name, describe_a, describe_b);
+  const auto& mesh = first_tensor_mesh<A, B>::of(ain, bin);
+  Out out(mesh, to_array<Rank>(shape));
+  compare_run<T>(*mesh.state(), K, va.desc, va.shape, va.data, vb.desc, vb.shape, vb.data, Out::spec_desc, shape,
+                 out.data(), name);
+  return out;
+}
+
+template <class X, class S>
+concept CompareScalar = ShardedTensorType<X> && std::is_arithmetic_v<S> &&
+                        std::is_constructible_v<typename std::remove_cvref_t<X>::Scalar, S>;
 
 }  // namespace detail
 
@@ -280,21 +531,78 @@ auto operator/(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, S
 
 // ---- tensor (op) scalar and scalar (op) tensor ----
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator+(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Add>(x, s, false, "add"); }
+auto operator+(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Add, false>(x, s, "add"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator+(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Add>(x, s, true, "add"); }
+auto operator+(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Add, true>(x, s, "add"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator-(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Sub>(x, s, false, "subtract"); }
+auto operator-(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Sub, false>(x, s, "subtract"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator-(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Sub>(x, s, true, "subtract"); }
+auto operator-(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Sub, true>(x, s, "subtract"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator*(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Mul>(x, s, false, "multiply"); }
+auto operator*(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Mul, false>(x, s, "multiply"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator*(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Mul>(x, s, true, "multiply"); }
+auto operator*(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Mul, true>(x, s, "multiply"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator/(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Div>(x, s, false, "divide"); }
+auto operator/(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Div, false>(x, s, "divide"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
-auto operator/(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Div>(x, s, true, "divide"); }
+auto operator/(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Div, true>(x, s, "divide"); }
+
+// ---- comparisons: a mask (ShardedTensor of bool) with the elementwise spec rule ----
+#define TSHARD_COMPARISON(op, kind, label)                                                              \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                  \
+  auto operator op(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {       \
+    return detail::compare<detail::CompareKind::kind>(a, b, label);                                     \
+  }                                                                                                    \
+  template <class X, class S> requires detail::CompareScalar<X, S>                                     \
+  auto operator op(const X& x, S s) { return detail::compare<detail::CompareKind::kind>(x, s, label); } \
+  template <class X, class S> requires detail::CompareScalar<X, S>                                     \
+  auto operator op(S s, const X& x) { return detail::compare<detail::CompareKind::kind>(s, x, label); }
+TSHARD_COMPARISON(<, Less, "less")
+TSHARD_COMPARISON(>, Greater, "greater")
+TSHARD_COMPARISON(<=, LessEqual, "less_equal")
+TSHARD_COMPARISON(>=, GreaterEqual, "greater_equal")
+TSHARD_COMPARISON(==, Equal, "equal")
+TSHARD_COMPARISON(!=, NotEqual, "not_equal")
+#undef TSHARD_COMPARISON
+
+// mask ? a : b elementwise; a and b are tensors of one element type or scalars (not both
+// scalars). Shapes broadcast as numpy's; the spec folds the elementwise rule over mask, a, b.
+template <ShardedTensorType Mask, class A, class B>
+auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
+  static_assert(std::is_same_v<typename Mask::Scalar, bool>, "tshard: where's first argument is a mask (x > y, a bool tensor)");
+  using TA = detail::OperandTraits<A>;
+  using TB = detail::OperandTraits<B>;
+  static_assert(TA::tensor || TB::tensor, "tshard: where needs a tensor for a or b (both are scalars)");
+  using X = std::conditional_t<TA::tensor, A, B>;
+  using T = typename X::Scalar;
+  using M = typename X::MeshT;
+  static_assert(std::is_same_v<typename Mask::MeshT, M>, "tshard: where's operands live on one mesh type");
+  if constexpr (TA::tensor && TB::tensor)
+    static_assert(std::is_same_v<typename A::Scalar, typename B::Scalar>, "tshard: where's a and b have one element type");
+  detail::OperatorScope scope("where");
+  const auto& a = detail::resolved_operand(a_in, "where");
+  const auto& b = detail::resolved_operand(b_in, "where");
+  constexpr int Rank = std::max({Mask::rank, TA::rank, TB::rank});
+  using OutSpec = typename detail::elementwise_fold<M, Rank, typename Mask::SpecType, typename TA::SpecType,
+                                                    typename TB::SpecType>::type;
+  using Out = ShardedTensor<T, M, OutSpec>;
+  if constexpr (TA::tensor) detail::require_same_mesh(mask_in, a, "where");
+  if constexpr (TB::tensor) detail::require_same_mesh(mask_in, b, "where");
+  const T sa = [&] { if constexpr (TA::tensor) return T(0); else return T(a); }();
+  const T sb = [&] { if constexpr (TB::tensor) return T(0); else return T(b); }();
+  const auto va = detail::operand_view<Rank, M, T>(a, sa);
+  const auto vb = detail::operand_view<Rank, M, T>(b, sb);
+  const detail::SpecDesc dm = detail::desc_of_rank<Mask, Rank>();
+  const detail::Extents sm = detail::extents_of_rank(mask_in.extents(), Mask::rank, Rank);
+  const std::string name_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); }();
+  const std::string name_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); }();
+  const detail::Extents ab = detail::broadcast_shape(va.shape, vb.shape, Rank, "where", name_a, name_b);
+  const detail::Extents shape = detail::broadcast_shape(sm, ab, Rank, "where", mask_in.describe(), name_a + " with " + name_b);
+  Out out(mask_in.mesh(), detail::to_array<Rank>(shape));
+  detail::where_run<T>(*mask_in.mesh().state(), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc, vb.shape,
+                       vb.data, Out::spec_desc, shape, out.data());
+  return out;
+}
 
 // ---- unary ----
 template <ShardedTensorType X>
@@ -307,17 +615,37 @@ template <detail::FloatingTensor X>
 auto tanh(const X& x) { return detail::unary<detail::UnaryKind::Tanh>(x, "tanh"); }
 template <detail::FloatingTensor X>
 auto sqrt(const X& x) { return detail::unary<detail::UnaryKind::Sqrt>(x, "sqrt"); }
+template <detail::FloatingTensor X>
+auto sigmoid(const X& x) { return detail::unary<detail::UnaryKind::Sigmoid>(x, "sigmoid"); }
 template <detail::RealTensor X>
 auto relu(const X& x) { return detail::unary<detail::UnaryKind::Relu>(x, "relu"); }
 template <detail::RealTensor X>
 auto abs(const X& x) { return detail::unary<detail::UnaryKind::Abs>(x, "abs"); }
+template <ShardedTensorType X>
+auto square(const X& x) { return detail::unary<detail::UnaryKind::Square>(x, "square"); }
+
+// x^p elementwise for a scalar exponent (std::pow; a partial is resolved first).
+template <detail::FloatingTensor X, class S> requires std::is_arithmetic_v<S>
+auto pow(const X& xin, S p) {
+  using T = typename X::Scalar;
+  detail::OperatorScope scope("pow");
+  const auto& x = detail::resolved(xin, "pow");
+  using Out = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
+  Out out(x.mesh(), x.global_shape());
+  const detail::Index n = x.local_size();
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(x.data(), n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out.data(), n);
+  xo = xi.pow(T(p));
+  return out;
+}
 
 // f applied to every valid element (never to padding); the result's element type is f's.
 template <ShardedTensorType X, class F>
+  requires std::is_invocable_v<F&, typename X::Scalar>
 auto map(const X& x, F&& f) {
   using T = typename X::Scalar;
   using U = std::remove_cvref_t<std::invoke_result_t<F&, T>>;
-  static_assert(Element<U>, "tshard: map's function must return an element type (float, double, complex, int32, int64)");
+  static_assert(Element<U>, "tshard: map's function must return an element type (float, double, complex, int32, int64, bool)");
   if constexpr (X::is_partial) {
     detail::OperatorScope scope("map");
     return map(detail::resolved(x, "map"), std::forward<F>(f));
@@ -325,9 +653,53 @@ auto map(const X& x, F&& f) {
     ShardedTensor<U, typename X::MeshT, typename X::SpecType> out(x.mesh(), x.global_shape());
     const T* in = x.data();
     U* o = out.data();
-    detail::for_each_local<X::rank>(x.layout(), [&](const auto&, detail::Index lin) { o[lin] = U(f(in[lin])); });
+    detail::for_each_valid_run(x.layout(), [&](detail::Index off, detail::Index n) {
+      for (detail::Index i = off; i < off + n; ++i) o[i] = U(f(in[i]));
+    });
     return out;
   }
+}
+
+// n-ary map: out(i) = f(a(i), b(i), ...) for 1 to 4 tensors of one shape (any element types and
+// specs), in one pass over the valid elements (never padding). The output spec folds the
+// elementwise rule over the inputs; inputs laid out otherwise are aligned by implicit reshards
+// and partial inputs are resolved first. E.g. relu's backward:
+//   auto dx = ts::map([](float h, float g) { return h > 0 ? g : 0.0f; }, h, dy);
+template <class F, ShardedTensorType X0, ShardedTensorType... Xs>
+  requires(!ShardedTensorType<F> && sizeof...(Xs) <= 3)
+auto map(F&& f, const X0& x0_in, const Xs&... xs_in) {
+  using U = std::remove_cvref_t<std::invoke_result_t<F&, typename X0::Scalar, typename Xs::Scalar...>>;
+  static_assert(Element<U>, "tshard: map's function must return an element type (float, double, complex, int32, int64, bool)");
+  static_assert((std::is_same_v<typename X0::MeshT, typename Xs::MeshT> && ...), "tshard: map's tensors live on one mesh type");
+  static_assert(((Xs::rank == X0::rank) && ...), "tshard: map's tensors have one shape (and so one rank)");
+  using M = typename X0::MeshT;
+  detail::OperatorScope scope("map");
+  using OutSpec = typename detail::elementwise_fold<M, X0::rank, typename X0::SpecType, typename Xs::SpecType...>::type;
+  using Out = ShardedTensor<U, M, OutSpec>;
+  auto run = [&](const auto& x0, const auto&... xs) {
+    (detail::require_same_mesh(x0, xs, "map"), ...);
+    ((xs.extents() != x0.extents()
+          ? throw ShapeError("tshard::map: the tensors' shapes differ: " + x0.describe() + " and " + xs.describe())
+          : void()),
+     ...);
+    Out out(x0.mesh(), x0.global_shape());
+    auto& mesh = *x0.mesh().state();
+    auto aligned = [&](const auto& x) {
+      return detail::implicit_reshard(mesh, x.spec_desc, Out::spec_desc, x.extents(), x.data(), "map");
+    };
+    const auto a0 = aligned(x0);
+    const std::tuple<decltype(aligned(xs))...> as{aligned(xs)...};
+    U* o = out.data();
+    detail::for_each_valid_run(out.layout(), [&](detail::Index off, detail::Index n) {
+      std::apply(
+          [&](const auto&... a) {
+            for (detail::Index i = off; i < off + n; ++i) o[i] = U(f(a0.data[i], a.data[i]...));
+          },
+          as);
+    });
+    return out;
+  };
+  return run(detail::resolved(x0_in, "map"), detail::resolved(xs_in, "map")...);
 }
 
 }  // namespace tshard

@@ -92,16 +92,16 @@ inline bool merged_group(const std::array<char, kMaxRank>& labels, const ShardLa
                          const std::array<char, kMaxRank>& group, int count, Index& extent, Index& group_stride) {
   extent = 1;
   group_stride = 0;
-  if (count == 0) return true;
+  bool mergeable = true;
   int prev = -1;
   for (int i = 0; i < count; ++i) {
     const int d = EinsumLabels::find(labels, l.rank, group[i]);
-    if (i > 0 && (d != prev + 1 || l.valid[prev] != l.padded[prev])) return false;
+    if (i > 0 && (d != prev + 1 || l.valid[prev] != l.padded[prev])) mergeable = false;
     if (i == 0) group_stride = stride[d];
     extent *= l.valid[d];
     prev = d;
   }
-  return true;
+  return mergeable;
 }
 
 inline OperandView view_operand(const std::array<char, kMaxRank>& labels, const ShardLayout& l,

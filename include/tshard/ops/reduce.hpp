@@ -22,6 +22,7 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
   static_assert(sizeof...(Dims) > 0, "tshard: name at least one dim to reduce");
   static_assert(dims_valid<S::rank, Dims...>(), "tshard: reduced dims must be distinct and less than the tensor's rank");
   static_assert(Op == ReduceOp::Sum || !is_complex_v<T>, "tshard: complex values have no max or min");
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) are not reduced: where(mask, 1, 0) gives numbers");
   // A partial of the same kind composes (sum of partial sums); any other kind resolves first.
   constexpr PartialKind kind = Op == ReduceOp::Sum ? PartialKind::Sum : Op == ReduceOp::Max ? PartialKind::Max : PartialKind::Min;
   constexpr bool compose = !P::is_partial || partial_kind<P>() == kind;
@@ -45,7 +46,35 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
   }
 }
 
+// The spec with the listed dims replicated (the dims a keep_dims reduction leaves at extent 1).
+template <class SpecT, int... Dims>
+struct replicate_dims {
+  static constexpr auto kept = [] {
+    std::array<int, std::size_t(SpecT::rank)> k{};
+    for (int d = 0; d < SpecT::rank; ++d) k[d] = ((d == Dims) || ...) ? -1 : d;
+    return k;
+  }();
+  using type = typename select_dims<SpecT, kept>::type;
+};
+
+// The reduction `r` of x over Dims seen with those dims kept at extent 1: the same buffer, as
+// a dim of extent 1 moves no element in column-major order.
+template <int... Dims, class X, class Reduced>
+auto with_kept_dims(const X& x, const Reduced& r) {
+  using Out = ShardedTensor<typename X::Scalar, typename X::MeshT,
+                            typename replicate_dims<typename X::SpecType, Dims...>::type, typename Reduced::PartialType>;
+  auto shape = x.global_shape();
+  ((shape[Dims] = 1), ...);
+  return Out(AdoptStorage{}, x.mesh(), shape, TensorAccess::storage(r));
+}
+
 }  // namespace detail
+
+// Tag for reductions that keep the reduced dims at extent 1: ts::sum<1>(x, ts::keep_dims).
+struct KeepDims {
+  explicit constexpr KeepDims() = default;
+};
+inline constexpr KeepDims keep_dims{};
 
 // Sum over dims; a split dim leaves a partial sum over its axes (resolved lazily).
 template <int... Dims, ShardedTensorType X>
@@ -68,6 +97,24 @@ auto mean(const X& x) {
   double count = 1;
   ((count *= double(x.extents()[Dims])), ...);
   return detail::reduce<ReduceOp::Sum, Dims...>(x, "mean") * T(1.0 / count);
+}
+
+// The same with the reduced dims kept at extent 1 (replicated), for broadcasting back.
+template <int... Dims, ShardedTensorType X>
+auto sum(const X& x, KeepDims) {
+  return detail::with_kept_dims<Dims...>(x, sum<Dims...>(x));
+}
+template <int... Dims, ShardedTensorType X>
+auto max(const X& x, KeepDims) {
+  return detail::with_kept_dims<Dims...>(x, max<Dims...>(x));
+}
+template <int... Dims, ShardedTensorType X>
+auto min(const X& x, KeepDims) {
+  return detail::with_kept_dims<Dims...>(x, min<Dims...>(x));
+}
+template <int... Dims, ShardedTensorType X>
+auto mean(const X& x, KeepDims) {
+  return detail::with_kept_dims<Dims...>(x, mean<Dims...>(x));
 }
 
 // Index of the largest element along Dim (int64, never partial): ties go to the lowest global

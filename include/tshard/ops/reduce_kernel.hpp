@@ -7,6 +7,8 @@
 #include <limits>
 #include <type_traits>
 
+#include <Eigen/Core>
+
 #include "tshard/comm/datatype.hpp"
 #include "tshard/core/shard.hpp"
 
@@ -59,7 +61,9 @@ void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::ar
       ob += i[d] * ostride[d];
     }
     const T* src = in + ib;
-    if (reduced[0]) {
+    if (reduced[0] && op == ReduceOp::Sum) {  // vectorised, with Eigen's blocked (more accurate) summation
+      out[ob] += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, run).sum();
+    } else if (reduced[0]) {
       T acc = out[ob];
       for (Index x = 0; x < run; ++x) acc = combine(op, acc, src[x]);
       out[ob] = acc;

@@ -26,6 +26,10 @@ auto transpose(const X& x) {
 
 }  // namespace tshard
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "tshard/comm/failure.hpp"
 #include "tshard/reshard/redistribute.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -56,8 +60,8 @@ auto slice(const X& x, const Eigen::Index (&offsets)[N], const Eigen::Index (&ex
   detail::OperatorScope scope("slice");
   Out out(x.mesh(), detail::to_array<Rank>(ext));
   // Partial values move like plain ones: their partial axes are split by neither layout.
-  detail::redistribute(*x.mesh().state(), x.spec_desc.without_partial(), x.extents(), x.data(),
-                       Out::spec_desc.without_partial(), out.extents(), out.data(), off);
+  detail::implicit_redistribute(*x.mesh().state(), x.spec_desc.without_partial(), x.extents(), x.data(),
+                                Out::spec_desc.without_partial(), out.extents(), out.data(), off, "slice");
   return out;
 }
 
@@ -80,8 +84,8 @@ auto pad(const X& xin, const Eigen::Index (&before)[N], const Eigen::Index (&aft
   using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType>;
   Out out(x.mesh(), detail::to_array<Rank>(shape));
   std::fill(out.data(), out.data() + out.local_size(), value);
-  detail::redistribute(*x.mesh().state(), x.spec_desc, x.extents(), x.data(), Out::spec_desc, out.extents(), out.data(),
-                       shift);
+  detail::implicit_redistribute(*x.mesh().state(), x.spec_desc, x.extents(), x.data(), Out::spec_desc, out.extents(),
+                                out.data(), shift, "pad");
   return out;
 }
 
@@ -106,16 +110,100 @@ auto concat(const A& ain, const B& bin) {
   using Out = ShardedTensor<typename A::Scalar, typename A::MeshT, typename A::SpecType>;
   Out out(a.mesh(), detail::to_array<Rank>(shape));
   auto& mesh = *a.mesh().state();
-  detail::redistribute(mesh, a.spec_desc, a.extents(), a.data(), Out::spec_desc, out.extents(), out.data(),
-                       detail::Extents{});
-  detail::redistribute(mesh, b.spec_desc, b.extents(), b.data(), Out::spec_desc, out.extents(), out.data(), shift);
+  detail::implicit_redistribute(mesh, a.spec_desc, a.extents(), a.data(), Out::spec_desc, out.extents(), out.data(),
+                                detail::Extents{}, "concat");
+  detail::implicit_redistribute(mesh, b.spec_desc, b.extents(), b.data(), Out::spec_desc, out.extents(), out.data(), shift,
+                                "concat");
   return out;
 }
 
+namespace detail {
+
+// Whether every rank already holds its block of the reshaped tensor: each contiguous run of
+// the new block (in column-major order) must lie inside the rank's old block. Decided from
+// shapes, specs and the mesh alone, alike on every rank, and cached: no communication.
+inline bool reshape_is_local(const SpecDesc& from, const Extents& from_shape, const SpecDesc& to,
+                             const Extents& to_shape, const MeshShape& m) {
+  using Key = std::tuple<std::string, std::string, Extents, std::string, Extents>;
+  static std::mutex mutex;
+  static std::map<Key, bool> cache;
+  Key key{m.describe(), from.to_string(m), from_shape, to.to_string(m), to_shape};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto inside = [&](const ShardLayout& old, Index linear, Index n) {
+    while (n > 0) {  // walk the range in pieces along the old dim 0
+      Index rest = linear, len = 0;
+      for (int d = 0; d < from.rank; ++d) {
+        const Index i = rest % from_shape[d] - old.offset[d];
+        rest /= from_shape[d];
+        if (i < 0 || i >= old.valid[d]) return false;
+        if (d == 0) len = std::min(n, old.valid[0] - i);
+      }
+      if (from.rank == 0) len = n;
+      linear += len;
+      n -= len;
+    }
+    return true;
+  };
+  bool local = true;
+  for (int r = 0; r < m.size() && local; ++r) {
+    const ShardLayout old = shard_layout_of_rank(from, from_shape, m, r);
+    const ShardLayout nl = shard_layout_of_rank(to, to_shape, m, r);
+    if (nl.valid_size() == 0) continue;
+    Extents i{};
+    for (;;) {
+      Index linear = 0, stride = 1;
+      for (int d = 0; d < to.rank; ++d) {
+        linear += (nl.offset[d] + i[d]) * stride;
+        stride *= to_shape[d];
+      }
+      if (!inside(old, linear, to.rank ? nl.valid[0] : 1)) {
+        local = false;
+        break;
+      }
+      int d = 1;
+      for (; d < to.rank; ++d) {
+        if (++i[d] < nl.valid[d]) break;
+        i[d] = 0;
+      }
+      if (d >= to.rank) break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() > 4096) cache.clear();
+  cache[key] = local;
+  return local;
+}
+
+// out's valid block (new shape, layout ol) from a source block src (old shape, layout sl)
+// that holds every element it needs.
+template <class T>
+void reshape_copy(const T* src, const ShardLayout& sl, const Extents& from_shape, int from_rank, T* out,
+                  const ShardLayout& ol, const Extents& to_shape) {
+  for_each_local<kMaxRank>(ol, [&](const auto& g, Index lin) {
+    Index linear = 0, stride = 1;
+    for (int d = 0; d < ol.rank; ++d) {
+      linear += g[d] * stride;
+      stride *= to_shape[d];
+    }
+    Index at = 0, astride = 1;
+    for (int d = 0; d < from_rank; ++d) {
+      at += (linear % from_shape[d] - sl.offset[d]) * astride;
+      linear /= from_shape[d];
+      astride *= sl.padded[d];
+    }
+    out[lin] = src[at];
+  });
+}
+
+}  // namespace detail
+
 // x with a new shape of the same size, in Eigen's column-major element order, laid out as
 // NewSpec. Free (a local copy) where every rank already holds its new block, as when the
-// split dim is the slowest of its merged group and sizes divide; otherwise x is first
-// gathered (counted under "reshape/auto", so the cost shows).
+// split dim is the slowest of its merged group and sizes divide, decided without
+// communicating; otherwise x is first gathered (counted under "reshape/auto", so the cost shows).
 template <class NewSpec, ShardedTensorType X, std::size_t N>
 auto reshape(const X& xin, const Eigen::Index (&new_shape)[N]) {
   static_assert(detail::is_spec<NewSpec>::value, "tshard: reshape<Spec>(x, shape) takes a tshard::Spec<...>");
@@ -131,34 +219,13 @@ auto reshape(const X& xin, const Eigen::Index (&new_shape)[N]) {
     throw ShapeError("tshard::reshape: " + x.describe() + " has " + std::to_string(old_n) + " elements, the new shape " +
                      detail::shape_to_string(shape, Rank) + " has " + std::to_string(new_n));
   Out out(x.mesh(), detail::to_array<Rank>(shape));
-  // Copies this rank's new block out of a source block (src with layout sl over the old shape);
-  // false where an element lies outside it.
-  auto fill = [&](const T* src, const detail::ShardLayout& sl) {
-    bool ok = true;
-    detail::for_each_local<Rank>(out.layout(), [&](const auto& g, detail::Index lin) {
-      detail::Index linear = 0, stride = 1;
-      for (int d = 0; d < Rank; ++d) {
-        linear += g[d] * stride;
-        stride *= shape[d];
-      }
-      detail::Index at = 0, astride = 1;
-      for (int d = 0; d < X::rank; ++d) {
-        const detail::Index i = linear % x.extents()[d] - sl.offset[d];
-        linear /= x.extents()[d];
-        if (i < 0 || i >= sl.valid[d]) {
-          ok = false;
-          return;
-        }
-        at += i * astride;
-        astride *= sl.padded[d];
-      }
-      out.data()[lin] = src[at];
-    });
-    return ok;
-  };
-  if (agree(fill(x.data(), x.layout()), x.mesh().comm())) return out;
-  const auto whole = detail::implicit_reshard<Replicated<X::rank>>(x, "reshape");
-  fill(whole.data(), whole.layout());
+  const auto& m = x.mesh().shape();
+  if (detail::reshape_is_local(x.spec_desc, x.extents(), Out::spec_desc, shape, m)) {
+    detail::reshape_copy(x.data(), x.layout(), x.extents(), X::rank, out.data(), out.layout(), shape);
+  } else {
+    const auto whole = detail::implicit_reshard<Replicated<X::rank>>(x, "reshape");
+    detail::reshape_copy(whole.data(), whole.layout(), x.extents(), X::rank, out.data(), out.layout(), shape);
+  }
   return out;
 }
 

@@ -13,6 +13,18 @@
 
 namespace tshard::detail {
 
+// Whether redistribute(from, ..., to, ..., shift) moves any element between ranks: decided from
+// global facts alone, alike on every rank (O(P^2) box overlaps).
+inline bool redistribute_communicates(const SpecDesc& from, const Extents& from_shape, const SpecDesc& to,
+                                      const Extents& to_shape, const Extents& shift, const MeshShape& m) {
+  for (int r = 0; r < m.size(); ++r) {
+    const ShardLayout want = shifted(shard_layout_of_rank(to, to_shape, m, r), shift);
+    for (int s : direct_senders(from, m, r))
+      if (s != r && overlap_block(shard_layout_of_rank(from, from_shape, m, s), want).valid_size() > 0) return true;
+  }
+  return false;
+}
+
 // dst (laid out for `to` over `to_shape`) gets src (laid out for `from`, a plain spec, over
 // `from_shape`) at dst index i = src index i + shift; dst elements with no source are untouched.
 template <class T>

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tshard/reshard/execute.hpp"
+#include "tshard/reshard/redistribute.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
@@ -57,23 +58,30 @@ struct AlignedOperand {
   std::shared_ptr<T> owned;
 };
 
-// The one entry point for every reshard an operator inserts on its own; counted under
-// "<op>/auto" and refused with SpecError when implicit communication is forbidden.
 // SpecError where implicit communication is forbidden (the same on every rank).
-inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
-                                     const char* op) {
-  if (implicit_communication() == ImplicitCommunication::Forbid)
-    throw SpecError(std::string("tshard::") + op + ": would reshard " + shape_to_string(shape, have.rank) + " " +
-                    have.to_string(mesh.shape()) + " to " + want.to_string(mesh.shape()) +
-                    ", but implicit communication is forbidden");
+inline void refuse_implicit(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
+                            const char* op) {
+  throw SpecError(std::string("tshard::") + op + ": would reshard " + shape_to_string(shape, have.rank) + " " +
+                  have.to_string(mesh.shape()) + " to " + want.to_string(mesh.shape()) +
+                  ", but implicit communication is forbidden");
 }
 
+// Forbid mode refuses only moves that communicate: local slices (R -> S) pass.
+inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
+                                     const char* op) {
+  if (implicit_communication() != ImplicitCommunication::Forbid) return;
+  for (const ReshardStep& st : cached_plan(mesh, have, want, shape)->steps)
+    if (st.kind != StepKind::Local) refuse_implicit(mesh, have, want, shape, op);
+}
+
+// The one entry point for every reshard an operator inserts on its own: counted under
+// "<op>/auto", refused with SpecError in Forbid mode where it would communicate.
 template <class T>
 AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                    const T* data, const char* op) {
   if (have == want) return {data, nullptr};
   require_implicit_allowed(mesh, have, want, shape, op);
-  OperatorScope scope(std::string(op) + "/auto");
+  OperatorScope outer(op), scope("auto");
   auto l = shard_layout(want, shape, mesh.shape(), mesh.coords());
   AlignedOperand<T> out;
   out.owned = pooled_array<T>(static_cast<std::size_t>(l.padded_size()));
@@ -82,17 +90,29 @@ AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const 
   return out;
 }
 
-// The typed form: a tensor resharded to NewSpec unless it already is.
+// The same entry point for the windows of shape operators (slice, pad, concat): dst[i] =
+// src[i + shift] moved point to point, counted and refused like any implicit reshard.
+template <class T>
+void implicit_redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_shape, const T* src,
+                           const SpecDesc& to, const Extents& to_shape, T* dst, const Extents& shift, const char* op) {
+  if (implicit_communication() == ImplicitCommunication::Forbid &&
+      redistribute_communicates(from, from_shape, to, to_shape, shift, mesh.shape()))
+    refuse_implicit(mesh, from, to, from_shape, op);
+  OperatorScope outer(op), scope("auto");
+  redistribute(mesh, from, from_shape, src, to, to_shape, dst, shift);
+}
+
+// The typed form: a tensor resharded to NewSpec unless it already is. An unevaluated `s * x`
+// moves x's buffer and keeps the factor (a reshard, a partial's sum included, is linear), so
+// `w -= lr * g` with g partial all-reduces g once and reads it once more in the update.
 template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  auto a = implicit_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), t.data(), op);
-  if (!a.owned) {  // already laid out so: a copy
-    Out out(t.mesh(), t.global_shape());
-    std::copy(t.data(), t.data() + t.local_size(), out.data());
-    return out;
-  }
-  return Out(AdoptStorage{}, t.mesh(), t.global_shape(), std::move(a.owned));
+  const ScaledBuffer<T> v = TensorAccess::buffer(t);
+  auto a = implicit_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), v.data, op);
+  // Already laid out so: shares t's buffer (either side copies it before writing).
+  Out out(AdoptStorage{}, t.mesh(), t.global_shape(), a.owned ? std::move(a.owned) : TensorAccess::storage(t, false));
+  return v.scaled ? TensorAccess::scaled(out, v.scale) : out;
 }
 }  // namespace detail
 

@@ -1,5 +1,8 @@
 // ShardedTensor<T, Mesh, Spec, Partial>: a global tensor split over a mesh as its type says.
 // Each rank holds one padded, column-major block in pooled storage; copies are deep, moves cheap.
+// `s * x` is kept unevaluated (x's buffer, shared, and the factor) so that `w -= lr * g` and
+// `a + s * b` run in one pass; any other read evaluates it, and a write to a buffer that an
+// unevaluated tensor shares copies it first, so values behave as if every copy were deep.
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
@@ -20,6 +23,7 @@ namespace tshard {
 
 namespace detail {
 struct AdoptStorage {};  // tag: construct around existing storage
+struct TensorAccess;     // the ops' access to storage and to an unevaluated factor
 
 template <int Rank>
 std::array<Eigen::Index, Rank> to_array(const Extents& e) {
@@ -37,7 +41,7 @@ Extents to_extents(const std::array<Eigen::Index, N>& a) {
 
 template <class T, class M, class SpecT, class P = NoPartial>
 class ShardedTensor {
-  static_assert(Element<T>, "tshard: element types are float, double, std::complex<float/double>, int32_t and int64_t");
+  static_assert(Element<T>, "tshard: element types are float, double, std::complex<float/double>, int32_t, int64_t and bool (masks)");
   static_assert(MeshType<M>, "tshard: the second argument of ShardedTensor is a tshard::Mesh<...>");
   static_assert(detail::is_spec<SpecT>::value, "tshard: the third argument of ShardedTensor is a tshard::Spec<...>");
   static_assert(detail::is_partial_marker<P>::value,
@@ -52,6 +56,7 @@ class ShardedTensor {
   static_assert(detail::names_disjoint(detail::spec_traits<SpecT>::all_names(), P::names),
                 "tshard: a mesh axis is never both split and partial in one tensor");
   static_assert(SpecT::rank <= detail::kMaxRank, "tshard: tensors have at most 8 dims");
+  static_assert(!(std::is_same_v<T, bool> && P::is_partial), "tshard: masks (bool tensors) are never partial");
   static_assert(!(is_complex_v<T> && P::is_partial && detail::partial_kind<P>() != detail::PartialKind::Sum),
                 "tshard: complex values have no max or min: only partial sums exist for them");
 
@@ -81,7 +86,7 @@ class ShardedTensor {
 
   ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_) {
     data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
-    if (layout_.padded_size()) std::memcpy(data_.get(), o.data_.get(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
+    if (layout_.padded_size()) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
   }
   ShardedTensor& operator=(const ShardedTensor& o) {
     if (this != &o) *this = ShardedTensor(o);
@@ -99,18 +104,29 @@ class ShardedTensor {
   // Extent of the local buffer: ceil(N/k) along split dims, identical on every rank.
   Shape padded_shape() const { return detail::to_array<rank>(layout_.padded); }
 
-  // The local (padded) buffer; elements beyond local_shape() are padding, unspecified.
-  LocalMap local() { return LocalMap(data_.get(), padded_shape()); }
-  ConstLocalMap local() const { return ConstLocalMap(data_.get(), padded_shape()); }
-  T* data() { return data_.get(); }
-  const T* data() const { return data_.get(); }
+  // The local (padded) buffer; elements beyond local_shape() are padding, unspecified, so
+  // local().sum() counts them: local_valid() is the valid block alone.
+  LocalMap local() { return LocalMap(data(), padded_shape()); }
+  ConstLocalMap local() const { return ConstLocalMap(data(), padded_shape()); }
+  // The valid block of local() as an Eigen expression (readable, and writable where non-const):
+  // x.local_valid().sum() sums this rank's elements, never padding.
+  auto local_valid() { return local().slice(Shape{}, local_shape()); }
+  auto local_valid() const { return local().slice(Shape{}, local_shape()); }
+  T* data() {
+    own();
+    return data_.get();
+  }
+  const T* data() const {
+    evaluate();
+    return data_.get();
+  }
   Eigen::Index local_size() const { return layout_.padded_size(); }
 
   // The global value on every rank; a partial is resolved first.
   Eigen::Tensor<T, rank> gather() const {
     Eigen::Tensor<T, rank> out(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data_.get(), out.data());
+    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data(), out.data());
     return out;
   }
   // The global value on mesh rank `root`; other ranks get an empty (all-zero extents) tensor.
@@ -118,7 +134,7 @@ class ShardedTensor {
     Eigen::Tensor<T, rank> out;
     if (mesh_.rank() == root) out.resize(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_root(*mesh_.state(), spec_desc, shape_, data_.get(), out.data(), root);
+    detail::gather_to_root(*mesh_.state(), spec_desc, shape_, data(), out.data(), root);
     return out;
   }
   // Into an existing tensor of the global shape, on every rank (no allocation of the result).
@@ -126,7 +142,7 @@ class ShardedTensor {
     if (detail::to_extents(std::array<Eigen::Index, rank>(out.dimensions())) != shape_)
       out.resize(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data_.get(), out.data());
+    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data(), out.data());
   }
 
   // "[7, 5] {x, R}": shape and spec, for error messages.
@@ -137,11 +153,72 @@ class ShardedTensor {
   const detail::ShardLayout& layout() const { return layout_; }
 
  private:
+  friend struct detail::TensorAccess;
+
+  // An unevaluated `scale_ * x` becomes a buffer of its own (once, on first read).
+  void evaluate() const {
+    if (!scaled_) return;
+    const std::size_t n = static_cast<std::size_t>(layout_.padded_size());
+    auto fresh = detail::pooled_array<T>(n);
+    const T* src = data_.get();
+    T* dst = fresh.get();
+    for (std::size_t i = 0; i < n; ++i) dst[i] = scale_ * src[i];
+    data_ = std::move(fresh);
+    scaled_ = false;
+  }
+  // Before a write: a buffer shared with an unevaluated tensor is copied, so that one keeps
+  // the value it was made from.
+  void own() {
+    evaluate();
+    if (data_.use_count() > 1) {
+      auto fresh = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
+      if (layout_.padded_size())
+        std::memcpy(fresh.get(), data_.get(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
+      data_ = std::move(fresh);
+    }
+  }
+
   M mesh_;
   detail::Extents shape_{};
   detail::ShardLayout layout_{};
-  std::shared_ptr<T> data_;
+  mutable std::shared_ptr<T> data_;
+  mutable T scale_{1};          // the value is scale_ * data_ while scaled_
+  mutable bool scaled_ = false;
 };
+
+namespace detail {
+
+// A tensor's buffer with the factor its value still carries (1 where it is evaluated).
+template <class T>
+struct ScaledBuffer {
+  const T* data;
+  T scale;
+  bool scaled;
+};
+
+struct TensorAccess {
+  template <class T, class M, class S, class P>
+  static ScaledBuffer<T> buffer(const ShardedTensor<T, M, S, P>& x) {
+    return {x.data_.get(), x.scaled_ ? x.scale_ : T(1), x.scaled_};
+  }
+  // `s * x` unevaluated: x's buffer shared, factors multiplied.
+  template <class T, class M, class S, class P>
+  static ShardedTensor<T, M, S, P> scaled(const ShardedTensor<T, M, S, P>& x, T s) {
+    ShardedTensor<T, M, S, P> out(AdoptStorage{}, x.mesh_, x.global_shape(), x.data_);
+    out.scale_ = x.scaled_ ? T(s * x.scale_) : s;
+    out.scaled_ = true;
+    return out;
+  }
+  // The storage of x (evaluated first unless `evaluate` is false: then the buffer without the
+  // factor), for a tensor of another type over the same bytes.
+  template <class T, class M, class S, class P>
+  static std::shared_ptr<T> storage(const ShardedTensor<T, M, S, P>& x, bool evaluate = true) {
+    if (evaluate) x.evaluate();
+    return x.data_;
+  }
+};
+
+}  // namespace detail
 
 namespace detail {
 template <class X>

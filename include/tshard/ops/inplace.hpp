@@ -1,0 +1,95 @@
+// In-place operators: y += x, y -= x, y *= x, y /= x with a tensor or a scalar. y keeps its spec
+// and its buffer; the right side is resolved where partial and aligned to y's spec (the implicit
+// reshard entry point) where laid out otherwise, and may broadcast (numpy) to y's shape. An
+// unevaluated `s * g` on the right is read in the same pass: `w -= lr * g` reads w and g once.
+#pragma once
+#include <string>
+#include <type_traits>
+
+#include "tshard/ops/elementwise.hpp"
+
+namespace tshard {
+namespace detail {
+
+template <BinaryKind K, class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x,
+                                      const char* name) {
+  using Y = ShardedTensor<T, M, SY, PY>;
+  using X = ShardedTensor<T, M, SX, PX>;
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  static_assert(SX::rank <= SY::rank, "tshard: the right side of an in-place operator has more dims than the left side");
+  // A partial left side can only take a partial sum over the same axes, added or subtracted.
+  constexpr bool partial_pair = (K == BinaryKind::Add || K == BinaryKind::Sub) && is_partial_sum_v<Y> &&
+                                is_partial_sum_v<X> && same_name_set(PY::names, PX::names);
+  static_assert(!PY::is_partial || partial_pair,
+                "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
+  OperatorScope scope(name);
+  if constexpr (PX::is_partial && !partial_pair) {
+    return compound<K>(y, resolved(x, name), name);
+  } else {
+    require_same_mesh(y, x, name);
+    const Extents ex = extents_of_rank(x.extents(), SX::rank, SY::rank);
+    const Extents shape = broadcast_shape(y.extents(), ex, SY::rank, name, y.describe(), x.describe());
+    if (shape != y.extents())
+      throw ShapeError(std::string("tshard::") + name + ": the result " + shape_to_string(shape, SY::rank) +
+                       " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());
+    const auto vx = TensorAccess::buffer(x);  // before y is written: x may share y's old buffer
+    T* out = y.data();
+    binary_run<T>(*y.mesh().state(), K, Y::spec_desc, y.extents(), out, desc_of_rank<X, SY::rank>(), ex, vx.data,
+                  Y::spec_desc, y.extents(), out, name, T(1), vx.scale);
+    return y;
+  }
+}
+
+template <BinaryKind K, class Y, class S>
+Y& compound_scalar(Y& y, S s, const char* name) {
+  using T = typename Y::Scalar;
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  constexpr bool keeps = is_partial_sum_v<Y> && (K == BinaryKind::Mul || (K == BinaryKind::Div && !std::is_integral_v<T>));
+  static_assert(!Y::is_partial || keeps,
+                "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
+  const T v = T(s);
+  const Index n = y.local_size();
+  T* p = y.data();
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> a(p, n);
+  if constexpr (K == BinaryKind::Add) a += v;
+  if constexpr (K == BinaryKind::Sub) a -= v;
+  if constexpr (K == BinaryKind::Mul) a *= v;
+  if constexpr (K == BinaryKind::Div) {
+    if constexpr (std::is_integral_v<T>)
+      for (Index i = 0; i < n; ++i) p[i] = SafeDivide<T>{}(p[i], v);
+    else
+      a /= v;
+  }
+  return y;
+}
+
+}  // namespace detail
+
+template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator+=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {
+  return detail::compound<detail::BinaryKind::Add>(y, x, "add");
+}
+template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator-=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {
+  return detail::compound<detail::BinaryKind::Sub>(y, x, "subtract");
+}
+template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator*=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {
+  return detail::compound<detail::BinaryKind::Mul>(y, x, "multiply");
+}
+template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator/=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {
+  return detail::compound<detail::BinaryKind::Div>(y, x, "divide");
+}
+
+template <class Y, class S> requires detail::ScalarFor<Y, S>
+Y& operator+=(Y& y, S s) { return detail::compound_scalar<detail::BinaryKind::Add>(y, s, "add"); }
+template <class Y, class S> requires detail::ScalarFor<Y, S>
+Y& operator-=(Y& y, S s) { return detail::compound_scalar<detail::BinaryKind::Sub>(y, s, "subtract"); }
+template <class Y, class S> requires detail::ScalarFor<Y, S>
+Y& operator*=(Y& y, S s) { return detail::compound_scalar<detail::BinaryKind::Mul>(y, s, "multiply"); }
+template <class Y, class S> requires detail::ScalarFor<Y, S>
+Y& operator/=(Y& y, S s) { return detail::compound_scalar<detail::BinaryKind::Div>(y, s, "divide"); }
+
+}  // namespace tshard
