@@ -195,14 +195,40 @@ TEST_CASE("in-place operators keep the left side's spec and buffer and equal the
         TS_REQUIRE_ALL(compare(y.gather(), wb, 1e-12) == "");
       });
     });
-    // A partial right side is resolved first (an all-reduce counted as the operator's own).
+    // A partial sum on the right is resolved first (an all-reduce counted as the operator's own).
     auto y = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, values(7, 3, 4));
     auto p = partial_over_y<ts::PartialSum<"y">>(mesh, 7, 3);
     ts::reset_comm_stats();
     y += p;
-    Eigen::Tensor<double, 2> wp = values(7, 3, 4) + combined(ts::ReduceOp::Sum, 7, 3, sizes[1]);
+    const auto update = ts::comm_stats().op("add/auto");
+    y -= 0.5 * p;
+    Eigen::Tensor<double, 2> wp = values(7, 3, 4) + combined(ts::ReduceOp::Sum, 7, 3, sizes[1]) * 0.5;
     TS_REQUIRE_ALL(compare(y.gather(), wp, 1e-12) == "");
+    TS_REQUIRE_ALL(sizes[1] == 1 || update.calls("all_reduce") == 1);
+    // An expiring partial owns its buffer: it is all-reduced there, not into a copy.
+    const auto adopted = partial_over_y<ts::PartialSum<"y">>(mesh, 7, 3);
+    auto q0 = adopted;  // a copy lives in pooled storage
+    ts::reset_comm_stats();
+    const auto pool_before = ts::pool_stats();
+    y += 0.5 * std::move(q0);
+    const auto pool_after = ts::pool_stats();
+    wp += combined(ts::ReduceOp::Sum, 7, 3, sizes[1]) * 0.5;
+    TS_REQUIRE_ALL(compare(y.gather(), wp, 1e-12) == "");
+    TS_REQUIRE_ALL(pool_after.reuses == pool_before.reuses && pool_after.fresh_allocations == pool_before.fresh_allocations);
     TS_REQUIRE_ALL(sizes[1] == 1 || ts::comm_stats().op("add/auto").calls("all_reduce") == 1);
+    // A user's own buffer (from_local) is never overwritten, even when the tensor expires.
+    {
+      const auto l = ts::padded_local_shape<ts::Spec<ts::S<"x">, ts::R>>(mesh, {7, 3});
+      std::vector<double> mine(static_cast<std::size_t>(l[0] * l[1]), 1.0);
+      y += 2.0 * ts::from_local<ts::Spec<ts::S<"x">, ts::R>, ts::PartialSum<"y">>(mesh, {7, 3}, mine.data());
+      TS_REQUIRE_ALL(std::all_of(mine.begin(), mine.end(), [](double v) { return v == 1.0; }));
+      wp += wp.constant(2.0 * sizes[1]);
+      TS_REQUIRE_ALL(compare(y.gather(), wp, 1e-12) == "");
+    }
+    auto z = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, values(7, 3, 4));
+    z *= p;  // other operators resolve the partial first
+    Eigen::Tensor<double, 2> wz = values(7, 3, 4) * combined(ts::ReduceOp::Sum, 7, 3, sizes[1]);
+    TS_REQUIRE_ALL(compare(z.gather(), wz, 1e-12) == "");
     // A partial left side takes a partial sum over the same axes, and stays partial.
     auto q = partial_over_y<ts::PartialSum<"y">>(mesh, 7, 3);
     q += p;

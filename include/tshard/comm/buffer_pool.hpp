@@ -101,11 +101,16 @@ inline BufferPool& buffer_pool() {
   return *pool;
 }
 
+// Returns a pooled buffer to the pool; named so that storage can tell pooled from adopted memory.
+struct PoolDeleter {
+  void operator()(void* q) const { buffer_pool().release(q); }
+};
+
 // A pooled array of T, shared by the owners of a tensor's storage.
 template <class T>
 std::shared_ptr<T> pooled_array(std::size_t count) {
   T* p = static_cast<T*>(buffer_pool().acquire(count * sizeof(T)));
-  return std::shared_ptr<T>(p, [](T* q) { buffer_pool().release(q); });
+  return std::shared_ptr<T>(p, PoolDeleter{});
 }
 
 // Scoped scratch space from the pool, for packing and unpacking inside one operation.

@@ -542,6 +542,21 @@ template <class X, class S> requires detail::ScalarFor<X, S>
 auto operator*(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Mul, false>(x, s, "multiply"); }
 template <class X, class S> requires detail::ScalarFor<X, S>
 auto operator*(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Mul, true>(x, s, "multiply"); }
+// An expiring tensor times a scalar keeps its buffer (nothing shared: it may be resolved in place).
+template <class X, class S>
+  requires(detail::ScalarFor<X, S> && !std::is_reference_v<X> && !std::is_const_v<X> &&
+           (!X::is_partial || detail::is_partial_sum_v<X>))
+auto operator*(S s, X&& x) {
+  static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
+}
+template <class X, class S>
+  requires(detail::ScalarFor<X, S> && !std::is_reference_v<X> && !std::is_const_v<X> &&
+           (!X::is_partial || detail::is_partial_sum_v<X>))
+auto operator*(X&& x, S s) {
+  static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
+}
 template <class X, class S> requires detail::ScalarFor<X, S>
 auto operator/(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Div, false>(x, s, "divide"); }
 template <class X, class S> requires detail::ScalarFor<X, S>

@@ -2,9 +2,14 @@
 // and its buffer; the right side is resolved where partial and aligned to y's spec (the implicit
 // reshard entry point) where laid out otherwise, and may broadcast (numpy) to y's shape. An
 // unevaluated `s * g` on the right is read in the same pass: `w -= lr * g` reads w and g once.
+// A partial right side that is expiring (`w -= lr * std::move(g)`, or a gradient written inline)
+// and owns its pooled buffer is all-reduced in that buffer: no copy of the gradient.
 #pragma once
 #include <string>
 #include <type_traits>
+#include <utility>
+
+#include "tshard/comm/collectives.hpp"
 
 #include "tshard/ops/elementwise.hpp"
 
@@ -41,6 +46,31 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
   }
 }
 
+// y (op)= x where x expires: a partial sum that alone owns its pooled buffer is resolved in it
+// (an all-reduce in place, counted under "<op>/auto"), then read in the update's one pass.
+template <BinaryKind K, class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& compound_expiring(ShardedTensor<T, M, SY, PY>& y, ShardedTensor<T, M, SX, PX>&& x,
+                                               const char* name) {
+  using X = ShardedTensor<T, M, SX, PX>;
+  if constexpr (is_partial_sum_v<X> && !PY::is_partial) {
+    if (TensorAccess::owns_pooled_buffer(x) && y.mesh() == x.mesh()) {
+      constexpr SpecDesc plain = X::spec_desc.without_partial();
+      auto& mesh = *x.mesh().state();
+      require_implicit_allowed(mesh, X::spec_desc, plain, x.extents(), name);
+      const ScaledBuffer<T> v = TensorAccess::buffer(x);
+      T* buf = const_cast<T*>(v.data);  // this tensor's own buffer, expiring
+      {
+        OperatorScope outer(name), scope("auto");
+        all_reduce(mesh.group_of_mask(X::spec_desc.partial_axes), buf, buf, x.local_size(), ReduceOp::Sum);
+      }
+      ShardedTensor<T, M, SX> resolved_x(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x, false));
+      if (v.scaled) return compound<K>(y, TensorAccess::scaled(resolved_x, v.scale), name);
+      return compound<K>(y, resolved_x, name);
+    }
+  }
+  return compound<K>(y, std::as_const(x), name);
+}
+
 template <BinaryKind K, class Y, class S>
 Y& compound_scalar(Y& y, S s, const char* name) {
   using T = typename Y::Scalar;
@@ -71,8 +101,16 @@ ShardedTensor<T, M, SY, PY>& operator+=(ShardedTensor<T, M, SY, PY>& y, const Sh
   return detail::compound<detail::BinaryKind::Add>(y, x, "add");
 }
 template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator+=(ShardedTensor<T, M, SY, PY>& y, ShardedTensor<T, M, SX, PX>&& x) {
+  return detail::compound_expiring<detail::BinaryKind::Add>(y, std::move(x), "add");
+}
+template <class T, class M, class SY, class PY, class SX, class PX>
 ShardedTensor<T, M, SY, PY>& operator-=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {
   return detail::compound<detail::BinaryKind::Sub>(y, x, "subtract");
+}
+template <class T, class M, class SY, class PY, class SX, class PX>
+ShardedTensor<T, M, SY, PY>& operator-=(ShardedTensor<T, M, SY, PY>& y, ShardedTensor<T, M, SX, PX>&& x) {
+  return detail::compound_expiring<detail::BinaryKind::Sub>(y, std::move(x), "subtract");
 }
 template <class T, class M, class SY, class PY, class SX, class PX>
 ShardedTensor<T, M, SY, PY>& operator*=(ShardedTensor<T, M, SY, PY>& y, const ShardedTensor<T, M, SX, PX>& x) {

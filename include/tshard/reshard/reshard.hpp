@@ -76,10 +76,19 @@ inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, cons
 
 // The one entry point for every reshard an operator inserts on its own: counted under
 // "<op>/auto", refused with SpecError in Forbid mode where it would communicate.
+// A partial over axes whose sizes multiply to 1 is already final (one value per group).
+inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
+  if (have.partial == PartialKind::None || want.partial != PartialKind::None || !(have.without_partial() == want))
+    return false;
+  for (int a = 0; a < mesh.axes(); ++a)
+    if ((have.partial_axes & (1u << a)) && mesh.sizes[a] != 1) return false;
+  return true;
+}
+
 template <class T>
 AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                    const T* data, const char* op) {
-  if (have == want) return {data, nullptr};
+  if (have == want || trivially_resolved(have, want, mesh.shape())) return {data, nullptr};
   require_implicit_allowed(mesh, have, want, shape, op);
   OperatorScope outer(op), scope("auto");
   auto l = shard_layout(want, shape, mesh.shape(), mesh.coords());

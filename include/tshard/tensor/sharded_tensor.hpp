@@ -201,6 +201,20 @@ struct TensorAccess {
   static ScaledBuffer<T> buffer(const ShardedTensor<T, M, S, P>& x) {
     return {x.data_.get(), x.scaled_ ? x.scale_ : T(1), x.scaled_};
   }
+  // Whether x's buffer is pooled (not a user's memory adopted by from_local) and x its only
+  // owner: an expiring x may then be overwritten.
+  template <class T, class M, class S, class P>
+  static bool owns_pooled_buffer(const ShardedTensor<T, M, S, P>& x) {
+    return x.data_ && x.data_.use_count() == 1 && std::get_deleter<PoolDeleter>(x.data_) != nullptr;
+  }
+  // `s * x` taking x's buffer: x expires.
+  template <class T, class M, class S, class P>
+  static ShardedTensor<T, M, S, P> scaled(ShardedTensor<T, M, S, P>&& x, T s) {
+    ShardedTensor<T, M, S, P> out(std::move(x));
+    out.scale_ = out.scaled_ ? T(s * out.scale_) : s;
+    out.scaled_ = true;
+    return out;
+  }
   // `s * x` unevaluated: x's buffer shared, factors multiplied.
   template <class T, class M, class S, class P>
   static ShardedTensor<T, M, S, P> scaled(const ShardedTensor<T, M, S, P>& x, T s) {
