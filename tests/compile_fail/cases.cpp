@@ -26,6 +26,16 @@ int main(int argc, char** argv) {
   auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
   auto v = ts::zeros<float, ts::Spec<ts::R>>(mesh, {4});
   auto c = ts::matmul(a, v);
+#elif defined(CASE_mask_arithmetic)  // arithmetic on a mask (a bool tensor)
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto m = (a > a) + 1.0f;
+#elif defined(CASE_partial_inplace)  // an in-place operator on a partial max
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto p = ts::max<0>(a);
+  p += ts::zeros<float, ts::Spec<ts::R>>(mesh, {4});
+#elif defined(CASE_take_ids)  // take with floating-point ids
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto e = ts::take<0>(a, ts::zeros<float, ts::Spec<ts::R>>(mesh, {4}));
 #elif defined(CASE_mesh_sizes)  // a mesh given fewer sizes than axes
   ts::Mesh<"a", "b"> m2({4});
 #elif defined(CASE_reshard_rank)  // a reshard to a spec of another rank
