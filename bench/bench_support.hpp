@@ -24,7 +24,8 @@ inline double time_once(const std::function<void()>& f, MPI_Comm comm = MPI_COMM
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Interleaved timing of several variants after `warmup` untimed runs of each (pools filled,

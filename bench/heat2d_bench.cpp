@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 #ifdef TSHARD_BENCH_WITH_PETSC
 #include <petscdmda.h>
 #endif
@@ -45,11 +47,7 @@ long arg(int argc, char** argv, const char* name, long fallback) {
   return fallback;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using tshard_bench::median;
 
 // ---- tshard ----
 struct TshardHeat {

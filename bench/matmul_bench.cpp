@@ -17,7 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 namespace ts = tshard;
+using tshard_bench::interleaved;
 
 // ScaLAPACK and BLACS, C interfaces as Debian's libscalapack-openmpi exports them.
 extern "C" {
@@ -47,31 +50,6 @@ namespace {
 
 int world_rank() { return ts::Environment::world_rank(); }
 int world_size() { return ts::Environment::world_size(); }
-
-double time_once(const std::function<void()>& f) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = MPI_Wtime();
-  f();
-  double t = MPI_Wtime() - t0, worst = 0;
-  MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Interleaved timing of several variants; returns the medians.
-std::vector<double> interleaved(const std::vector<std::function<void()>>& fs, int reps) {
-  for (auto& f : fs) f(), f();  // warm-up: pools filled, pages touched
-  std::vector<std::vector<double>> t(fs.size());
-  for (int r = 0; r < reps; ++r)
-    for (std::size_t i = 0; i < fs.size(); ++i) t[i].push_back(time_once(fs[i]));
-  std::vector<double> m;
-  for (auto& v : t) m.push_back(median(v));
-  return m;
-}
 
 template <class T>
 void blas_gemm(int m, int n, int k, const T* a, int lda, const T* b, int ldb, T* c, int ldc, T beta = T(0)) {

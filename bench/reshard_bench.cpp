@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
+
 namespace ts = tshard;
 using Index = Eigen::Index;
 
@@ -487,11 +489,7 @@ double load_average() {
   return l;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using tshard_bench::median;
 
 double max_over_ranks(double x) {
   double m = 0;
