@@ -1,6 +1,6 @@
 // The operators model code needs, through the typed API against serial Eigen values on every
 // 2-D mesh of the world size, with shapes that do not divide: scalars with partials on both
-// sides, products in every orientation, in-place and fused updates, n-ary map, masks and where,
+// sides, in-place and fused updates, n-ary map, masks and where,
 // numpy rank alignment, keep_dims, take / scatter_add, and where communication is implicit.
 #include "test_support.hpp"
 
@@ -41,49 +41,12 @@ Eigen::Tensor<double, 2> combined(ts::ReduceOp op, Eigen::Index r, Eigen::Index 
   return w;
 }
 
-template <class T, int R>
-std::vector<double> as_vector(const Eigen::Tensor<T, R>& t) {
-  return std::vector<double>(t.data(), t.data() + t.size());
-}
-
 // A global tensor of the given shape with distinct, smooth values.
 template <std::size_t R>
 Eigen::Tensor<double, int(R)> smooth(const std::array<Eigen::Index, R>& shape, int salt) {
   Eigen::Tensor<double, int(R)> t(shape);
   for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = std::cos(double(i * 3 + salt)) + 0.01 * salt;
   return t;
-}
-
-template <ts::FixedString Eq, std::size_t RA, std::size_t RB, std::size_t RO, class SpecA, class SpecB>
-void check_product(M2& mesh, const std::array<Eigen::Index, RA>& sa, const std::array<Eigen::Index, RB>& sb,
-                   const std::array<Eigen::Index, RO>& so, bool in_place) {
-  const auto ga = smooth<RA>(sa, 1), gb = smooth<RB>(sb, 2);
-  constexpr auto e = d::parse_einsum(Eq);
-  const auto want = serial_einsum(e, d::to_extents(sa), as_vector(ga), d::to_extents(sb), as_vector(gb), d::to_extents(so));
-  auto a = ts::distribute<SpecA>(mesh, ga);
-  auto b = ts::distribute<SpecB>(mesh, gb);
-  auto c = ts::einsum<Eq>(a, b);
-  const std::string why = ts::explain_einsum<Eq>(a, b);
-  INFO(Eq.view() << ": a " << a.describe() << ", b " << b.describe() << ": " << why);
-  const auto got = c.gather();
-  TS_REQUIRE_ALL(as_vector(got).size() == want.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got.data()[i] - want[i]));
-  TS_REQUIRE_ALL(worst < 1e-10);
-  // Replicated operands multiply where they lie: no operand copied where a flag expresses it.
-  if constexpr (std::is_same_v<SpecA, ts::Replicated<int(RA)>> && std::is_same_v<SpecB, ts::Replicated<int(RB)>>)
-    TS_REQUIRE_ALL((why.find("copied") == std::string::npos) == in_place);
-}
-
-using Specs3 = TypeList<ts::Replicated<3>, ts::Spec<ts::S<"x">, ts::R, ts::S<"y">>, ts::Spec<ts::R, ts::S<"y">, ts::R>,
-                        ts::Spec<ts::R, ts::R, ts::S<"x", "y">>>;
-
-template <ts::FixedString Eq, class SpecsA, class SpecsB, std::size_t RA, std::size_t RB, std::size_t RO>
-void check_products(M2& mesh, std::array<Eigen::Index, RA> sa, std::array<Eigen::Index, RB> sb,
-                    std::array<Eigen::Index, RO> so, bool in_place) {
-  for_each_type(SpecsA{}, [&]<class SA>(SA*) {
-    for_each_type(SpecsB{}, [&]<class SB>(SB*) { check_product<Eq, RA, RB, RO, SA, SB>(mesh, sa, sb, so, in_place); });
-  });
 }
 
 using Specs1 = TypeList<ts::Spec<ts::R>, ts::Spec<ts::S<"x">>, ts::Spec<ts::S<"y">>, ts::Spec<ts::S<"y", "x">>>;
@@ -127,73 +90,29 @@ TEST_CASE("every scalar operator on either side of a partial sum, max or min equ
   });
 }
 
-TEST_CASE("products in every orientation equal the serial einsum, and read their operands in place", "[model-ops][matmul]") {
-  on_every_mesh([](M2& mesh, auto) {
-    using A2 = std::array<Eigen::Index, 2>;
-    using A3 = std::array<Eigen::Index, 3>;
-    check_products<"ij,jk->ik", Specs2, Specs2>(mesh, A2{7, 5}, A2{5, 6}, A2{7, 6}, true);
-    check_products<"ij,kj->ik", Specs2, Specs2>(mesh, A2{7, 5}, A2{6, 5}, A2{7, 6}, true);
-    check_products<"ji,jk->ik", Specs2, Specs2>(mesh, A2{5, 7}, A2{5, 6}, A2{7, 6}, true);
-    check_products<"ji,kj->ik", Specs2, Specs2>(mesh, A2{5, 7}, A2{6, 5}, A2{7, 6}, true);
-    check_products<"ij,jk->ki", Specs2, Specs2>(mesh, A2{7, 5}, A2{5, 6}, A2{6, 7}, true);
-    check_products<"ijb,jkb->ikb", Specs3, Specs3>(mesh, A3{7, 5, 3}, A3{5, 6, 3}, A3{7, 6, 3}, true);
-    // Column-major "bij": the batch dim is the fastest, so no matrix dim has unit stride.
-    check_products<"bij,bjk->bik", Specs3, Specs3>(mesh, A3{3, 7, 5}, A3{3, 5, 6}, A3{3, 7, 6}, false);
-    check_products<"ibj,jbk->ikb", Specs3, Specs3>(mesh, A3{7, 3, 5}, A3{5, 3, 6}, A3{7, 6, 3}, true);
-    check_products<"ijk,jkl->il", Specs3, Specs3>(mesh, A3{7, 5, 3}, A3{5, 3, 4}, A2{7, 4}, true);
-    check_products<"ibj,jbk->bki", Specs3, Specs3>(mesh, A3{7, 3, 5}, A3{5, 3, 6}, A3{3, 6, 7}, false);
-    check_products<"ij,j->i", Specs2, Specs1>(mesh, A2{7, 5}, std::array<Eigen::Index, 1>{5},
-                                              std::array<Eigen::Index, 1>{7}, true);
-  });
-}
-
-TEST_CASE("local GEMMs with transpose flags equal a naive product for every flag pair", "[model-ops][matmul]") {
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (bool acc : {false, true}) {
-        const d::Index m = 5, n = 4, k = 3, lda = 9, ldb = 8, ldc = 7;
-        std::vector<double> a(lda * 9), b(ldb * 9), c(ldc * n, 0.5), want = c;
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(double(i));
-        for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::cos(double(i));
-        for (d::Index i = 0; i < m; ++i)
-          for (d::Index j = 0; j < n; ++j) {
-            double s = acc ? want[i + j * ldc] : 0;
-            for (d::Index p = 0; p < k; ++p) s += a[ta ? p + i * lda : i + p * lda] * b[tb ? j + p * ldb : p + j * ldb];
-            want[i + j * ldc] = s;
-          }
-        d::gemm<double>(ta, tb, m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, acc);
-        double worst = 0;
-        for (std::size_t i = 0; i < c.size(); ++i) worst = std::max(worst, std::abs(c[i] - want[i]));
-        INFO("trans_a " << ta << ", trans_b " << tb << ", accumulate " << acc << ", backend " << ts::local_gemm_backend());
-        REQUIRE(worst < 1e-12);
-      }
-}
-
 TEST_CASE("in-place operators keep the left side's spec and buffer and equal the serial value", "[model-ops]") {
   on_every_mesh([](M2& mesh, auto sizes) {
     const auto gy = values(7, 5, 1), gx = values(7, 5, 2);
     Eigen::Tensor<double, 1> bias = values(5, 1, 3).reshape(std::array<Eigen::Index, 1>{5});
-    for_each_type(Specs2{}, [&]<class SY>(SY*) {
-      for_each_type(Specs2{}, [&]<class SX>(SX*) {
-        auto y = ts::distribute<SY>(mesh, gy);
-        auto x = ts::distribute<SX>(mesh, gx);
-        const double* before = y.data();
-        y += x;
-        y -= 0.25 * x;
-        y *= x;
-        y /= 2.0;
-        y -= 1.5;
-        static_assert(std::is_same_v<typename decltype(y)::SpecType, SY>);
-        Eigen::Tensor<double, 2> w = ((gy + gx - gx * 0.25) * gx) / 2.0 - 1.5;
-        INFO("mesh " << sizes[0] << "x" << sizes[1] << ": y " << y.describe() << ", x " << x.describe());
-        TS_REQUIRE_ALL(y.data() == before);
-        TS_REQUIRE_ALL(compare(y.gather(), w, 1e-12) == "");
-        // numpy alignment: a rank-1 right side broadcasts along the rows.
-        auto b = ts::distribute<ts::Spec<ts::S<"y">>>(mesh, bias);
-        y += b;
-        Eigen::Tensor<double, 2> wb = w + bias.reshape(std::array<Eigen::Index, 2>{1, 5}).broadcast(std::array<Eigen::Index, 2>{7, 1});
-        TS_REQUIRE_ALL(compare(y.gather(), wb, 1e-12) == "");
-      });
+    for_each_pair(Specs2{}, Specs2{}, [&]<class SY, class SX>(SY*, SX*) {
+      auto y = ts::distribute<SY>(mesh, gy);
+      auto x = ts::distribute<SX>(mesh, gx);
+      const double* before = y.data();
+      y += x;
+      y -= 0.25 * x;
+      y *= x;
+      y /= 2.0;
+      y -= 1.5;
+      static_assert(std::is_same_v<typename decltype(y)::SpecType, SY>);
+      Eigen::Tensor<double, 2> w = ((gy + gx - gx * 0.25) * gx) / 2.0 - 1.5;
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ": y " << y.describe() << ", x " << x.describe());
+      TS_REQUIRE_ALL(y.data() == before);
+      TS_REQUIRE_ALL(compare(y.gather(), w, 1e-12) == "");
+      // numpy alignment: a rank-1 right side broadcasts along the rows.
+      auto b = ts::distribute<ts::Spec<ts::S<"y">>>(mesh, bias);
+      y += b;
+      Eigen::Tensor<double, 2> wb = w + bias.reshape(std::array<Eigen::Index, 2>{1, 5}).broadcast(std::array<Eigen::Index, 2>{7, 1});
+      TS_REQUIRE_ALL(compare(y.gather(), wb, 1e-12) == "");
     });
     // A partial sum on the right is resolved first (an all-reduce counted as the operator's own).
     auto y = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, values(7, 3, 4));
@@ -279,26 +198,24 @@ TEST_CASE("w -= lr * g reads w and g once: the scaled right side is never a buff
 TEST_CASE("n-ary map runs f once per valid element over inputs of any spec and type", "[model-ops]") {
   on_every_mesh([](M2& mesh, auto) {
     const auto ga = values(7, 5, 1), gb = values(7, 5, 2), gc = values(7, 5, 3);
-    for_each_type(Specs2{}, [&]<class SA>(SA*) {
-      for_each_type(Specs2{}, [&]<class SB>(SB*) {
-        auto a = ts::distribute<SA>(mesh, ga);
-        auto b = ts::distribute<SB>(mesh, gb);
-        auto c = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, gc);
-        long calls = 0;
-        auto relu_back = ts::map([&](double h, double g) { return ++calls, h > 0 ? g : 0.0; }, a, b);
-        static_assert(std::is_same_v<typename decltype(relu_back)::SpecType,
-                                     typename d::elementwise_type<SA, SB, M2>::type>);
-        TS_REQUIRE_ALL(calls == relu_back.local_shape()[0] * relu_back.local_shape()[1]);
-        Eigen::Tensor<double, 2> w = (ga > 0.0).select(gb, gb.constant(0.0));
-        TS_REQUIRE_ALL(compare(relu_back.gather(), w) == "");
-        auto fma3 = ts::map([](double x, double y, double z) { return x * y + z; }, a, b, c);
-        TS_REQUIRE_ALL(compare(fma3.gather(), Eigen::Tensor<double, 2>(ga * gb + gc), 1e-12) == "");
-        auto mask = a > b;
-        auto four = ts::map([](bool m, double x, double y, double z) { return std::int64_t(m ? x * 10 : y + z); }, mask, a, b, c);
-        static_assert(std::is_same_v<typename decltype(four)::Scalar, std::int64_t>);
-        Eigen::Tensor<std::int64_t, 2> w4 = (ga > gb).select(ga * 10.0, gb + gc).cast<std::int64_t>();
-        TS_REQUIRE_ALL(compare(four.gather(), w4) == "");
-      });
+    for_each_pair(Specs2{}, Specs2{}, [&]<class SA, class SB>(SA*, SB*) {
+      auto a = ts::distribute<SA>(mesh, ga);
+      auto b = ts::distribute<SB>(mesh, gb);
+      auto c = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, gc);
+      long calls = 0;
+      auto relu_back = ts::map([&](double h, double g) { return ++calls, h > 0 ? g : 0.0; }, a, b);
+      static_assert(std::is_same_v<typename decltype(relu_back)::SpecType,
+                                   typename d::elementwise_type<SA, SB, M2>::type>);
+      TS_REQUIRE_ALL(calls == relu_back.local_shape()[0] * relu_back.local_shape()[1]);
+      Eigen::Tensor<double, 2> w = (ga > 0.0).select(gb, gb.constant(0.0));
+      TS_REQUIRE_ALL(compare(relu_back.gather(), w) == "");
+      auto fma3 = ts::map([](double x, double y, double z) { return x * y + z; }, a, b, c);
+      TS_REQUIRE_ALL(compare(fma3.gather(), Eigen::Tensor<double, 2>(ga * gb + gc), 1e-12) == "");
+      auto mask = a > b;
+      auto four = ts::map([](bool m, double x, double y, double z) { return std::int64_t(m ? x * 10 : y + z); }, mask, a, b, c);
+      static_assert(std::is_same_v<typename decltype(four)::Scalar, std::int64_t>);
+      Eigen::Tensor<std::int64_t, 2> w4 = (ga > gb).select(ga * 10.0, gb + gc).cast<std::int64_t>();
+      TS_REQUIRE_ALL(compare(four.gather(), w4) == "");
     });
     bool threw = false;
     try {
@@ -316,26 +233,24 @@ TEST_CASE("comparisons give masks and where picks elementwise, broadcasting and 
     const auto ga = values(7, 5, 1), gb = values(7, 5, 2);
     Eigen::Tensor<double, 1> row = values(5, 1, 4).reshape(std::array<Eigen::Index, 1>{5});
     Eigen::Tensor<double, 2> rows = row.reshape(std::array<Eigen::Index, 2>{1, 5}).broadcast(std::array<Eigen::Index, 2>{7, 1});
-    for_each_type(Specs2{}, [&]<class SA>(SA*) {
-      for_each_type(Specs2{}, [&]<class SB>(SB*) {
-        auto a = ts::distribute<SA>(mesh, ga);
-        auto b = ts::distribute<SB>(mesh, gb);
-        INFO(a.describe() << " vs " << b.describe());
-        auto gt = a > b;
-        static_assert(std::is_same_v<typename decltype(gt)::Scalar, bool>);
-        TS_REQUIRE_ALL(compare(gt.gather(), Eigen::Tensor<bool, 2>(ga > gb)) == "");
-        TS_REQUIRE_ALL(compare((a <= b).gather(), Eigen::Tensor<bool, 2>(ga <= gb)) == "");
-        TS_REQUIRE_ALL(compare((a < 0.25).gather(), Eigen::Tensor<bool, 2>(ga < 0.25)) == "");
-        TS_REQUIRE_ALL(compare((0.25 >= a).gather(), Eigen::Tensor<bool, 2>(ga <= 0.25)) == "");
-        TS_REQUIRE_ALL(compare((a == a).gather(), Eigen::Tensor<bool, 2>(ga == ga)) == "");
-        TS_REQUIRE_ALL(compare((a != b).gather(), Eigen::Tensor<bool, 2>(ga != gb)) == "");
-        TS_REQUIRE_ALL(compare(ts::where(a > b, a, b).gather(), Eigen::Tensor<double, 2>(ga.cwiseMax(gb))) == "");
-        TS_REQUIRE_ALL(compare(ts::where(a > 0.0, a, 0.0).gather(), Eigen::Tensor<double, 2>(ga.cwiseMax(0.0))) == "");
-        TS_REQUIRE_ALL(compare(ts::where(b > a, -1.0, b).gather(), Eigen::Tensor<double, 2>((gb > ga).select(gb.constant(-1.0), gb))) == "");
-        auto r = ts::distribute<ts::Spec<ts::S<"x">>>(mesh, row);
-        TS_REQUIRE_ALL(compare(ts::where(a > r, r, a).gather(), Eigen::Tensor<double, 2>((ga > rows).select(rows, ga))) == "");
-        TS_REQUIRE_ALL(compare((r < a).gather(), Eigen::Tensor<bool, 2>(rows < ga)) == "");
-      });
+    for_each_pair(Specs2{}, Specs2{}, [&]<class SA, class SB>(SA*, SB*) {
+      auto a = ts::distribute<SA>(mesh, ga);
+      auto b = ts::distribute<SB>(mesh, gb);
+      INFO(a.describe() << " vs " << b.describe());
+      auto gt = a > b;
+      static_assert(std::is_same_v<typename decltype(gt)::Scalar, bool>);
+      TS_REQUIRE_ALL(compare(gt.gather(), Eigen::Tensor<bool, 2>(ga > gb)) == "");
+      TS_REQUIRE_ALL(compare((a <= b).gather(), Eigen::Tensor<bool, 2>(ga <= gb)) == "");
+      TS_REQUIRE_ALL(compare((a < 0.25).gather(), Eigen::Tensor<bool, 2>(ga < 0.25)) == "");
+      TS_REQUIRE_ALL(compare((0.25 >= a).gather(), Eigen::Tensor<bool, 2>(ga <= 0.25)) == "");
+      TS_REQUIRE_ALL(compare((a == a).gather(), Eigen::Tensor<bool, 2>(ga == ga)) == "");
+      TS_REQUIRE_ALL(compare((a != b).gather(), Eigen::Tensor<bool, 2>(ga != gb)) == "");
+      TS_REQUIRE_ALL(compare(ts::where(a > b, a, b).gather(), Eigen::Tensor<double, 2>(ga.cwiseMax(gb))) == "");
+      TS_REQUIRE_ALL(compare(ts::where(a > 0.0, a, 0.0).gather(), Eigen::Tensor<double, 2>(ga.cwiseMax(0.0))) == "");
+      TS_REQUIRE_ALL(compare(ts::where(b > a, -1.0, b).gather(), Eigen::Tensor<double, 2>((gb > ga).select(gb.constant(-1.0), gb))) == "");
+      auto r = ts::distribute<ts::Spec<ts::S<"x">>>(mesh, row);
+      TS_REQUIRE_ALL(compare(ts::where(a > r, r, a).gather(), Eigen::Tensor<double, 2>((ga > rows).select(rows, ga))) == "");
+      TS_REQUIRE_ALL(compare((r < a).gather(), Eigen::Tensor<bool, 2>(rows < ga)) == "");
     });
   });
 }
@@ -345,18 +260,16 @@ TEST_CASE("operands of different rank align at the last dim for every elementwis
     const auto g = values(7, 5, 1);
     Eigen::Tensor<double, 1> h = values(5, 1, 2).reshape(std::array<Eigen::Index, 1>{5});
     Eigen::Tensor<double, 2> hb = h.reshape(std::array<Eigen::Index, 2>{1, 5}).broadcast(std::array<Eigen::Index, 2>{7, 1});
-    for_each_type(Specs2{}, [&]<class S>(S*) {
-      for_each_type(Specs1{}, [&]<class S1>(S1*) {
-        auto x = ts::distribute<S>(mesh, g);
-        auto b = ts::distribute<S1>(mesh, h);
-        INFO(x.describe() << " with " << b.describe());
-        auto sum = x + b;
-        static_assert(decltype(sum)::rank == 2);
-        TS_REQUIRE_ALL(compare(sum.gather(), Eigen::Tensor<double, 2>(g + hb)) == "");
-        TS_REQUIRE_ALL(compare((b - x).gather(), Eigen::Tensor<double, 2>(hb - g)) == "");
-        TS_REQUIRE_ALL(compare((x * b).gather(), Eigen::Tensor<double, 2>(g * hb)) == "");
-        TS_REQUIRE_ALL(compare((b / x).gather(), Eigen::Tensor<double, 2>(hb / g)) == "");
-      });
+    for_each_pair(Specs2{}, Specs1{}, [&]<class S, class S1>(S*, S1*) {
+      auto x = ts::distribute<S>(mesh, g);
+      auto b = ts::distribute<S1>(mesh, h);
+      INFO(x.describe() << " with " << b.describe());
+      auto sum = x + b;
+      static_assert(decltype(sum)::rank == 2);
+      TS_REQUIRE_ALL(compare(sum.gather(), Eigen::Tensor<double, 2>(g + hb)) == "");
+      TS_REQUIRE_ALL(compare((b - x).gather(), Eigen::Tensor<double, 2>(hb - g)) == "");
+      TS_REQUIRE_ALL(compare((x * b).gather(), Eigen::Tensor<double, 2>(g * hb)) == "");
+      TS_REQUIRE_ALL(compare((b / x).gather(), Eigen::Tensor<double, 2>(hb / g)) == "");
     });
     // [3, 7, 5] + [7, 5]
     const auto g3 = smooth<3>({3, 7, 5}, 1);
@@ -410,22 +323,20 @@ TEST_CASE("take looks rows up in a table split any way and scatter_add is its ba
         want(n, j) = table(ids(n), j);
         grad(ids(n), j) += rows(n, j);
       }
-    for_each_type(Specs2{}, [&]<class ST>(ST*) {
-      for_each_type(Specs1{}, [&]<class SI>(SI*) {
-        auto t = ts::distribute<ST>(mesh, table);
-        auto i64 = ts::distribute<SI>(mesh, ids);
-        auto i32 = ts::map([](std::int64_t v) { return std::int32_t(v); }, i64);
-        INFO("mesh " << sizes[0] << "x" << sizes[1] << ": table " << t.describe() << ", ids " << i64.describe());
-        auto e = ts::take<0>(t, i64);
-        static_assert(decltype(e)::is_partial == !std::is_same_v<ts::detail::dim_at_t<ST, 0>, ts::R>);
-        TS_REQUIRE_ALL(compare(e.gather(), want) == "");
-        TS_REQUIRE_ALL(compare(ts::take<0>(t, i32).gather(), want) == "");
-        auto g = ts::zeros<double, ST>(mesh, {V, D});
-        auto r = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, rows);
-        ts::scatter_add<0>(g, i64, r);
-        ts::scatter_add<0>(g, i32, r);
-        TS_REQUIRE_ALL(compare(g.gather(), Eigen::Tensor<double, 2>(grad * 2.0), 1e-12) == "");
-      });
+    for_each_pair(Specs2{}, Specs1{}, [&]<class ST, class SI>(ST*, SI*) {
+      auto t = ts::distribute<ST>(mesh, table);
+      auto i64 = ts::distribute<SI>(mesh, ids);
+      auto i32 = ts::map([](std::int64_t v) { return std::int32_t(v); }, i64);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ": table " << t.describe() << ", ids " << i64.describe());
+      auto e = ts::take<0>(t, i64);
+      static_assert(decltype(e)::is_partial == !std::is_same_v<ts::detail::dim_at_t<ST, 0>, ts::R>);
+      TS_REQUIRE_ALL(compare(e.gather(), want) == "");
+      TS_REQUIRE_ALL(compare(ts::take<0>(t, i32).gather(), want) == "");
+      auto g = ts::zeros<double, ST>(mesh, {V, D});
+      auto r = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, rows);
+      ts::scatter_add<0>(g, i64, r);
+      ts::scatter_add<0>(g, i32, r);
+      TS_REQUIRE_ALL(compare(g.gather(), Eigen::Tensor<double, 2>(grad * 2.0), 1e-12) == "");
     });
     // Columns of a table: take<1>.
     auto t = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, table);
