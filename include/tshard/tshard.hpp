@@ -20,4 +20,6 @@
 #include "tshard/ops/ops.hpp"
 #include "tshard/ops/windowed.hpp"
 
+#include "tshard/nn/nn.hpp"
+
 #include "tshard/debug/visualize.hpp"

@@ -1,0 +1,84 @@
+// Activations with their backward: relu, gelu (tanh form, as GPT-2 and Megatron use it), and
+// dropout whose mask depends only on (seed, global index), so it is the same on every mesh.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/tensor/factories.hpp"
+
+namespace tshard::nn {
+namespace detail {
+
+template <class T>
+T gelu_value(T x) {
+  const T c = T(0.7978845608028654);  // sqrt(2 / pi)
+  const T u = c * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+// d gelu / dx of the tanh form.
+template <class T>
+T gelu_slope(T x) {
+  const T c = T(0.7978845608028654);
+  const T u = c * (x + T(0.044715) * x * x * x);
+  const T t = std::tanh(u);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3 * 0.044715) * x * x);
+}
+
+}  // namespace detail
+
+// dL/dx of relu at x, given dL/dy: dy where x > 0, else 0 (one pass).
+template <tshard::detail::RealTensor X, tshard::detail::RealTensor DY>
+auto relu_backward(const X& x, const DY& dy) {
+  using T = typename X::Scalar;
+  return tshard::map([](T v, T g) { return v > T(0) ? g : T(0); }, x, dy);
+}
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <tshard::detail::FloatingTensor X>
+auto gelu(const X& x) {
+  using T = typename X::Scalar;
+  static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
+  return tshard::map([](T v) { return detail::gelu_value(v); }, x);
+}
+
+template <tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor DG>
+auto gelu_backward(const X& x, const DG& dg) {
+  using T = typename X::Scalar;
+  static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
+  return tshard::map([](T v, T g) { return g * detail::gelu_slope(v); }, x, dg);
+}
+
+// Inverted dropout: each element is kept with probability 1 - p and scaled by 1 / (1 - p).
+// Whether element i is kept depends only on (seed, i), i its column-major global index, so
+// every mesh and spec drops the same elements. dropout_backward applies the same mask.
+template <tshard::detail::FloatingTensor X>
+auto dropout(const X& xin, double p, std::uint64_t seed) {
+  using T = typename X::Scalar;
+  if (!(p >= 0 && p < 1)) throw ShapeError("tshard::nn::dropout: the drop probability " + std::to_string(p) + " is not in [0, 1)");
+  tshard::detail::OperatorScope scope("dropout");
+  const auto& x = tshard::detail::resolved(xin, "dropout");
+  using Out = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
+  Out out(x.mesh(), x.global_shape());
+  const auto shape = x.global_shape();
+  const T* in = x.data();
+  T* o = out.data();
+  const T scale = T(1.0 / (1.0 - p));
+  tshard::detail::for_each_local<X::rank>(x.layout(), [&](const auto& g, tshard::detail::Index lin) {
+    std::uint64_t linear = 0, stride = 1;
+    for (int d = 0; d < X::rank; ++d) {
+      linear += std::uint64_t(g[d]) * stride;
+      stride *= std::uint64_t(shape[d]);
+    }
+    o[lin] = tshard::detail::random_value<double>(seed, linear) >= p ? in[lin] * scale : T(0);
+  });
+  return out;
+}
+
+template <tshard::detail::FloatingTensor DY>
+auto dropout_backward(const DY& dy, double p, std::uint64_t seed) {
+  return dropout(dy, p, seed);
+}
+
+}  // namespace tshard::nn

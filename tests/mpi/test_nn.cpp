@@ -1,0 +1,205 @@
+// nn functions against serial Eigen references on every 2-D mesh of the world size, with the
+// normalised dim split or not and shapes that do not divide; backward functions against
+// central finite differences in double; vocab-split cross-entropy moves O(B) values.
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+using T2 = Eigen::Tensor<double, 2>;
+using T1 = Eigen::Tensor<double, 1>;
+
+T2 serial_softmax_rows(const T2& x) {
+  T2 p(x.dimension(0), x.dimension(1));
+  for (Eigen::Index i = 0; i < x.dimension(0); ++i) {
+    double m = -INFINITY, s = 0;
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) m = std::max(m, x(i, j));
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) s += std::exp(x(i, j) - m);
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) p(i, j) = std::exp(x(i, j) - m) / s;
+  }
+  return p;
+}
+
+T2 serial_layer_norm(const T2& x, const T1& g, const T1& b, double eps) {
+  T2 y(x.dimension(0), x.dimension(1));
+  const double h = double(x.dimension(1));
+  for (Eigen::Index i = 0; i < x.dimension(0); ++i) {
+    double mu = 0, var = 0;
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) mu += x(i, j) / h;
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) var += (x(i, j) - mu) * (x(i, j) - mu) / h;
+    for (Eigen::Index j = 0; j < x.dimension(1); ++j) y(i, j) = (x(i, j) - mu) / std::sqrt(var + eps) * g(j) + b(j);
+  }
+  return y;
+}
+
+double serial_cross_entropy(const T2& z, const Eigen::Tensor<std::int32_t, 1>& labels) {
+  const T2 p = serial_softmax_rows(z);
+  double l = 0;
+  for (Eigen::Index i = 0; i < z.dimension(0); ++i) l -= std::log(p(i, labels(i)));
+  return l / double(z.dimension(0));
+}
+
+// Central differences of f (a scalar function of a global tensor) at every element.
+template <int R, class F>
+Eigen::Tensor<double, R> finite_differences(Eigen::Tensor<double, R> x, F&& f, double h = 1e-6) {
+  Eigen::Tensor<double, R> g(x.dimensions());
+  for (Eigen::Index i = 0; i < x.size(); ++i) {
+    const double keep = x.data()[i];
+    x.data()[i] = keep + h;
+    const double up = f(x);
+    x.data()[i] = keep - h;
+    const double down = f(x);
+    x.data()[i] = keep;
+    g.data()[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+// sum(w * y) on every rank: the scalar whose gradient with respect to y is w.
+template <class Y>
+double weighted_sum(const Y& y, const T2& w) {
+  const T2 g = y.gather();
+  const Eigen::Tensor<double, 0> s = (g * w).sum();
+  return s();
+}
+
+using Rows = ts::Spec<ts::S<"x">, ts::R>;
+using Cols = ts::Spec<ts::R, ts::S<"y">>;
+using Both = ts::Spec<ts::S<"x">, ts::S<"y">>;
+using SpecsNN = TypeList<ts::Spec<ts::R, ts::R>, Rows, Cols, ts::Spec<ts::S<"y">, ts::S<"x">>, ts::Spec<ts::R, ts::S<"x", "y">>>;
+
+}  // namespace
+
+TEST_CASE("softmax and log_softmax over a split or whole dim equal the serial values", "[nn]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const T2 g = values(7, 5, 3) * 3.0;
+    const T2 p = serial_softmax_rows(g);
+    const T2 lp = p.log();
+    Eigen::array<int, 2> swap{1, 0};
+    const T2 pt = serial_softmax_rows(T2(g.shuffle(swap))).shuffle(swap);  // over dim 0
+    for_each_type(SpecsNN{}, [&]<class S>(S*) {
+      auto x = ts::distribute<S>(mesh, g);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", x " << x.describe());
+      auto sm = ts::nn::softmax<1>(x);
+      static_assert(std::is_same_v<typename decltype(sm)::SpecType, S>);
+      TS_REQUIRE_ALL(compare(sm.gather(), p, 1e-14) == "");
+      TS_REQUIRE_ALL(compare(ts::nn::log_softmax<1>(x).gather(), lp, 1e-13) == "");
+      TS_REQUIRE_ALL(compare(ts::nn::softmax<0>(x).gather(), pt, 1e-14) == "");
+      // Backward: dx = p (dp - sum(p dp)) and dlp - p sum(dlp).
+      const T2 dp = values(7, 5, 9);
+      auto d = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, dp);
+      T2 want(7, 5), want_log(7, 5);
+      for (int i = 0; i < 7; ++i) {
+        double s = 0, t = 0;
+        for (int j = 0; j < 5; ++j) s += p(i, j) * dp(i, j), t += dp(i, j);
+        for (int j = 0; j < 5; ++j) want(i, j) = p(i, j) * (dp(i, j) - s), want_log(i, j) = dp(i, j) - p(i, j) * t;
+      }
+      TS_REQUIRE_ALL(compare(ts::nn::softmax_backward<1>(sm, d).gather(), want, 1e-14) == "");
+      TS_REQUIRE_ALL(compare(ts::nn::log_softmax_backward<1>(ts::nn::log_softmax<1>(x), d).gather(), want_log, 1e-13) == "");
+    });
+  });
+}
+
+TEST_CASE("softmax, gelu and layer_norm backward equal central finite differences", "[nn]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const T2 g = values(5, 7, 1), w = values(5, 7, 2);
+    auto wt = ts::distribute<Both>(mesh, w);
+    auto x = ts::distribute<Both>(mesh, g);
+    // softmax
+    const T2 fd_sm = finite_differences<2>(g, [&](const T2& v) { return weighted_sum(ts::nn::softmax<1>(ts::distribute<Both>(mesh, v)), w); });
+    TS_REQUIRE_ALL(compare(ts::nn::softmax_backward<1>(ts::nn::softmax<1>(x), wt).gather(), fd_sm, 1e-8) == "");
+    // gelu
+    const T2 fd_gelu = finite_differences<2>(g, [&](const T2& v) { return weighted_sum(ts::nn::gelu(ts::distribute<Both>(mesh, v)), w); });
+    TS_REQUIRE_ALL(compare(ts::nn::gelu_backward(x, wt).gather(), fd_gelu, 1e-8) == "");
+    // relu: away from 0 the slope is 0 or 1
+    T2 wr = (g > 0.0).select(w, w.constant(0.0));
+    TS_REQUIRE_ALL(compare(ts::nn::relu_backward(x, wt).gather(), wr) == "");
+    // layer_norm: dx, dgamma, dbeta, gamma and beta split like x's last dim or not
+    const T1 gamma = values(7, 1, 3).reshape(std::array<Eigen::Index, 1>{7}) + 1.0;
+    const T1 beta = values(7, 1, 4).reshape(std::array<Eigen::Index, 1>{7});
+    const double eps = 1e-5;
+    auto gm = ts::distribute<ts::Spec<ts::S<"y">>>(mesh, gamma);
+    auto bt = ts::distribute<ts::Spec<ts::R>>(mesh, beta);
+    TS_REQUIRE_ALL(compare(ts::nn::layer_norm<1>(x, gm, bt, eps).gather(), serial_layer_norm(g, gamma, beta, eps), 1e-12) == "");
+    auto loss = [&](const T2& v, const T1& ga, const T1& be) {
+      return weighted_sum(ts::nn::layer_norm<1>(ts::distribute<Both>(mesh, v), ts::distribute<ts::Spec<ts::S<"y">>>(mesh, ga),
+                                                ts::distribute<ts::Spec<ts::R>>(mesh, be), eps),
+                          w);
+    };
+    const T2 fd_x = finite_differences<2>(g, [&](const T2& v) { return loss(v, gamma, beta); });
+    const T1 fd_g = finite_differences<1>(gamma, [&](const T1& v) { return loss(g, v, beta); });
+    const T1 fd_b = finite_differences<1>(beta, [&](const T1& v) { return loss(g, gamma, v); });
+    auto [dx, dgamma, dbeta] = ts::nn::layer_norm_backward<1>(x, gm, wt, eps);
+    TS_REQUIRE_ALL(compare(dx.gather(), fd_x, 1e-7) == "");
+    TS_REQUIRE_ALL(compare(dgamma.gather(), fd_g, 1e-7) == "" && compare(dbeta.gather(), fd_b, 1e-7) == "");
+  });
+}
+
+TEST_CASE("cross_entropy over a vocabulary split any way equals the serial loss and moves O(B) values", "[nn]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const Eigen::Index B = 7, V = 301;
+    const T2 z = values(B, V, 5) * 4.0;
+    Eigen::Tensor<std::int32_t, 1> labels(B);
+    for (Eigen::Index b = 0; b < B; ++b) labels(b) = std::int32_t((b * 97 + 13) % V);
+    const double want = serial_cross_entropy(z, labels);
+    T2 grad = serial_softmax_rows(z);
+    for (Eigen::Index b = 0; b < B; ++b) grad(b, labels(b)) -= 1;
+    grad = grad / double(B);
+    for_each_type(SpecsNN{}, [&]<class S>(S*) {
+      auto logits = ts::distribute<S>(mesh, z);
+      auto lab = ts::distribute<ts::Spec<ts::S<"y">>>(mesh, labels);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", logits " << logits.describe());
+      ts::reset_comm_stats();
+      const double l = ts::nn::cross_entropy(logits, lab);
+      const auto moved = ts::comm_stats().total();
+      TS_REQUIRE_ALL(std::abs(l - want) < 1e-12 * std::abs(want));
+      // Gathering V would move B * V * 8 = 16856 bytes; the statistics move a few B.
+      TS_REQUIRE_ALL(moved.bytes_received <= std::uint64_t(8 * B * sizeof(double) * 4));
+      auto dz = ts::nn::cross_entropy_backward(logits, lab);
+      static_assert(std::is_same_v<typename decltype(dz)::SpecType, S>);
+      TS_REQUIRE_ALL(compare(dz.gather(), grad, 1e-14) == "");
+    });
+    // A label outside [0, V) is an IndexError on every rank.
+    Eigen::Tensor<std::int64_t, 1> bad(B);
+    bad.setConstant(3);
+    bad(B - 1) = V;
+    bool threw = false;
+    try {
+      (void)ts::nn::cross_entropy(ts::distribute<Cols>(mesh, z), ts::distribute<ts::Spec<ts::S<"x">>>(mesh, bad));
+    } catch (const ts::IndexError&) {
+      threw = true;
+    }
+    TS_REQUIRE_ALL(threw);
+  });
+}
+
+TEST_CASE("cross_entropy's gradient equals finite differences of the loss", "[nn]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const T2 z = values(4, 9, 6);
+    Eigen::Tensor<std::int32_t, 1> labels(4);
+    labels.setValues({3, 0, 8, 5});
+    auto lab = ts::distribute<ts::Spec<ts::R>>(mesh, labels);
+    const T2 fd = finite_differences<2>(z, [&](const T2& v) { return ts::nn::cross_entropy(ts::distribute<Both>(mesh, v), lab); });
+    TS_REQUIRE_ALL(compare(ts::nn::cross_entropy_backward(ts::distribute<Both>(mesh, z), lab).gather(), fd, 1e-8) == "");
+  });
+}
+
+TEST_CASE("dropout drops the same elements on every mesh and spec, and its backward uses that mask", "[nn]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const T2 g = values(9, 6, 2) + 3.0;
+    const double p = 0.3;
+    T2 want(9, 6);
+    for (Eigen::Index i = 0; i < g.size(); ++i)
+      want.data()[i] = ts::detail::random_value<double>(42, std::uint64_t(i)) >= p ? g.data()[i] / (1 - p) : 0.0;
+    for_each_type(SpecsNN{}, [&]<class S>(S*) {
+      auto x = ts::distribute<S>(mesh, g);
+      TS_REQUIRE_ALL(compare(ts::nn::dropout(x, p, 42).gather(), want, 1e-14) == "");
+      TS_REQUIRE_ALL(compare(ts::nn::dropout_backward(x, p, 42).gather(), want, 1e-14) == "");
+    });
+    long kept = 0;
+    for (Eigen::Index i = 0; i < want.size(); ++i) kept += want.data()[i] != 0;
+    TS_REQUIRE_ALL(kept > 20 && kept < 54);  // about 70 % of 54
+  });
+}
