@@ -203,3 +203,99 @@ TEST_CASE("dropout drops the same elements on every mesh and spec, and its backw
     TS_REQUIRE_ALL(kept > 20 && kept < 54);  // about 70 % of 54
   });
 }
+
+namespace {
+T2 matmul_serial(const T2& a, const T2& b) {
+  Eigen::array<Eigen::IndexPair<int>, 1> c{Eigen::IndexPair<int>(1, 0)};
+  return a.contract(b, c);
+}
+T2 transposed(const T2& a) {
+  Eigen::array<int, 2> s{1, 0};
+  return a.shuffle(s);
+}
+}  // namespace
+
+TEST_CASE("Linear is data-, column- or row-parallel by its weight spec and equals the serial layer", "[nn]") {
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const Eigen::Index B = 9, IN = 5, OUT = 7;
+    const T2 gx = values(B, IN, 1), gdy = values(B, OUT, 2);
+    ts::nn::Linear<double, M2, ts::Spec<ts::R, ts::R>> reference(mesh, IN, OUT, 7);
+    const T2 W = reference.weight().gather();
+    const T1 b = reference.bias().gather();
+    const T2 bias_rows = b.reshape(std::array<Eigen::Index, 2>{1, OUT}).broadcast(std::array<Eigen::Index, 2>{B, 1});
+    const T2 want_y = matmul_serial(gx, W) + bias_rows;
+    const T2 want_dx = matmul_serial(gdy, transposed(W));
+    const T2 want_dw = matmul_serial(transposed(gx), gdy) * 2.0;
+    Eigen::array<Eigen::Index, 1> rows{0};
+    const T1 want_db = gdy.sum(rows) * 2.0;
+    auto check = [&]<class WS, class XS>(WS*, XS*) {
+      ts::nn::Linear<double, M2, WS> fc(mesh, IN, OUT, 7);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", weight " << fc.weight().describe());
+      TS_REQUIRE_ALL(compare(fc.weight().gather(), W) == "" && compare(fc.bias().gather(), b) == "");  // seed, not mesh
+      auto x = ts::distribute<XS>(mesh, gx);
+      auto y = fc.forward(x);
+      TS_REQUIRE_ALL(compare(y.gather(), want_y, 1e-12) == "");
+      auto dy = ts::distribute<Rows>(mesh, gdy);
+      auto dx = fc.backward(dy);
+      fc.backward(dy);  // gradients add up
+      TS_REQUIRE_ALL(compare(dx.gather(), want_dx, 1e-12) == "");
+      TS_REQUIRE_ALL(compare(fc.weight_grad().gather(), want_dw, 1e-12) == "");
+      TS_REQUIRE_ALL(compare(fc.bias_grad().gather(), want_db, 1e-12) == "");
+      fc.zero_grad();
+      TS_REQUIRE_ALL(compare(fc.weight_grad().gather(), T2(want_dw.constant(0.0))) == "");
+    };
+    check(static_cast<ts::Spec<ts::R, ts::R>*>(nullptr), static_cast<Rows*>(nullptr));                 // data-parallel
+    check(static_cast<ts::Spec<ts::R, ts::S<"y">>*>(nullptr), static_cast<Rows*>(nullptr));            // column-parallel
+    check(static_cast<ts::Spec<ts::S<"y">, ts::R>*>(nullptr), static_cast<Both*>(nullptr));            // row-parallel
+    check(static_cast<ts::Spec<ts::S<"x">, ts::S<"y">>*>(nullptr), static_cast<ts::Spec<ts::R, ts::R>*>(nullptr));
+    // [B, T, in] inputs.
+    ts::nn::Linear<double, M2, ts::Spec<ts::R, ts::S<"y">>> fc(mesh, IN, OUT, 7);
+    Eigen::Tensor<double, 3> x3(3, 4, IN);
+    for (Eigen::Index i = 0; i < x3.size(); ++i) x3.data()[i] = std::sin(double(i));
+    auto y3 = fc.forward(ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::R>>(mesh, x3));
+    const T2 flat = x3.reshape(std::array<Eigen::Index, 2>{12, IN});
+    const T2 want3 = matmul_serial(flat, W) + b.reshape(std::array<Eigen::Index, 2>{1, OUT}).broadcast(std::array<Eigen::Index, 2>{12, 1});
+    const Eigen::Tensor<double, 3> got3 = y3.gather();
+    TS_REQUIRE_ALL(compare(T2(got3.reshape(std::array<Eigen::Index, 2>{12, OUT})), want3, 1e-12) == "");
+  });
+}
+
+TEST_CASE("AdamW and SGD with momentum update sharded parameters as PyTorch's formulas do serially", "[nn]") {
+  on_every_mesh([](M2& mesh, auto) {
+    const T2 p0 = values(7, 5, 1);
+    const ts::nn::AdamWOptions ao{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f};
+    const ts::nn::SGDOptions so{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
+    // Serial references in double with the float settings' values.
+    T2 pa = p0, m = p0.constant(0.0), v = p0.constant(0.0), ps = p0, buf = p0.constant(0.0);
+    std::vector<T2> grads;
+    for (int t = 1; t <= 3; ++t) {
+      const T2 g = values(7, 5, 10 + t);
+      grads.push_back(g);
+      const double lr = ao.lr, b1 = ao.beta1, b2 = ao.beta2;
+      pa = pa * (1 - lr * double(ao.weight_decay));
+      m = m * b1 + g * (1 - b1);
+      v = v * b2 + g * g * (1 - b2);
+      const double step = lr / (1 - std::pow(b1, t)), root = std::sqrt(1 - std::pow(b2, t));
+      pa = pa - (m * step) / (v.sqrt() / root + double(ao.eps));
+      const T2 d = g + ps * double(so.weight_decay);
+      buf = t == 1 ? d : T2(buf * double(so.momentum) + d);
+      ps = ps - buf * double(so.lr);
+    }
+    for_each_type(SpecsNN{}, [&]<class S>(S*) {
+      auto pa_t = ts::distribute<S>(mesh, p0), ps_t = ts::distribute<S>(mesh, p0);
+      auto g = ts::zeros<double, S>(mesh, {7, 5});
+      ts::nn::AdamW adam(ao);
+      ts::nn::SGD sgd(so);
+      adam.add(pa_t, g);
+      sgd.add(ps_t, g);
+      for (const T2& gv : grads) {
+        g = ts::distribute<S>(mesh, gv);  // the optimizers read the gradient's current values
+        adam.step();
+        sgd.step();
+      }
+      INFO(pa_t.describe());
+      TS_REQUIRE_ALL(compare(pa_t.gather(), pa, 1e-12) == "");
+      TS_REQUIRE_ALL(compare(ps_t.gather(), ps, 1e-12) == "");
+    });
+  });
+}

@@ -3,4 +3,6 @@
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/cross_entropy.hpp"
 #include "tshard/nn/layer_norm.hpp"
+#include "tshard/nn/linear.hpp"
+#include "tshard/nn/optim.hpp"
 #include "tshard/nn/softmax.hpp"

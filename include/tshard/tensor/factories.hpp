@@ -252,6 +252,15 @@ auto zeros(const M& mesh, const Eigen::Index (&global_shape)[N]) {
   return out;
 }
 
+// Zeros with x's shape, mesh and spec (never partial): state laid out like a parameter.
+template <class X>
+  requires detail::is_sharded_tensor<X>::value
+auto zeros_like(const X& x) {
+  ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType> out(x.mesh(), x.global_shape());
+  std::fill(out.data(), out.data() + out.local_size(), typename X::Scalar(0));
+  return out;
+}
+
 // Reproducible random values that depend only on (seed, global index), whatever the mesh and
 // spec: element with column-major linear global index i is derived from SplitMix64 of seed
 // and i; floats are uniform in [0, 1) (24 or 53 random bits), complex numbers take real and

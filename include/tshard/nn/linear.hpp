@@ -1,0 +1,152 @@
+// Linear<T, Mesh, WeightSpec>: y = x W + b with W [in, out] laid out as WeightSpec and b [out]
+// laid out like W's dim 1. One class is data-, column- or row-parallel by annotation alone
+// (GSPMD section 4; Megatron's column and row patterns): activations and gradients follow by
+// propagation, and the weight gradient is resolved into the weight's layout.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tshard/ops/einsum.hpp"
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/ops/inplace.hpp"
+#include "tshard/ops/reduce.hpp"
+#include "tshard/tensor/factories.hpp"
+
+namespace tshard::nn {
+namespace detail {
+
+// Sum over every dim but the last (the rows of a [.., out] tensor).
+template <class X>
+auto sum_rows(const X& x) {
+  if constexpr (X::rank == 1) {
+    return x;
+  } else {
+    return [&]<int... I>(std::integer_sequence<int, I...>) { return sum<I...>(x); }(
+        std::make_integer_sequence<int, X::rank - 1>{});
+  }
+}
+
+// Uniform in [-bound, bound) from (seed, global index): the same values on every mesh.
+template <class T, class SpecT, class M, std::size_t N>
+auto uniform_init(const M& mesh, const Eigen::Index (&shape)[N], std::uint64_t seed, double bound) {
+  std::array<Eigen::Index, N> dims{};
+  for (std::size_t d = 0; d < N; ++d) dims[d] = shape[d];
+  return from_function<T, SpecT>(mesh, shape, [=](const std::array<Eigen::Index, N>& i) {
+    std::uint64_t linear = 0, stride = 1;
+    for (std::size_t d = 0; d < N; ++d) {
+      linear += std::uint64_t(i[d]) * stride;
+      stride *= std::uint64_t(dims[d]);
+    }
+    return T((2 * tshard::detail::random_value<double>(seed, linear) - 1) * bound);
+  });
+}
+
+}  // namespace detail
+
+template <class T, class M, class WeightSpec>
+class Linear {
+  static_assert(tshard::detail::is_spec<WeightSpec>::value && WeightSpec::rank == 2,
+                "tshard: Linear's weight spec is a rank-2 tshard::Spec<in, out>");
+  static_assert(std::is_floating_point_v<T>, "tshard: Linear's element type is float or double");
+
+ public:
+  using BiasSpec = Spec<tshard::detail::dim_at_t<WeightSpec, 1>>;
+  using Weight = ShardedTensor<T, M, WeightSpec>;
+  using Bias = ShardedTensor<T, M, BiasSpec>;
+
+  // Weights and bias uniform in [-1/sqrt(in), 1/sqrt(in)) as PyTorch's nn.Linear, drawn from
+  // (seed, global index); gradients zero.
+  Linear(const M& mesh, Eigen::Index in, Eigen::Index out, std::uint64_t seed, bool with_bias = true)
+      : weight_(detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))))),
+        bias_(detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0)),
+        weight_grad_(zeros<T, WeightSpec>(mesh, {in, out})),
+        bias_grad_(zeros<T, BiasSpec>(mesh, {out})),
+        with_bias_(with_bias) {}
+
+  Weight& weight() { return weight_; }
+  Bias& bias() { return bias_; }
+  Weight& weight_grad() { return weight_grad_; }
+  Bias& bias_grad() { return bias_grad_; }
+  const Weight& weight() const { return weight_; }
+  const Bias& bias() const { return bias_; }
+  bool has_bias() const { return with_bias_; }
+
+  // x W + b for x [.., in] of rank 2 or 3; x is kept (shared, not copied) for backward.
+  template <ShardedTensorType X>
+  auto forward(const X& x_in) {
+    static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
+    static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
+    tshard::detail::OperatorScope scope("linear");
+    const auto& x = tshard::detail::resolved(x_in, "linear");
+    if (x.extents()[X::rank - 1] != weight_.extents()[0])
+      throw ShapeError("tshard::nn::Linear::forward: the input " + x.describe() + " does not end in the weight's " +
+                       std::to_string(weight_.extents()[0]) + " input features (weight " + weight_.describe() + ")");
+    saved_ = tshard::detail::TensorAccess::storage(x);
+    saved_desc_ = x.spec_desc;
+    saved_shape_ = x.extents();
+    saved_rank_ = X::rank;
+    // The bias is added after a row-parallel product's partial is resolved, as in Megatron
+    // (a layer without bias adds zeros: one type whatever the option).
+    if constexpr (X::rank == 2)
+      return einsum<"bi,io->bo">(x, weight_) + bias_;
+    else
+      return einsum<"bti,io->bto">(x, weight_) + bias_;
+  }
+
+  // dL/dx for dL/dy of the last forward; adds dL/dW and dL/db into weight_grad() and bias_grad()
+  // (a partial over the batch's axes is resolved into their layout: the data-parallel sum).
+  template <ShardedTensorType DY>
+  auto backward(const DY& dy_in) {
+    static_assert(DY::rank == 2 || DY::rank == 3, "tshard: Linear's output gradient is [B, out] or [B, T, out]");
+    tshard::detail::OperatorScope scope("linear_backward");
+    if (!saved_) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
+    const auto& dy = tshard::detail::resolved(dy_in, "linear_backward");
+    if (DY::rank != saved_rank_ || dy.extents()[DY::rank - 1] != weight_.extents()[1])
+      throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
+                       "the last forward (weight " + weight_.describe() + ")");
+    add_weight_grad(dy);
+    if (with_bias_) bias_grad_ += detail::sum_rows(dy);
+    if constexpr (DY::rank == 2)
+      return einsum<"bo,io->bi">(dy, weight_);
+    else
+      return einsum<"bto,io->bti">(dy, weight_);
+  }
+
+  void zero_grad() {
+    std::fill(weight_grad_.data(), weight_grad_.data() + weight_grad_.local_size(), T(0));
+    std::fill(bias_grad_.data(), bias_grad_.data() + bias_grad_.local_size(), T(0));
+  }
+
+ private:
+  // weight_grad += x^T dy on descriptors: the saved input's type is a run-time fact here.
+  template <class DY>
+  void add_weight_grad(const DY& dy) {
+    auto& mesh = *weight_.mesh().state();
+    const auto e = saved_rank_ == 2 ? tshard::detail::parse_einsum(FixedString("bi,bo->io"))
+                                    : tshard::detail::parse_einsum(FixedString("bti,bto->io"));
+    const auto decision = tshard::detail::decide_einsum(e, saved_desc_, dy.spec_desc);
+    const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc_, dy.spec_desc);
+    const tshard::detail::Extents shape = weight_.extents();
+    const auto l = tshard::detail::shard_layout(out, shape, mesh.shape(), mesh.coords());
+    tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
+    tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc,
+                                  dy.extents(), dy.data(), out, shape, g.data(), EinsumStrategy::Auto);
+    const auto aligned = tshard::detail::implicit_reshard(mesh, out, Weight::spec_desc, shape, g.data(), "linear_backward");
+    T* w = weight_grad_.data();
+    for (tshard::detail::Index i = 0; i < weight_grad_.local_size(); ++i) w[i] += aligned.data[i];
+  }
+
+  Weight weight_;
+  Bias bias_;
+  Weight weight_grad_;
+  Bias bias_grad_;
+  bool with_bias_ = true;
+  std::shared_ptr<T> saved_;
+  tshard::detail::SpecDesc saved_desc_{};
+  tshard::detail::Extents saved_shape_{};
+  int saved_rank_ = 0;
+};
+
+}  // namespace tshard::nn
