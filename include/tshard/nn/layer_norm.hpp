@@ -11,17 +11,6 @@
 namespace tshard::nn {
 namespace detail {
 
-// Sum over every dim but the last: a per-feature total over all rows (partial where rows are split).
-template <class X>
-auto sum_over_rows(const X& x) {
-  if constexpr (X::rank == 1) {
-    return x;
-  } else {
-    return [&]<int... I>(std::integer_sequence<int, I...>) { return sum<I...>(x); }(
-        std::make_integer_sequence<int, X::rank - 1>{});
-  }
-}
-
 // (x - mean) and 1 / sqrt(var + eps) along the last dim.
 template <int Dim, class X, class T>
 auto normalised(const X& x, T eps) {
@@ -51,8 +40,8 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
   tshard::detail::OperatorScope scope("layer_norm_backward");
   auto [xc, rstd] = detail::normalised<Dim>(x, eps);
   auto xhat = xc * rstd;
-  auto dgamma = detail::sum_over_rows(dn * xhat);
-  auto dbeta = detail::sum_over_rows(dn);
+  auto dgamma = sum_leading_dims(dn * xhat);
+  auto dbeta = sum_leading_dims(dn);
   auto dxhat = dn * gamma;
   auto dx = rstd * (dxhat - mean<Dim>(dxhat, keep_dims) - xhat * mean<Dim>(dxhat * xhat, keep_dims));
   return std::tuple{std::move(dx), std::move(dgamma), std::move(dbeta)};

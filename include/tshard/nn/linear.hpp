@@ -17,17 +17,6 @@
 namespace tshard::nn {
 namespace detail {
 
-// Sum over every dim but the last (the rows of a [.., out] tensor).
-template <class X>
-auto sum_rows(const X& x) {
-  if constexpr (X::rank == 1) {
-    return x;
-  } else {
-    return [&]<int... I>(std::integer_sequence<int, I...>) { return sum<I...>(x); }(
-        std::make_integer_sequence<int, X::rank - 1>{});
-  }
-}
-
 // Uniform in [-bound, bound) from (seed, global index): the same values on every mesh.
 template <class T, class SpecT, class M, std::size_t N>
 auto uniform_init(const M& mesh, const Eigen::Index (&shape)[N], std::uint64_t seed, double bound) {
@@ -107,7 +96,7 @@ class Linear {
       throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
                        "the last forward (weight " + weight_.describe() + ")");
     add_weight_grad(dy);
-    if (with_bias_) bias_grad_ += detail::sum_rows(dy);
+    if (with_bias_) bias_grad_ += sum_leading_dims(dy);
     if constexpr (DY::rank == 2)
       return einsum<"bo,io->bi">(dy, weight_);
     else

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tshard/core/box_copy.hpp"
@@ -12,6 +13,40 @@
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {
+namespace detail {
+
+// The registered (parameter, gradient) pairs of an optimizer, each with its update closure
+// owning its state, and the step count that bias corrections and first steps read.
+template <class Options>
+class ParameterUpdates {
+ public:
+  explicit ParameterUpdates(const Options& options) : options_(options) {}
+
+  // One update of every registered parameter from its gradient's current values.
+  void step() {
+    ++steps_;
+    for (auto& u : updates_) u(options_, steps_);
+  }
+  long steps() const { return steps_; }
+  Options& options() { return options_; }
+
+ protected:
+  using Update = std::function<void(const Options&, long)>;
+  template <class T, class M, class S>
+  void check_pair(const ShardedTensor<T, M, S>& param, const ShardedTensor<T, M, S>& grad, const char* name) const {
+    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
+      throw ShapeError(std::string("tshard::nn::") + name + "::add: the gradient " + grad.describe() +
+                       " does not match the parameter " + param.describe());
+  }
+  void push(Update u) { updates_.push_back(std::move(u)); }
+
+ private:
+  Options options_;
+  long steps_ = 0;
+  std::vector<Update> updates_;
+};
+
+}  // namespace detail
 
 // AdamW's settings, in this order (designated initializers: {.lr = 1e-3f, ...}).
 struct AdamWOptions {
@@ -25,21 +60,19 @@ struct AdamWOptions {
 // Adam with decoupled weight decay (Loshchilov and Hutter 2019), PyTorch's formula:
 //   p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-class AdamW {
+class AdamW : public detail::ParameterUpdates<AdamWOptions> {
  public:
   using Options = AdamWOptions;
-  explicit AdamW(const Options& options) : options_(options) {}
+  explicit AdamW(const Options& options) : ParameterUpdates(options) {}
 
   // Registers a parameter and its gradient (one spec, not partial), both kept by reference.
   template <class T, class M, class S>
   void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
     static_assert(std::is_floating_point_v<T>, "tshard: AdamW updates float or double parameters");
-    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
-      throw ShapeError("tshard::nn::AdamW::add: the gradient " + grad.describe() + " does not match the parameter " +
-                       param.describe());
+    check_pair(param, grad, "AdamW");
     auto m = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
     auto v = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
-    updates_.push_back([&param, &grad, m, v](const Options& o, long t) {
+    push([&param, &grad, m, v](const Options& o, long t) {
       const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
       const T decay = T(1) - lr * T(o.weight_decay);
       const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
@@ -58,18 +91,6 @@ class AdamW {
     });
   }
 
-  // One update of every registered parameter from its gradient's current values.
-  void step() {
-    ++steps_;
-    for (auto& u : updates_) u(options_, steps_);
-  }
-  long steps() const { return steps_; }
-  Options& options() { return options_; }
-
- private:
-  Options options_;
-  long steps_ = 0;
-  std::vector<std::function<void(const Options&, long)>> updates_;
 };
 
 struct SGDOptions {
@@ -80,19 +101,17 @@ struct SGDOptions {
 
 // SGD with momentum, PyTorch's formula: g += wd p; b = momentum b + g (b = g at the first
 // step); p -= lr b (p -= lr g without momentum).
-class SGD {
+class SGD : public detail::ParameterUpdates<SGDOptions> {
  public:
   using Options = SGDOptions;
-  explicit SGD(const Options& options) : options_(options) {}
+  explicit SGD(const Options& options) : ParameterUpdates(options) {}
 
   template <class T, class M, class S>
   void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
     static_assert(std::is_floating_point_v<T>, "tshard: SGD updates float or double parameters");
-    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
-      throw ShapeError("tshard::nn::SGD::add: the gradient " + grad.describe() + " does not match the parameter " +
-                       param.describe());
+    check_pair(param, grad, "SGD");
     auto b = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
-    updates_.push_back([&param, &grad, b](const Options& o, long t) {
+    push([&param, &grad, b](const Options& o, long t) {
       const T lr = T(o.lr), mu = T(o.momentum), wd = T(o.weight_decay);
       T* p = param.data();
       const T* g = std::as_const(grad).data();
@@ -107,17 +126,6 @@ class SGD {
     });
   }
 
-  void step() {
-    ++steps_;
-    for (auto& u : updates_) u(options_, steps_);
-  }
-  long steps() const { return steps_; }
-  Options& options() { return options_; }
-
- private:
-  Options options_;
-  long steps_ = 0;
-  std::vector<std::function<void(const Options&, long)>> updates_;
 };
 
 }  // namespace tshard::nn

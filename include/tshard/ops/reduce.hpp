@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "tshard/comm/collectives.hpp"
 #include "tshard/core/spec_algebra.hpp"
@@ -115,6 +116,18 @@ auto min(const X& x, KeepDims) {
 template <int... Dims, ShardedTensorType X>
 auto mean(const X& x, KeepDims) {
   return detail::with_kept_dims<Dims...>(x, mean<Dims...>(x));
+}
+
+// Sum over every dim but the last (the rows of a [.., features] tensor): a per-feature total,
+// partial where the rows are split. A rank-1 tensor is its own total.
+template <ShardedTensorType X>
+auto sum_leading_dims(const X& x) {
+  if constexpr (X::rank == 1) {
+    return x;
+  } else {
+    return [&]<int... I>(std::integer_sequence<int, I...>) { return sum<I...>(x); }(
+        std::make_integer_sequence<int, X::rank - 1>{});
+  }
 }
 
 // Index of the largest element along Dim (int64, never partial): ties go to the lowest global
