@@ -9,7 +9,7 @@ function(run)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
-set(extra)
+set(extra -DTSHARD_CONSUMER_EXPECT_BACKEND=${EXPECT_BACKEND})
 if(MODE STREQUAL "find_package_no_blas")
   # The opt-out: TSHARD_USE_BLAS=OFF at the consumer's configure gives Eigen's GEMM.
   set(extra -DTSHARD_USE_BLAS=OFF -DTSHARD_CONSUMER_EXPECT_BACKEND=eigen)
