@@ -324,7 +324,7 @@ auto unary(const X& x, const char* name) {
   if constexpr (X::is_partial && !keep) {
     OperatorScope scope(name);
     return unary<K>(resolved(x, name), name);
-  } else if constexpr (K == UnaryKind::Neg && !std::is_unsigned_v<T>) {
+  } else if constexpr (K == UnaryKind::Neg) {
     return TensorAccess::scaled(x, T(-1));
   } else {
     X out(x.mesh(), x.global_shape());

@@ -74,8 +74,6 @@ inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, cons
     if (st.kind != StepKind::Local) refuse_implicit(mesh, have, want, shape, op);
 }
 
-// The one entry point for every reshard an operator inserts on its own: counted under
-// "<op>/auto", refused with SpecError in Forbid mode where it would communicate.
 // A partial over axes whose sizes multiply to 1 is already final (one value per group).
 inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
   if (have.partial == PartialKind::None || want.partial != PartialKind::None || !(have.without_partial() == want))
@@ -85,6 +83,8 @@ inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const
   return true;
 }
 
+// The one entry point for every reshard an operator inserts on its own: counted under
+// "<op>/auto", refused with SpecError in Forbid mode where it would communicate.
 template <class T>
 AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                    const T* data, const char* op) {
