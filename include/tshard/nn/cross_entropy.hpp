@@ -1,10 +1,11 @@
-// Cross-entropy of logits [B, V] against integer labels [B], and its gradient. V may be split:
+// Cross-entropy of logits [B, V] (or [B, T, V]) against integer labels [B] (or [B, T]), and its gradient. V may be split:
 // the max, the sum of exponentials and the labels' logits are partials over V's axes, resolved
 // over B values each (Megatron's vocab-parallel cross-entropy): O(B) moves, never O(B V).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "tshard/nn/softmax.hpp"
 #include "tshard/ops/take.hpp"
@@ -12,82 +13,115 @@
 namespace tshard::nn {
 namespace detail {
 
-template <class X>
+template <class L, class X>
 inline constexpr bool is_label_tensor_v =
-    X::rank == 1 && (std::is_same_v<typename X::Scalar, std::int32_t> || std::is_same_v<typename X::Scalar, std::int64_t>);
+    X::rank == L::rank - 1 && (std::is_same_v<typename X::Scalar, std::int32_t> || std::is_same_v<typename X::Scalar, std::int64_t>);
 
 // The labels laid out like the logits' rows (an implicit reshard where they are not), checked
 // against [0, V): IndexError on every rank.
 template <class L, class Labels>
 auto aligned_labels(const L& logits, const Labels& labels, const char* op) {
   using M = typename L::MeshT;
-  using RowSpec = Spec<tshard::detail::dim_at_t<typename L::SpecType, 0>>;
-  if (labels.extents()[0] != logits.extents()[0])
-    throw ShapeError(std::string("tshard::nn::") + op + ": labels " + labels.describe() + " do not match the rows of logits " +
-                     logits.describe());
+  using RowSpec = typename tshard::detail::drop_dims<typename L::SpecType, L::rank - 1>::type;
+  for (int d = 0; d < Labels::rank; ++d)
+    if (labels.extents()[d] != logits.extents()[d])
+      throw ShapeError(std::string("tshard::nn::") + op + ": labels " + labels.describe() + " do not match the rows of logits " +
+                       logits.describe());
   tshard::detail::require_same_mesh(logits, labels, op);
   auto aligned = tshard::detail::implicit_reshard<RowSpec>(tshard::detail::resolved(labels, op), op);
   constexpr tshard::detail::SpecDesc rows = tshard::detail::make_desc<RowSpec, NoPartial>(M::axis_names);
-  tshard::detail::check_ids(*logits.mesh().state(), std::as_const(aligned).data(), aligned.local_shape()[0],
-                            rows.dims[0].count > 0, logits.extents()[1], op, logits.describe(), labels.describe());
+  using I = typename Labels::Scalar;
+  std::vector<I> valid;  // the valid labels, without the padding between runs
+  const I* ld = std::as_const(aligned).data();
+  tshard::detail::for_each_valid_run(aligned.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
+    valid.insert(valid.end(), ld + off, ld + off + n);
+  });
+  tshard::detail::check_ids(*logits.mesh().state(), valid.data(), tshard::detail::Index(valid.size()),
+                            rows.split_axes() != 0, logits.extents()[L::rank - 1], op, logits.describe(), labels.describe());
   return aligned;
 }
 
-// out[b] = z[b, labels[b]] where this rank holds that column, else 0: a partial sum over V's axes.
+// f(row, v) for every valid row of this rank whose label falls in its block of V: row the
+// offset in the labels' padded buffer, v the local column.
+template <class Z, class Labels, class F>
+void for_each_labelled(const Z& z, const Labels& labels, F&& f) {
+  const auto& l = z.layout();
+  const auto* ld = std::as_const(labels).data();
+  tshard::detail::for_each_valid_run(labels.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
+    for (tshard::detail::Index r = off; r < off + n; ++r) {
+      const tshard::detail::Index v = tshard::detail::Index(ld[r]) - l.offset[Z::rank - 1];
+      if (v >= 0 && v < l.valid[Z::rank - 1]) f(r, v);
+    }
+  });
+}
+
+// out[row] = z[row, labels[row]] where this rank holds that column, else 0: a partial sum over
+// V's axes.
 template <class Z, class Labels>
 auto pick_labelled(const Z& z, const Labels& labels) {
   using T = typename Z::Scalar;
   using M = typename Z::MeshT;
-  using VAxes = typename tshard::detail::dim_axes<tshard::detail::dim_at_t<typename Z::SpecType, 1>>::type;
-  using Out = ShardedTensor<T, M, Spec<tshard::detail::dim_at_t<typename Z::SpecType, 0>>,
-                            typename tshard::detail::partial_of<ReduceOp::Sum, VAxes>::type>;
-  Out out(z.mesh(), {z.global_shape()[0]});
-  const auto& l = z.layout();
-  const T* zd = z.data();
-  const auto* ld = labels.data();
+  using VAxes = typename tshard::detail::dim_axes<tshard::detail::dim_at_t<typename Z::SpecType, Z::rank - 1>>::type;
+  using RowSpec = typename tshard::detail::drop_dims<typename Z::SpecType, Z::rank - 1>::type;
+  using Out = ShardedTensor<T, M, RowSpec, typename tshard::detail::partial_of<ReduceOp::Sum, VAxes>::type>;
+  std::array<Eigen::Index, Z::rank - 1> shape{};
+  for (int d = 0; d + 1 < Z::rank; ++d) shape[d] = z.extents()[d];
+  Out out(z.mesh(), shape);
   T* o = out.data();
-  for (tshard::detail::Index b = 0; b < l.valid[0]; ++b) {
-    const tshard::detail::Index v = tshard::detail::Index(ld[b]) - l.offset[1];
-    o[b] = v >= 0 && v < l.valid[1] ? zd[b + v * l.padded[0]] : T(0);
-  }
+  std::fill(o, o + out.local_size(), T(0));
+  const T* zd = z.data();
+  const tshard::detail::Index rows = labels.local_size();  // the padded rows of z's block
+  for_each_labelled(z, labels, [&](tshard::detail::Index r, tshard::detail::Index v) { o[r] = zd[r + v * rows]; });
   return out;
+}
+
+template <class X>
+auto sum_all(const X& x) {
+  return [&]<int... I>(std::integer_sequence<int, I...>) { return sum<I...>(x); }(std::make_integer_sequence<int, X::rank>{});
+}
+
+template <class X>
+double rows_of(const X& logits) {
+  double n = 1;
+  for (int d = 0; d + 1 < X::rank; ++d) n *= double(logits.extents()[d]);
+  return n;
 }
 
 }  // namespace detail
 
-// mean over b of -log softmax(logits)[b, labels[b]]; the same value on every rank.
+// mean over the rows of -log softmax(logits)[row, labels[row]], for logits [..., V] (V may be
+// split) and integer labels [...]; the same value on every rank.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 typename L::Scalar cross_entropy(const L& logits_in, const Labels& labels) {
-  static_assert(L::rank == 2, "tshard: cross_entropy takes logits [B, V]");
-  static_assert(detail::is_label_tensor_v<Labels>, "tshard: cross_entropy's labels are a rank-1 int32 or int64 tensor [B]");
+  static_assert(L::rank >= 2, "tshard: cross_entropy takes logits [B, V] or [B, T, V]");
+  static_assert(detail::is_label_tensor_v<L, Labels>,
+                "tshard: cross_entropy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
   using T = typename L::Scalar;
   tshard::detail::OperatorScope scope("cross_entropy");
   const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");
   const auto lab = detail::aligned_labels(logits, labels, "cross_entropy");
-  auto z = logits - max<1>(logits, keep_dims);
-  auto nll = log(sum<1>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
-  const Eigen::Tensor<T, 0> total = sum<0>(nll).gather();
-  return total() / T(logits.extents()[0]);
+  constexpr int V = L::rank - 1;
+  auto z = logits - max<V>(logits, keep_dims);
+  auto nll = log(sum<V>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
+  const Eigen::Tensor<T, 0> total = detail::sum_all(nll).gather();
+  return total() / T(detail::rows_of(logits));
 }
 
-// d cross_entropy / d logits = (softmax(logits) - onehot(labels)) / B, with the logits' spec.
+// d cross_entropy / d logits = (softmax(logits) - onehot(labels)) / rows, with the logits' spec.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 auto cross_entropy_backward(const L& logits_in, const Labels& labels) {
-  static_assert(L::rank == 2, "tshard: cross_entropy takes logits [B, V]");
-  static_assert(detail::is_label_tensor_v<Labels>, "tshard: cross_entropy's labels are a rank-1 int32 or int64 tensor [B]");
+  static_assert(L::rank >= 2, "tshard: cross_entropy takes logits [B, V] or [B, T, V]");
+  static_assert(detail::is_label_tensor_v<L, Labels>,
+                "tshard: cross_entropy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
   using T = typename L::Scalar;
   tshard::detail::OperatorScope scope("cross_entropy_backward");
   const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy_backward");
   const auto lab = detail::aligned_labels(logits, labels, "cross_entropy_backward");
-  auto p = softmax<1>(logits);
-  const auto& l = p.layout();
+  auto p = softmax<L::rank - 1>(logits);
   T* pd = p.data();
-  const auto* ld = std::as_const(lab).data();
-  for (tshard::detail::Index b = 0; b < l.valid[0]; ++b) {
-    const tshard::detail::Index v = tshard::detail::Index(ld[b]) - l.offset[1];
-    if (v >= 0 && v < l.valid[1]) pd[b + v * l.padded[0]] -= T(1);
-  }
-  return std::move(p) * (T(1) / T(logits.extents()[0]));
+  const tshard::detail::Index rows = lab.local_size();
+  detail::for_each_labelled(p, lab, [&](tshard::detail::Index r, tshard::detail::Index v) { pd[r + v * rows] -= T(1); });
+  return std::move(p) * (T(1) / T(detail::rows_of(logits)));
 }
 
 }  // namespace tshard::nn

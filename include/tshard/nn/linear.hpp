@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "tshard/nn/init.hpp"
+#include "tshard/nn/module.hpp"
 #include "tshard/ops/einsum.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/ops/inplace.hpp"
@@ -15,27 +17,8 @@
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
-namespace detail {
-
-// Uniform in [-bound, bound) from (seed, global index): the same values on every mesh.
-template <class T, class SpecT, class M, std::size_t N>
-auto uniform_init(const M& mesh, const Eigen::Index (&shape)[N], std::uint64_t seed, double bound) {
-  std::array<Eigen::Index, N> dims{};
-  for (std::size_t d = 0; d < N; ++d) dims[d] = shape[d];
-  return from_function<T, SpecT>(mesh, shape, [=](const std::array<Eigen::Index, N>& i) {
-    std::uint64_t linear = 0, stride = 1;
-    for (std::size_t d = 0; d < N; ++d) {
-      linear += std::uint64_t(i[d]) * stride;
-      stride *= std::uint64_t(dims[d]);
-    }
-    return T((2 * tshard::detail::random_value<double>(seed, linear) - 1) * bound);
-  });
-}
-
-}  // namespace detail
-
 template <class T, class M, class WeightSpec>
-class Linear {
+class Linear : public Module {
   static_assert(tshard::detail::is_spec<WeightSpec>::value && WeightSpec::rank == 2,
                 "tshard: Linear's weight spec is a rank-2 tshard::Spec<in, out>");
   static_assert(std::is_floating_point_v<T>, "tshard: Linear's element type is float or double");
@@ -62,12 +45,20 @@ class Linear {
   const Bias& bias() const { return bias_; }
   bool has_bias() const { return with_bias_; }
 
+  // f(parameter, gradient) for the weight, and the bias where the layer has one.
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(weight_, weight_grad_);
+    if (with_bias_) f(bias_, bias_grad_);
+  }
+
   // x W + b for x [.., in] of rank 2 or 3; x is kept (shared, not copied) for backward.
   template <ShardedTensorType X>
   auto forward(const X& x_in) {
     static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
     static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
     tshard::detail::OperatorScope scope("linear");
+    auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "linear");
     if (x.extents()[X::rank - 1] != weight_.extents()[0])
       throw ShapeError("tshard::nn::Linear::forward: the input " + x.describe() + " does not end in the weight's " +
@@ -90,22 +81,27 @@ class Linear {
   auto backward(const DY& dy_in) {
     static_assert(DY::rank == 2 || DY::rank == 3, "tshard: Linear's output gradient is [B, out] or [B, T, out]");
     tshard::detail::OperatorScope scope("linear_backward");
+    auto in_use = use();
     if (!saved_) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
     const auto& dy = tshard::detail::resolved(dy_in, "linear_backward");
     if (DY::rank != saved_rank_ || dy.extents()[DY::rank - 1] != weight_.extents()[1])
       throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
                        "the last forward (weight " + weight_.describe() + ")");
     add_weight_grad(dy);
-    if (with_bias_) bias_grad_ += sum_leading_dims(dy);
-    if constexpr (DY::rank == 2)
-      return einsum<"bo,io->bi">(dy, weight_);
-    else
-      return einsum<"bto,io->bti">(dy, weight_);
+    if (with_bias_) detail::accumulate_gradient(bias_grad_, sum_leading_dims(dy), deferred_, "linear_backward");
+    auto dx = [&] {
+      if constexpr (DY::rank == 2)
+        return einsum<"bo,io->bi">(dy, weight_);
+      else
+        return einsum<"bto,io->bti">(dy, weight_);
+    }();
+    gradients_ready();
+    return dx;
   }
 
   void zero_grad() {
-    std::fill(weight_grad_.data(), weight_grad_.data() + weight_grad_.local_size(), T(0));
-    std::fill(bias_grad_.data(), bias_grad_.data() + bias_grad_.local_size(), T(0));
+    detail::zero_fill(weight_grad_);
+    detail::zero_fill(bias_grad_);
   }
 
  private:
@@ -122,9 +118,9 @@ class Linear {
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
     tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc,
                                   dy.extents(), dy.data(), out, shape, g.data(), EinsumStrategy::Auto);
-    const auto aligned = tshard::detail::implicit_reshard(mesh, out, Weight::spec_desc, shape, g.data(), "linear_backward");
-    T* w = weight_grad_.data();
-    for (tshard::detail::Index i = 0; i < weight_grad_.local_size(); ++i) w[i] += aligned.data[i];
+    tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
+    detail::accumulate_gradient(mesh, weight_grad_.data(), Weight::spec_desc, shape, g.data(), out, deferred_,
+                                "linear_backward");
   }
 
   Weight weight_;

@@ -1,131 +1,335 @@
 // Optimizers over sharded parameters: each parameter is updated where it lives, in one pass
-// over its valid elements, with state (momentum, moments) laid out like the parameter. A
-// gradient registered with add() is read when step() runs (kept by reference).
+// over the valid elements this rank updates, with state (momentum, moments) laid out like its
+// slice of the parameter. A gradient registered with add() is read when step() runs (kept by
+// reference). add(layer) takes a whole layer: its gradients' data-parallel sums are then
+// reduced by the optimizer, overlapped with the rest of backward, and weight-update sharding
+// (ZeRO stages 1-3, weight_update.hpp) applies. The stage is an option, not another program.
 #pragma once
+#include <bit>
 #include <cmath>
-#include <functional>
+#include <concepts>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "tshard/core/box_copy.hpp"
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/nn/weight_update.hpp"
 #include "tshard/tensor/factories.hpp"
-#include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {
+
+// Anything that lists its parameters: f(param, grad) for each.
+template <class L>
+concept Layer = requires(L& l) {
+  l.for_each_parameter([](auto&, auto&) {});
+  l.defer_gradient_sums(0u);
+  l.attach_hooks(LayerHooks{});
+};
+
+// How gradients were reduced in the last step: seconds blocked waiting for reductions that
+// started during backward (0 where all of it was hidden) and their total bytes.
+struct GradientReductionStats {
+  double blocked_seconds = 0;
+  int buckets = 0;
+};
+
 namespace detail {
 
-// The registered (parameter, gradient) pairs of an optimizer, each with its update closure
-// owning its state, and the step count that bias corrections and first steps read.
-template <class Options>
-class ParameterUpdates {
+// The registered parameters, their buckets and the update rule; Rule::update<T>(options, t, p,
+// g, state pointers, n) updates n consecutive elements.
+template <class Options, class Rule>
+class Optimizer {
  public:
-  explicit ParameterUpdates(const Options& options) : options_(options) {}
+  explicit Optimizer(const Options& options) : options_(options) {
+    if (options.zero_stage < 0 || options.zero_stage > 3)
+      throw SpecError("tshard::nn: zero_stage " + std::to_string(options.zero_stage) + " is not 0, 1, 2 or 3");
+  }
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // A parameter and its gradient (one spec, not partial), both kept by reference. The gradient
+  // is complete when step() runs (the caller reduced it); ZeRO stages 1 and 2 shard the state.
+  template <class T, class M, class S>
+  void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
+    static_assert(std::is_floating_point_v<T>, "tshard: optimizers update float or double parameters");
+    auto& b = new_bucket<T>(param.mesh());
+    register_slot(b, param, grad, /*owned by a layer*/ false);
+    finish_bucket(b);
+  }
+
+  // Every parameter of a layer, one bucket: the layer leaves its gradients' data-parallel sum to
+  // this optimizer, which starts reducing them when the layer's backward ends.
+  template <Layer L>
+  void add(L& layer) {
+    BucketBase* bucket = nullptr;
+    std::function<void()> finish;
+    std::uint32_t deferred = 0;
+    layer.for_each_parameter([&](auto& param, auto& grad) {
+      using T = typename std::remove_cvref_t<decltype(param)>::Scalar;
+      if (!bucket) {
+        auto& typed = new_bucket<T>(param.mesh());
+        bucket = &typed;
+        finish = [this, &typed] { finish_bucket(typed); };
+        deferred = data_mask(param.mesh());
+      }
+      auto* b = dynamic_cast<Bucket<T>*>(bucket);
+      if (!b) throw SpecError("tshard::nn: a layer's parameters have one element type");
+      register_slot(*b, param, grad, true);
+    });
+    if (!bucket) return;
+    layer.defer_gradient_sums(deferred);
+    BucketBase* raw = bucket;
+    LayerHooks hooks;
+    hooks.gradients_ready = [this, raw] {
+      if (!options_.overlap || no_sync_) return;
+      raw->start_reduction();
+      for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
+    };
+    if (options_.zero_stage == 3) {
+      hooks.before_use = [raw] { raw->gather_parameters(true); };
+      hooks.after_use = [raw] { raw->release_parameters(); };
+    }
+    layer.attach_hooks(std::move(hooks));
+    finish();
+  }
+
+  // Zeroes every registered gradient (stages 2 and 3: returns its memory to the pool; the
+  // first contribution of the next backward acquires it zeroed).
+  void zero_grad() {
+    for (auto& b : buckets_) b->zero_grad();
+  }
+
+  // While set, layers' gradients accumulate locally and are reduced by step() only (gradient
+  // accumulation over micro-batches: reduce once, not once per micro-batch).
+  void no_sync(bool on) { no_sync_ = on; }
+
+  // Scales the gradients so that their global 2-norm is at most max_norm (PyTorch's
+  // clip_grad_norm_); returns the norm before clipping. Every element counts once, whatever
+  // its layout: a replicated parameter on one replica, a ZeRO-sharded gradient by its chunks.
+  double clip_grad_norm(double max_norm) {
+    finish_reductions();
+    double local = 0;
+    for (auto& b : buckets_) local += b->squared_norm();
+    double total = local;
+    if (world_ != MPI_COMM_NULL) {
+      tshard::detail::OperatorScope scope("clip_grad_norm");
+      tshard::detail::all_reduce(world_, &local, &total, 1, ReduceOp::Sum);
+    }
+    const double norm = std::sqrt(total);
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1)
+      for (auto& b : buckets_) b->scale_gradients(coef);
+    return norm;
+  }
 
   // One update of every registered parameter from its gradient's current values.
   void step() {
+    finish_reductions();
     ++steps_;
     for (auto& u : updates_) u(options_, steps_);
+    for (auto& b : buckets_) b->gather_parameters(false);
+    for (auto& b : buckets_) b->started = false;
   }
+
   long steps() const { return steps_; }
   Options& options() { return options_; }
-
- protected:
-  using Update = std::function<void(const Options&, long)>;
-  template <class T, class M, class S>
-  void check_pair(const ShardedTensor<T, M, S>& param, const ShardedTensor<T, M, S>& grad, const char* name) const {
-    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
-      throw ShapeError(std::string("tshard::nn::") + name + "::add: the gradient " + grad.describe() +
-                       " does not match the parameter " + param.describe());
+  const Options& options() const { return options_; }
+  int zero_stage() const { return options_.zero_stage; }
+  // Bytes held now for parameters, gradients and state on this rank.
+  OptimizerMemory memory() const {
+    OptimizerMemory m;
+    for (auto& b : buckets_) {
+      const auto x = b->memory();
+      m.parameters += x.parameters;
+      m.gradients += x.gradients;
+      m.state += x.state;
+      m.model_elements += x.model_elements;
+    }
+    return m;
   }
-  void push(Update u) { updates_.push_back(std::move(u)); }
+  const GradientReductionStats& last_reduction() const { return reduction_; }
 
  private:
+  template <class M>
+  std::uint32_t data_mask(const M&) const {
+    for (std::size_t a = 0; a < M::axis_names.size(); ++a)
+      if (M::axis_names[a] == std::string_view(options_.data_axis)) return 1u << a;
+    return 0;
+  }
+
+  template <class T, class M>
+  Bucket<T>& new_bucket(const M& mesh) {
+    auto& state = *mesh.state();
+    const std::uint32_t mask = data_mask(mesh);
+    int axis = -1;
+    for (int a = 0; a < state.shape().axes(); ++a)
+      if (mask & (1u << a)) axis = a;
+    MPI_Comm data = axis >= 0 ? state.group(std::vector<int>{axis}) : MPI_COMM_SELF;
+    const int n = axis >= 0 ? state.shape().sizes[axis] : 1;
+    const int c = axis >= 0 ? state.coords()[axis] : 0;
+    auto b = std::make_unique<Bucket<T>>(data, n, c, options_.zero_stage);
+    b->data_mask = mask;
+    b->coords = state.coords();
+    world_ = state.comm();
+    auto* raw = b.get();
+    buckets_.push_back(std::move(b));
+    return *raw;
+  }
+
+  template <class T, class M, class S>
+  void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool layer_owned) {
+    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
+      throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
+    using Access = tshard::detail::TensorAccess;
+    const std::uint32_t data = b.data_mask;
+    const bool split_over_data = (ShardedTensor<T, M, S>::spec_desc.split_axes() & data) != 0;
+    const int n = data ? param.mesh().shape().sizes[std::countr_zero(data)] : 1;
+    Slot<T> s;
+    s.param = [&param] {
+      Access::acquire_storage(param, false);
+      return param.data();
+    };
+    s.grad = [&grad] {
+      Access::acquire_storage(grad, true);
+      return grad.data();
+    };
+    s.param_present = [&param] { return Access::has_storage(param); };
+    s.grad_present = [&grad] { return Access::has_storage(grad); };
+    s.release_param = [&param] { Access::release_storage(param); };
+    s.release_grad = [&grad] { Access::release_storage(grad); };
+    s.layout = param.layout();
+    s.size = param.local_size();
+    s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
+    s.deferred = layer_owned && data && !split_over_data;
+    s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned;
+    s.chunk = (s.size + n - 1) / n;
+    const std::uint32_t all = (1u << param.mesh().shape().axes()) - 1;
+    s.replica_axes = all & ~ShardedTensor<T, M, S>::spec_desc.split_axes();
+    for (int k = 0; k < Rule::states; ++k) s.state.push_back(zeroed_array<T>(s.state_size()));
+    if (s.streamed) {
+      const Index begin = s.owned_begin(b.data_coord()), end = s.owned_end(b.data_coord());
+      s.master = zeroed_array<T>(s.chunk);
+      std::copy(param.data() + begin, param.data() + end, s.master.get());
+    }
+    b.slots.push_back(std::move(s));
+  }
+
+  // The bucket's update closure; stage-3 parameters leave memory until their layer's next use.
+  template <class B>
+  void finish_bucket(B& b) {
+    using T = std::remove_pointer_t<decltype(b.slots.front().param())>;
+    auto* bucket = &b;
+    updates_.push_back([bucket](const Options& o, long t) {
+      const int c = bucket->data_coord();
+      for (auto& s : bucket->slots) {
+        T* p = bucket->parameter_base(s);
+        const T* g = bucket->gradient_base(s);
+        const Index base = s.owned_begin(c);
+        s.for_each_run_in(base, s.owned_end(c), [&](Index off, Index len) {
+          T* st[Rule::states > 0 ? Rule::states : 1];
+          for (int k = 0; k < Rule::states; ++k) st[k] = s.state[std::size_t(k)].get() + (off - base);
+          Rule::template update<T>(o, t, p + off, g + off, st, len);
+        });
+        s.reduced.reset();
+      }
+    });
+    b.release_parameters();
+  }
+
+  void finish_reductions() {
+    reduction_ = {};
+    for (auto& b : buckets_) {
+      reduction_.blocked_seconds += b->finish_reduction();
+      ++reduction_.buckets;
+    }
+  }
+
   Options options_;
   long steps_ = 0;
-  std::vector<Update> updates_;
+  bool no_sync_ = false;
+  MPI_Comm world_ = MPI_COMM_NULL;
+  std::vector<std::unique_ptr<BucketBase>> buckets_;
+  std::vector<std::function<void(const Options&, long)>> updates_;
+  GradientReductionStats reduction_;
 };
 
 }  // namespace detail
 
-// AdamW's settings, in this order (designated initializers: {.lr = 1e-3f, ...}).
+// AdamW's settings: the first five in this order (designated initializers: {.lr = 1e-3f, ...}),
+// then weight-update sharding over the mesh axis named data_axis (absent: no data parallelism),
+// and whether layers' gradient reductions start during backward.
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.01f;
+  int zero_stage = 0;
+  const char* data_axis = "data";
+  bool overlap = true;
 };
 
+namespace detail {
 // Adam with decoupled weight decay (Loshchilov and Hutter 2019), PyTorch's formula:
 //   p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-class AdamW : public detail::ParameterUpdates<AdamWOptions> {
+struct AdamWRule {
+  static constexpr int states = 2;
+  template <class T>
+  static void update(const AdamWOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
+    const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
+    const T decay = T(1) - lr * T(o.weight_decay);
+    const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
+    const T root_bc2 = T(std::sqrt(1 - std::pow(double(o.beta2), double(t))));
+    T* m = s[0];
+    T* v = s[1];
+    for (Index i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
+      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
+      p[i] = p[i] * decay - step * m[i] / (std::sqrt(v[i]) / root_bc2 + eps);
+    }
+  }
+};
+}  // namespace detail
+
+class AdamW : public detail::Optimizer<AdamWOptions, detail::AdamWRule> {
  public:
   using Options = AdamWOptions;
-  explicit AdamW(const Options& options) : ParameterUpdates(options) {}
-
-  // Registers a parameter and its gradient (one spec, not partial), both kept by reference.
-  template <class T, class M, class S>
-  void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
-    static_assert(std::is_floating_point_v<T>, "tshard: AdamW updates float or double parameters");
-    check_pair(param, grad, "AdamW");
-    auto m = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
-    auto v = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
-    push([&param, &grad, m, v](const Options& o, long t) {
-      const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
-      const T decay = T(1) - lr * T(o.weight_decay);
-      const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
-      const T root_bc2 = T(std::sqrt(1 - std::pow(double(o.beta2), double(t))));
-      T* p = param.data();
-      const T* g = std::as_const(grad).data();
-      T* mm = m->data();
-      T* vv = v->data();
-      tshard::detail::for_each_valid_run(param.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-        for (tshard::detail::Index i = off; i < off + n; ++i) {
-          mm[i] = b1 * mm[i] + (T(1) - b1) * g[i];
-          vv[i] = b2 * vv[i] + (T(1) - b2) * g[i] * g[i];
-          p[i] = p[i] * decay - step * mm[i] / (std::sqrt(vv[i]) / root_bc2 + eps);
-        }
-      });
-    });
-  }
-
+  explicit AdamW(const Options& options) : Optimizer(options) {}
 };
 
 struct SGDOptions {
   float lr = 1e-2f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;
+  int zero_stage = 0;
+  const char* data_axis = "data";
+  bool overlap = true;
 };
 
-// SGD with momentum, PyTorch's formula: g += wd p; b = momentum b + g (b = g at the first
-// step); p -= lr b (p -= lr g without momentum).
-class SGD : public detail::ParameterUpdates<SGDOptions> {
+namespace detail {
+// SGD with momentum, PyTorch's formula: d = g + wd p; b = momentum b + d (b = d at the first
+// step); p -= lr b (p -= lr d without momentum).
+struct SGDRule {
+  static constexpr int states = 1;
+  template <class T>
+  static void update(const SGDOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
+    const T lr = T(o.lr), mu = T(o.momentum), wd = T(o.weight_decay);
+    T* buf = s[0];
+    for (Index i = 0; i < n; ++i) {
+      const T d = g[i] + wd * p[i];
+      buf[i] = t == 1 ? d : mu * buf[i] + d;
+      p[i] -= lr * (mu != T(0) ? buf[i] : d);
+    }
+  }
+};
+}  // namespace detail
+
+class SGD : public detail::Optimizer<SGDOptions, detail::SGDRule> {
  public:
   using Options = SGDOptions;
-  explicit SGD(const Options& options) : ParameterUpdates(options) {}
-
-  template <class T, class M, class S>
-  void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
-    static_assert(std::is_floating_point_v<T>, "tshard: SGD updates float or double parameters");
-    check_pair(param, grad, "SGD");
-    auto b = std::make_shared<ShardedTensor<T, M, S>>(zeros_like(param));
-    push([&param, &grad, b](const Options& o, long t) {
-      const T lr = T(o.lr), mu = T(o.momentum), wd = T(o.weight_decay);
-      T* p = param.data();
-      const T* g = std::as_const(grad).data();
-      T* buf = b->data();
-      tshard::detail::for_each_valid_run(param.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-        for (tshard::detail::Index i = off; i < off + n; ++i) {
-          const T d = g[i] + wd * p[i];
-          buf[i] = t == 1 ? d : mu * buf[i] + d;
-          p[i] -= lr * (mu != T(0) ? buf[i] : d);
-        }
-      });
-    });
-  }
-
+  explicit SGD(const Options& options) : Optimizer(options) {}
 };
 
 }  // namespace tshard::nn

@@ -86,7 +86,7 @@ class ShardedTensor {
 
   ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_) {
     data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
-    if (layout_.padded_size()) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
+    if (layout_.padded_size() && o.data_) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
   }
   ShardedTensor& operator=(const ShardedTensor& o) {
     if (this != &o) *this = ShardedTensor(o);
@@ -229,6 +229,25 @@ struct TensorAccess {
   static std::shared_ptr<T> storage(const ShardedTensor<T, M, S, P>& x, bool evaluate = true) {
     if (evaluate) x.evaluate();
     return x.data_;
+  }
+  // Parameters and gradients whose memory comes and goes (ZeRO-2 and -3): the buffer is
+  // returned to the pool and later acquired again (unspecified contents) or zeroed.
+  template <class T, class M, class S, class P>
+  static bool has_storage(const ShardedTensor<T, M, S, P>& x) {
+    return bool(x.data_);
+  }
+  template <class T, class M, class S, class P>
+  static void release_storage(ShardedTensor<T, M, S, P>& x) {
+    x.data_.reset();
+    x.scaled_ = false;
+  }
+  template <class T, class M, class S, class P>
+  static void acquire_storage(ShardedTensor<T, M, S, P>& x, bool zeroed) {
+    if (!x.data_) {
+      const auto n = static_cast<std::size_t>(x.layout_.padded_size());
+      x.data_ = pooled_array<T>(n);
+      if (zeroed && n) std::memset(static_cast<void*>(x.data_.get()), 0, n * sizeof(T));
+    }
   }
 };
 

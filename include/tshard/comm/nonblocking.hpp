@@ -1,0 +1,105 @@
+// Non-blocking reductions left in flight while computation goes on (DDP's bucketed gradient
+// all-reduce, ZeRO's reduce-scatter): start() posts the MPI call in chunks of the collective
+// limit, test() lets MPI progress it, wait() completes it and records bytes and time under the
+// operator that started it, with the time spent blocked in wait() apart.
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tshard/comm/collectives.hpp"
+
+namespace tshard::detail {
+
+template <class T>
+class PendingReduction {
+ public:
+  PendingReduction() = default;
+  PendingReduction(const PendingReduction&) = delete;
+  PendingReduction& operator=(const PendingReduction&) = delete;
+  ~PendingReduction() {
+    if (!reqs_.empty()) MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+  }
+
+  // data = sum over the group of data, in place.
+  void start_all_reduce(MPI_Comm comm, T* data, Index n) {
+    begin("all_reduce", comm);
+    const int p = comm_size(comm);
+    if (p == 1 || n == 0) return;
+    moved_ = 2 * bytes_of<T>(n) * (p - 1) / p;
+    for (Index off = 0; off < n; off += collective_chunk_limit()) {
+      const Index c = std::min(collective_chunk_limit(), n - off);
+      reqs_.emplace_back();
+      MPI_Iallreduce(MPI_IN_PLACE, data + off, int(c), mpi_datatype<T>(), MPI_SUM, comm, &reqs_.back());
+    }
+  }
+
+  // send holds p blocks of n; group rank i receives the sum of block i into recv.
+  void start_reduce_scatter(MPI_Comm comm, const T* send, T* recv, Index n) {
+    begin("reduce_scatter", comm);
+    const int p = comm_size(comm);
+    if (p == 1 || n == 0) {
+      if (n && send != recv) std::copy(send, send + n, recv);
+      return;
+    }
+    moved_ = bytes_of<T>(n) * (p - 1);
+    const Index limit = collective_chunk_limit();
+    for (Index off = 0; off < n; off += limit) {
+      const Index c = std::min(limit, n - off);
+      reqs_.emplace_back();
+      if (c == n) {
+        MPI_Ireduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), MPI_SUM, comm, &reqs_.back());
+      } else {
+        blocks_.emplace_back(std::make_unique<StridedBlock<T>>(c, n));
+        MPI_Ireduce_scatter_block(send + off, recv + off, 1, blocks_.back()->get(), MPI_SUM, comm, &reqs_.back());
+      }
+    }
+  }
+
+  // Lets MPI progress the reduction; true once it is complete.
+  bool test() {
+    if (reqs_.empty()) return true;
+    int done = 0;
+    MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+    if (done) finish(0.0);
+    return done != 0;
+  }
+
+  // Completes the reduction; returns the seconds spent blocked here (not hidden by compute).
+  double wait() {
+    if (reqs_.empty()) return 0.0;
+    const auto t0 = std::chrono::steady_clock::now();
+    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    finish(blocked);
+    return blocked;
+  }
+  bool in_flight() const { return !reqs_.empty(); }
+
+ private:
+  void begin(const char* kind, MPI_Comm) {
+    kind_ = kind;
+    op_ = current_operator();
+    moved_ = 0;
+    start_ = std::chrono::steady_clock::now();
+  }
+  void finish(double) {
+    reqs_.clear();
+    blocks_.clear();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    comm_stats().record(op_, kind_, moved_, moved_, s);
+  }
+
+  std::vector<MPI_Request> reqs_;
+  std::vector<std::unique_ptr<StridedBlock<T>>> blocks_;
+  const char* kind_ = "";
+  std::string op_;
+  std::uint64_t moved_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace tshard::detail

@@ -1,0 +1,194 @@
+// Causal multi-head attention with its backward, on [B, T, Dh, H] tensors whose head dim H may
+// be split (Megatron's attention by annotation: every head is local, so scores and softmax
+// move nothing), and the Attention layer: q, k, v projections [D, Dh, H] with the heads split
+// like the QKV spec, an output projection [Dh, H, D] whose product is a partial over the heads'
+// axes (one all-reduce in forward and one in backward, as Megatron).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <tuple>
+#include <utility>
+
+#include "tshard/nn/init.hpp"
+#include "tshard/nn/module.hpp"
+#include "tshard/nn/softmax.hpp"
+#include "tshard/ops/einsum.hpp"
+#include "tshard/ops/reduce.hpp"
+
+namespace tshard::nn {
+namespace detail {
+
+// scores(b, t, s, h) = -inf where s > t (a position sees itself and the past only).
+template <class X>
+void mask_future(X& scores) {
+  using T = typename X::Scalar;
+  T* d = scores.data();
+  tshard::detail::for_each_local<X::rank>(scores.layout(), [&](const auto& g, tshard::detail::Index lin) {
+    if (g[2] > g[1]) d[lin] = -std::numeric_limits<T>::infinity();
+  });
+}
+
+template <class Q>
+typename Q::Scalar attention_scale(const Q& q) {
+  using T = typename Q::Scalar;
+  return T(1) / std::sqrt(T(std::max<Eigen::Index>(q.extents()[2], 1)));
+}
+
+}  // namespace detail
+
+// softmax(q k^T / sqrt(Dh) + causal mask) v for q, k, v [B, T, Dh, H]: returns the context
+// [B, T, Dh, H] and the probabilities [B, T, T, H] (kept for backward).
+template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
+auto causal_attention(const Q& q, const K& k, const V& v) {
+  static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4, "tshard: causal_attention takes q, k, v [B, T, Dh, H]");
+  tshard::detail::OperatorScope scope("attention");
+  if (q.extents() != k.extents() || q.extents() != v.extents())
+    throw ShapeError("tshard::nn::causal_attention: q " + q.describe() + ", k " + k.describe() + " and v " + v.describe() +
+                     " differ in shape");
+  auto raw = einsum<"btkh,bskh->btsh">(q, k);  // a partial where Dh is split
+  using Raw = decltype(raw);
+  using Scores = ShardedTensor<typename Q::Scalar, typename Q::MeshT, typename Raw::SpecType>;
+  Scores scores = [&]() -> Scores {
+    if constexpr (Raw::is_partial)
+      return tshard::detail::implicit_reshard<typename Raw::SpecType>(raw, "attention");
+    else
+      return std::move(raw);
+  }();
+  scores *= detail::attention_scale(q);
+  detail::mask_future(scores);
+  auto p = softmax<2>(scores);
+  auto context = einsum<"btsh,bskh->btkh">(p, v);
+  return std::pair{std::move(context), std::move(p)};
+}
+
+// dq, dk, dv given q, k, v, the forward's probabilities p and dL/dcontext.
+template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V,
+          tshard::detail::FloatingTensor P, tshard::detail::FloatingTensor DC>
+auto causal_attention_backward(const Q& q, const K& k, const V& v, const P& p, const DC& dcontext) {
+  static_assert(Q::rank == 4 && P::rank == 4 && DC::rank == 4, "tshard: causal_attention_backward takes [B, T, Dh, H] tensors");
+  tshard::detail::OperatorScope scope("attention_backward");
+  const auto scale = detail::attention_scale(q);
+  auto dp = einsum<"btkh,bskh->btsh">(dcontext, v);
+  auto dv = einsum<"btsh,btkh->bskh">(p, dcontext);
+  auto ds = softmax_backward<2>(p, dp);  // zero where masked: p is 0 there
+  auto dq = einsum<"btsh,bskh->btkh">(ds, k) * scale;
+  auto dk = einsum<"btsh,btkh->bskh">(ds, q) * scale;
+  return std::tuple{std::move(dq), std::move(dk), std::move(dv)};
+}
+
+// The layer: x [B, T, D] -> [B, T, D]. QKVSpec lays out Wq, Wk, Wv [D, Dh, H]; OutSpec lays out
+// Wo [Dh, H, D]; the bias [D] follows Wo's last dim. Dh = ceil(D / H), so any (D, H) works.
+template <class T, class M, class QKVSpec = Spec<R, R, S<"model">>, class OutSpec = Spec<R, S<"model">, R>>
+class Attention : public Module {
+  static_assert(tshard::detail::is_spec<QKVSpec>::value && QKVSpec::rank == 3,
+                "tshard: Attention's QKV spec is a rank-3 tshard::Spec<model dim, head dim, heads>");
+  static_assert(tshard::detail::is_spec<OutSpec>::value && OutSpec::rank == 3,
+                "tshard: Attention's output spec is a rank-3 tshard::Spec<head dim, heads, model dim>");
+  static_assert(std::is_floating_point_v<T>, "tshard: Attention's element type is float or double");
+
+ public:
+  using Proj = ShardedTensor<T, M, QKVSpec>;
+  using Out = ShardedTensor<T, M, OutSpec>;
+  using Bias = ShardedTensor<T, M, Spec<tshard::detail::dim_at_t<OutSpec, 2>>>;
+
+  Attention(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed)
+      : mesh_(mesh),
+        head_dim_((dmodel + std::max<Eigen::Index>(heads, 1) - 1) / std::max<Eigen::Index>(heads, 1)),
+        wq_(init_proj(mesh, dmodel, heads, seed)),
+        wk_(init_proj(mesh, dmodel, heads, seed + 1)),
+        wv_(init_proj(mesh, dmodel, heads, seed + 2)),
+        wo_(detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads))),
+        bo_(detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads))),
+        wq_grad_(zeros_like(wq_)), wk_grad_(zeros_like(wk_)), wv_grad_(zeros_like(wv_)),
+        wo_grad_(zeros_like(wo_)), bo_grad_(zeros_like(bo_)) {
+    if (dmodel < 1 || heads < 1)
+      throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
+                       std::to_string(heads) + " must be positive");
+  }
+
+  Proj& wq() { return wq_; }
+  Proj& wk() { return wk_; }
+  Proj& wv() { return wv_; }
+  Out& wo() { return wo_; }
+  Bias& bo() { return bo_; }
+  Eigen::Index head_dim() const { return head_dim_; }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(wq_, wq_grad_);
+    f(wk_, wk_grad_);
+    f(wv_, wv_grad_);
+    f(wo_, wo_grad_);
+    f(bo_, bo_grad_);
+  }
+
+  template <tshard::detail::FloatingTensor X>
+  auto forward(const X& x_in) {
+    static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
+    tshard::detail::OperatorScope scope("attention");
+    auto in_use = use();
+    const auto& x = tshard::detail::resolved(x_in, "attention");
+    auto q = einsum<"btd,dkh->btkh">(x, wq_);
+    auto k = einsum<"btd,dkh->btkh">(x, wk_);
+    auto v = einsum<"btd,dkh->btkh">(x, wv_);
+    auto [context, p] = causal_attention(q, k, v);
+    x_.save(x);
+    q_.save(q);
+    k_.save(k);
+    v_.save(v);
+    p_.save(p);
+    context_.save(context);
+    return einsum<"btkh,khd->btd">(context, wo_) + bo_;  // the heads' partial resolved before the bias
+  }
+
+  // dL/dx (a partial over the heads' axes where they are split) for dL/dy of the last forward;
+  // adds every parameter's gradient.
+  template <tshard::detail::FloatingTensor DY>
+  auto backward(const DY& dy_in) {
+    static_assert(DY::rank == 3, "tshard: Attention's output gradient is [B, T, D]");
+    tshard::detail::OperatorScope scope("attention_backward");
+    auto in_use = use();
+    const auto& dy = tshard::detail::resolved(dy_in, "attention_backward");
+    using X = ShardedTensor<T, M, typename std::remove_cvref_t<decltype(dy)>::SpecType>;
+    using QSpec = typename decltype(einsum<"btd,dkh->btkh">(std::declval<const X&>(), wq_))::SpecType;
+    const auto x = x_.template as<typename X::SpecType>(mesh_, "Attention::backward");
+    const auto q = q_.template as<QSpec>(mesh_, "Attention::backward");
+    const auto k = k_.template as<QSpec>(mesh_, "Attention::backward");
+    const auto v = v_.template as<QSpec>(mesh_, "Attention::backward");
+    using PSpec = typename decltype(causal_attention(q, k, v).second)::SpecType;
+    const auto p = p_.template as<PSpec>(mesh_, "Attention::backward");
+    const auto context = context_.template as<QSpec>(mesh_, "Attention::backward");
+
+    detail::accumulate_gradient(wo_grad_, einsum<"btkh,btd->khd">(context, dy), deferred_, "attention_backward");
+    detail::accumulate_gradient(bo_grad_, sum_leading_dims(dy), deferred_, "attention_backward");
+    auto dcontext = einsum<"btd,khd->btkh">(dy, wo_);
+    auto [dq, dk, dv] = causal_attention_backward(q, k, v, p, dcontext);
+    detail::accumulate_gradient(wq_grad_, einsum<"btd,btkh->dkh">(x, dq), deferred_, "attention_backward");
+    detail::accumulate_gradient(wk_grad_, einsum<"btd,btkh->dkh">(x, dk), deferred_, "attention_backward");
+    detail::accumulate_gradient(wv_grad_, einsum<"btd,btkh->dkh">(x, dv), deferred_, "attention_backward");
+    auto dx = einsum<"btkh,dkh->btd">(dq, wq_) + einsum<"btkh,dkh->btd">(dk, wk_) + einsum<"btkh,dkh->btd">(dv, wv_);
+    gradients_ready();
+    return dx;
+  }
+
+  void zero_grad() { for_each_parameter([](auto&, auto& g) { detail::zero_fill(g); }); }
+
+ private:
+  static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
+  Proj init_proj(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed) const {
+    return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, bound(dmodel));
+  }
+
+  M mesh_;
+  Eigen::Index head_dim_;
+  Proj wq_, wk_, wv_;
+  Out wo_;
+  Bias bo_;
+  Proj wq_grad_, wk_grad_, wv_grad_;
+  Out wo_grad_;
+  Bias bo_grad_;
+  detail::SavedActivation<T, M> x_, q_, k_, v_, p_, context_;
+};
+
+}  // namespace tshard::nn

@@ -1,0 +1,161 @@
+// Embedding<T, Mesh, TableSpec>: rows of a table [V, D] picked by integer ids of any rank. The
+// vocabulary may be split (Megatron's vocab-parallel embedding): each rank looks up the ids in
+// its block and writes zeros elsewhere, a partial sum over V's axes resolved where it is used,
+// so nothing of the table moves. Backward is a scatter-add into this rank's rows.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tshard/nn/init.hpp"
+#include "tshard/nn/module.hpp"
+#include "tshard/ops/take.hpp"
+
+namespace tshard::nn {
+namespace detail {
+
+template <class SpecT, class D>
+struct append_dim;
+template <class... Ds, class D>
+struct append_dim<Spec<Ds...>, D> {
+  using type = Spec<Ds..., D>;
+};
+
+}  // namespace detail
+
+template <class T, class M, class TableSpec = Spec<S<"model">, R>>
+class Embedding : public Module {
+  static_assert(tshard::detail::is_spec<TableSpec>::value && TableSpec::rank == 2,
+                "tshard: Embedding's table spec is a rank-2 tshard::Spec<vocab, features>");
+  static_assert(std::is_floating_point_v<T>, "tshard: Embedding's element type is float or double");
+  static constexpr tshard::detail::SpecDesc table_desc = tshard::detail::make_desc<TableSpec, NoPartial>(M::axis_names);
+
+ public:
+  using Table = ShardedTensor<T, M, TableSpec>;
+
+  // Rows uniform in [-1, 1) from (seed, global index): the same table on every mesh.
+  Embedding(const M& mesh, Eigen::Index vocab, Eigen::Index features, std::uint64_t seed)
+      : mesh_(mesh),
+        weight_(detail::uniform_init<T, TableSpec>(mesh, {vocab, features}, seed, 1.0)),
+        weight_grad_(zeros<T, TableSpec>(mesh, {vocab, features})) {}
+
+  Table& weight() { return weight_; }
+  Table& weight_grad() { return weight_grad_; }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(weight_, weight_grad_);
+  }
+
+  // ids [...] (int32 or int64) -> [..., D], split like the ids and like the table's D, partial
+  // over the axes splitting V. The ids are kept (shared) for backward.
+  template <ShardedTensorType Ids>
+  auto forward(const Ids& ids_in) {
+    static_assert(tshard::detail::is_id_tensor_v<Ids>, "tshard: Embedding's ids are an int32 or int64 tensor");
+    static_assert(std::is_same_v<typename Ids::MeshT, M>, "tshard: Embedding's ids live on the table's mesh type");
+    static_assert((Ids::spec_desc.split_axes() & table_desc.split_axes()) == 0,
+                  "tshard: Embedding's ids may not be split over an axis that splits the table");
+    using Out = ShardedTensor<T, M, typename detail::append_dim<typename Ids::SpecType, tshard::detail::dim_at_t<TableSpec, 1>>::type,
+                              typename tshard::detail::partial_of<ReduceOp::Sum,
+                                  typename tshard::detail::dim_axes<tshard::detail::dim_at_t<TableSpec, 0>>::type>::type>;
+    tshard::detail::OperatorScope scope("embedding");
+    auto in_use = use();
+    const auto& ids = tshard::detail::resolved(ids_in, "embedding");
+    tshard::detail::require_same_mesh(weight_, ids, "embedding");
+    check(ids);
+    std::array<Eigen::Index, Ids::rank + 1> shape{};
+    for (int d = 0; d < Ids::rank; ++d) shape[d] = ids.extents()[d];
+    shape[Ids::rank] = weight_.extents()[1];
+    Out out(mesh_, shape);
+    T* o = out.data();
+    std::fill(o, o + out.local_size(), T(0));
+    const T* table = weight_.data();
+    const auto& tl = weight_.layout();
+    const tshard::detail::Index rows = ids.local_size();
+    for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
+      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = table[v + tl.padded[0] * d];
+    });
+    // Kept for backward: which output rows hit which local table rows, and the output's layout.
+    hits_.clear();
+    for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { hits_.emplace_back(r, v); });
+    rows_ = ids.local_size();
+    out_desc_ = Out::spec_desc.without_partial();
+    out_shape_ = out.extents();
+    ids_axes_ = Ids::spec_desc.split_axes();
+    saved_ = true;
+    return out;
+  }
+
+  // Adds dL/dtable for dL/dout of the last forward into weight_grad(): rows of repeated ids add
+  // up; the sum over ranks holding different ids is the data-parallel gradient sum.
+  template <tshard::detail::FloatingTensor DY>
+  void backward(const DY& dy_in) {
+    tshard::detail::OperatorScope scope("embedding_backward");
+    auto in_use = use();
+    if (!saved_) throw SpecError("tshard::nn::Embedding::backward: no forward to take the gradient of");
+    const auto& dy = tshard::detail::resolved(dy_in, "embedding_backward");
+    if (DY::rank != out_desc_.rank || dy.extents() != out_shape_)
+      throw ShapeError("tshard::nn::Embedding::backward: the gradient " + dy.describe() +
+                       " does not match the last forward's output");
+    auto& mesh = *mesh_.state();
+    const auto aligned = tshard::detail::implicit_reshard(mesh, DY::spec_desc, out_desc_, out_shape_, dy.data(),
+                                                          "embedding_backward");
+    const auto& tl = weight_.layout();
+    tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tl.padded_size(), 1)));
+    std::fill(g.data(), g.data() + tl.padded_size(), T(0));
+    for (auto [r, v] : hits_)
+      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) g.data()[v + tl.padded[0] * d] += aligned.data[r + rows_ * d];
+    // A partial sum over the axes splitting the ids (each rank saw its own ids).
+    tshard::detail::SpecDesc contribution = table_desc;
+    if (ids_axes_) {
+      contribution.partial = tshard::detail::PartialKind::Sum;
+      contribution.partial_axes = ids_axes_;
+    }
+    tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
+    detail::accumulate_gradient(mesh, weight_grad_.data(), table_desc, weight_.extents(), g.data(), contribution, deferred_,
+                                "embedding_backward");
+    gradients_ready();
+  }
+
+  void zero_grad() { detail::zero_fill(weight_grad_); }
+
+ private:
+  template <class Ids>
+  void check(const Ids& ids) const {
+    using I = typename Ids::Scalar;
+    std::vector<I> valid;
+    const I* d = ids.data();
+    tshard::detail::for_each_valid_run(ids.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
+      valid.insert(valid.end(), d + off, d + off + n);
+    });
+    tshard::detail::check_ids(*mesh_.state(), valid.data(), tshard::detail::Index(valid.size()), Ids::spec_desc.split_axes() != 0,
+                              weight_.extents()[0], "embedding", weight_.describe(), ids.describe());
+  }
+
+  // f(r, v) for each valid id position r (in the ids' padded buffer) whose id is row v of this
+  // rank's block of the table.
+  template <class Ids, class F>
+  void for_each_id(const Ids& ids, F&& f) const {
+    const auto& tl = weight_.layout();
+    const auto* d = ids.data();
+    tshard::detail::for_each_valid_run(ids.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
+      for (tshard::detail::Index r = off; r < off + n; ++r) {
+        const tshard::detail::Index v = tshard::detail::Index(d[r]) - tl.offset[0];
+        if (v >= 0 && v < tl.valid[0]) f(r, v);
+      }
+    });
+  }
+
+  M mesh_;
+  Table weight_, weight_grad_;
+  std::vector<std::pair<tshard::detail::Index, tshard::detail::Index>> hits_;
+  tshard::detail::Index rows_ = 0;
+  tshard::detail::SpecDesc out_desc_{};
+  tshard::detail::Extents out_shape_{};
+  std::uint32_t ids_axes_ = 0;
+  bool saved_ = false;
+};
+
+}  // namespace tshard::nn

@@ -1,0 +1,170 @@
+// The MLP and the pre-layernorm transformer block (GPT-2's), each a layer with forward and
+// backward owning its parameters. Their layouts come from one struct of specs (Megatron's by
+// default: heads and the MLP's hidden dim split over "model"), so the same block is data-,
+// tensor- or both-parallel by annotation alone.
+#pragma once
+#include <cstdint>
+
+#include "tshard/nn/activations.hpp"
+#include "tshard/nn/attention.hpp"
+#include "tshard/nn/layer_norm.hpp"
+#include "tshard/nn/linear.hpp"
+
+namespace tshard::nn {
+
+// The parameter specs of a block, Megatron's pattern over the mesh axis Model: Wq, Wk, Wv [D, Dh,
+// H] and Wo [Dh, H, D] split over the heads, W1 [D, F] over its columns, W2 [F, D] over its
+// rows, layer norms replicated. Any struct with these five names works.
+template <FixedString Model = "model">
+struct MegatronSpecs {
+  using qkv = Spec<R, R, S<Model>>;
+  using attention_out = Spec<R, S<Model>, R>;
+  using mlp_in = Spec<R, S<Model>>;
+  using mlp_out = Spec<S<Model>, R>;
+  using norm = Spec<R>;
+};
+
+// x [.., D] -> fc2(gelu(fc1(x))) with fc1 [D, F] laid out as InSpec and fc2 [F, D] as OutSpec.
+template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = Spec<S<"model">, R>>
+class MLP : public Module {
+ public:
+  MLP(const M& mesh, Eigen::Index dmodel, Eigen::Index hidden, std::uint64_t seed)
+      : mesh_(mesh), fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {}
+
+  Linear<T, M, InSpec>& fc1() { return fc1_; }
+  Linear<T, M, OutSpec>& fc2() { return fc2_; }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    fc1_.for_each_parameter(f);
+    fc2_.for_each_parameter(f);
+  }
+  void defer_gradient_sums(std::uint32_t axes) {
+    Module::defer_gradient_sums(axes);
+    fc1_.defer_gradient_sums(axes);
+    fc2_.defer_gradient_sums(axes);
+  }
+
+  template <tshard::detail::FloatingTensor X>
+  auto forward(const X& x) {
+    tshard::detail::OperatorScope scope("mlp");
+    auto in_use = use();
+    auto h = fc1_.forward(x);
+    h_.save(h);
+    return fc2_.forward(gelu(h));
+  }
+
+  // dL/dx (a partial over the hidden dim's axes where it is split).
+  template <tshard::detail::FloatingTensor DY>
+  auto backward(const DY& dy) {
+    tshard::detail::OperatorScope scope("mlp_backward");
+    auto in_use = use();
+    auto da = fc2_.backward(dy);
+    const auto h = h_.template as<typename decltype(da)::SpecType>(mesh_, "MLP::backward");
+    auto dx = fc1_.backward(gelu_backward(h, da));
+    gradients_ready();
+    return dx;
+  }
+
+  void zero_grad() {
+    fc1_.zero_grad();
+    fc2_.zero_grad();
+  }
+
+ private:
+  M mesh_;
+  Linear<T, M, InSpec> fc1_;
+  Linear<T, M, OutSpec> fc2_;
+  detail::SavedActivation<T, M> h_;
+};
+
+// The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
+// with masks from (seed, call, global index): the same on every mesh.
+struct BlockOptions {
+  Eigen::Index dmodel = 64;
+  Eigen::Index heads = 4;
+  Eigen::Index hidden = 0;
+  double dropout = 0.0;
+  std::uint64_t seed = 1;
+};
+
+// y = h + mlp(ln2(h)), h = x + attention(ln1(x)), for x [B, T, D].
+template <class T, class M, class Specs = MegatronSpecs<"model">>
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const M& mesh, const BlockOptions& o)
+      : o_(o),
+        ln1_(mesh, o.dmodel),
+        attention_(mesh, o.dmodel, o.heads, o.seed * 16 + 1),
+        ln2_(mesh, o.dmodel),
+        mlp_(mesh, o.dmodel, o.hidden > 0 ? o.hidden : 4 * o.dmodel, o.seed * 16 + 8) {}
+
+  LayerNorm<T, M, typename Specs::norm>& ln1() { return ln1_; }
+  LayerNorm<T, M, typename Specs::norm>& ln2() { return ln2_; }
+  Attention<T, M, typename Specs::qkv, typename Specs::attention_out>& attention() { return attention_; }
+  MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>& mlp() { return mlp_; }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    ln1_.for_each_parameter(f);
+    attention_.for_each_parameter(f);
+    ln2_.for_each_parameter(f);
+    mlp_.for_each_parameter(f);
+  }
+  void defer_gradient_sums(std::uint32_t axes) {
+    Module::defer_gradient_sums(axes);
+    ln1_.defer_gradient_sums(axes);
+    attention_.defer_gradient_sums(axes);
+    ln2_.defer_gradient_sums(axes);
+    mlp_.defer_gradient_sums(axes);
+  }
+
+  template <tshard::detail::FloatingTensor X>
+  auto forward(const X& x_in) {
+    static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
+    tshard::detail::OperatorScope scope("transformer_block");
+    auto in_use = use();
+    const auto& x = tshard::detail::resolved(x_in, "transformer_block");
+    ++calls_;
+    auto h = x + drop(attention_.forward(ln1_.forward(x)), 0);
+    return h + drop(mlp_.forward(ln2_.forward(h)), 1);
+  }
+
+  template <tshard::detail::FloatingTensor DY>
+  auto backward(const DY& dy_in) {
+    tshard::detail::OperatorScope scope("transformer_block_backward");
+    auto in_use = use();
+    const auto& dy = tshard::detail::resolved(dy_in, "transformer_block_backward");
+    auto dh = dy + ln2_.backward(mlp_.backward(drop(dy, 1)));
+    auto dx = dh + ln1_.backward(attention_.backward(drop(dh, 0)));
+    gradients_ready();
+    return dx;
+  }
+
+  void zero_grad() {
+    ln1_.zero_grad();
+    attention_.zero_grad();
+    ln2_.zero_grad();
+    mlp_.zero_grad();
+  }
+
+ private:
+  // Dropout of a residual branch (site 0: attention, 1: MLP); the mask depends on the block's
+  // seed, the forward call and the site, so backward applies the forward's mask.
+  template <class X>
+  auto drop(const X& x, int site) const {
+    const auto& r = tshard::detail::resolved(x, "dropout");
+    using Out = ShardedTensor<T, M, typename X::SpecType>;
+    if (o_.dropout <= 0) return Out(tshard::detail::AdoptStorage{}, r.mesh(), r.global_shape(), tshard::detail::TensorAccess::storage(r));
+    return Out(dropout(r, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site)));
+  }
+
+  BlockOptions o_;
+  LayerNorm<T, M, typename Specs::norm> ln1_;
+  Attention<T, M, typename Specs::qkv, typename Specs::attention_out> attention_;
+  LayerNorm<T, M, typename Specs::norm> ln2_;
+  MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out> mlp_;
+  std::uint64_t calls_ = 0;
+};
+
+}  // namespace tshard::nn

@@ -1,0 +1,273 @@
+// The machinery under every optimizer: registered parameters grouped in buckets (one per layer
+// given whole, one per bare parameter), their data-parallel gradient reduction, and
+// weight-update sharding over the data axis (Xu et al. 2020, "Automatic cross-replica sharding
+// of weight update"; ZeRO, Rajbhandari et al. 2020):
+//
+//   stage 0  gradients all-reduced; every rank updates its whole local block, state replicated
+//   stage 1  gradients all-reduced; rank c of the data axis updates chunk c of the block and
+//            holds state for that chunk only; the parameters are all-gathered back
+//   stage 2  gradients reduce-scattered: each rank receives only its chunk, and the full
+//            gradient's memory goes back to the pool once its reduction has ended
+//   stage 3  as 2, and a layer's parameters exist only between its hooks (gathered just
+//            before its forward or backward, released after); each rank keeps its chunk
+//
+// A chunk is a 1/N slice of the flattened local block (N the data axis' size), the same
+// slicing whatever the parameter's spec, as DeepSpeed flattens. A parameter already split over
+// the data axis has nothing to shard and takes the stage-0 path. Reductions start, non-blocking,
+// as soon as a layer's backward ends; step() completes what is left.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tshard/comm/nonblocking.hpp"
+#include "tshard/core/box_copy.hpp"
+#include "tshard/nn/module.hpp"
+
+namespace tshard::nn {
+
+// Bytes this rank holds for parameters, gradients and optimizer state (what ZeRO divides).
+struct OptimizerMemory {
+  std::uint64_t parameters = 0, gradients = 0, state = 0;
+  std::uint64_t model_elements = 0;  // the local parameter elements (Psi of ZeRO's formulas)
+  std::uint64_t total() const { return parameters + gradients + state; }
+};
+
+namespace detail {
+
+using tshard::detail::Index;
+
+// One registered parameter: typed access through closures, and its chunk of the data axis.
+template <class T>
+struct Slot {
+  std::function<T*()> param, grad;  // the buffers (acquired where released)
+  std::function<bool()> param_present, grad_present;
+  std::function<void()> release_param, release_grad;
+  tshard::detail::ShardLayout layout;
+  Index size = 0;         // padded local elements
+  bool sharded = false;   // stage >= 1 and replicated over a data axis of size > 1
+  bool deferred = false;  // the gradient holds this rank's partial sum over the data axis
+  bool streamed = false;  // stage 3: present only between its layer's hooks
+  Index chunk = 0;        // ceil(size / N)
+  std::uint32_t replica_axes = 0;  // mesh axes the parameter is replicated over
+  std::vector<std::shared_ptr<T>> state;
+  std::shared_ptr<T> master;   // stage 3: this rank's chunk of the parameter
+  std::shared_ptr<T> reduced;  // stages 2 and 3: this rank's chunk of the reduced gradient
+
+  Index owned_begin(int c) const { return sharded ? std::min(size, Index(c) * chunk) : 0; }
+  Index owned_end(int c) const { return sharded ? std::min(size, Index(c + 1) * chunk) : size; }
+  Index state_size() const { return sharded ? chunk : size; }
+  // f(offset, length) over the valid runs of the block that lie in [begin, end).
+  template <class F>
+  void for_each_run_in(Index begin, Index end, F&& f) const {
+    tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
+      const Index b = std::max(off, begin), e = std::min(off + n, end);
+      if (b < e) f(b, e - b);
+    });
+  }
+};
+
+template <class T>
+std::shared_ptr<T> zeroed_array(Index n) {
+  auto p = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(n, 1)));
+  std::memset(static_cast<void*>(p.get()), 0, sizeof(T) * static_cast<std::size_t>(std::max<Index>(n, 1)));
+  return p;
+}
+
+// A group of parameters reduced together (one layer), with its data-axis communicator.
+class BucketBase {
+ public:
+  virtual ~BucketBase() = default;
+  virtual void start_reduction() = 0;
+  virtual void test() = 0;
+  virtual double finish_reduction() = 0;  // seconds blocked
+  virtual void zero_grad() = 0;
+  virtual double squared_norm() = 0;      // this rank's share of the squared gradient norm
+  virtual void scale_gradients(double s) = 0;
+  // All-gather of the updated chunks: of the streamed parameters (stage 3, before use) or of
+  // the others (stages 1 and 2, after the update).
+  virtual void gather_parameters(bool streamed) = 0;
+  virtual void release_parameters() = 0;  // stage 3
+  virtual OptimizerMemory memory() const = 0;
+  bool started = false;
+};
+
+template <class T>
+class Bucket : public BucketBase {
+ public:
+  Bucket(MPI_Comm data, int n, int c, int stage) : data_(data), n_(n), c_(c), stage_(stage) {}
+  std::vector<Slot<T>> slots;
+
+  int data_coord() const { return c_; }
+  int stage() const { return stage_; }
+
+  void start_reduction() override {
+    if (started) return;
+    started = true;
+    if (n_ == 1) return;
+    tshard::detail::OperatorScope scope("gradient_reduction");
+    Index total = 0;
+    for (auto& s : slots)
+      if (s.deferred) total += s.sharded && stage_ >= 2 ? s.chunk : s.size;
+    if (total == 0) return;
+    scatter_ = stage_ >= 2;
+    // Packed: for all-reduce, each gradient whole; for reduce-scatter, block j of the send
+    // buffer is every gradient's chunk j, so rank j receives its chunks together.
+    send_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * (scatter_ ? n_ : 1)));
+    T* out = send_.get();
+    for (int j = 0; j < (scatter_ ? n_ : 1); ++j)
+      for (auto& s : slots) {
+        if (!s.deferred) continue;
+        const Index b = scatter_ ? Index(j) * s.chunk : 0, len = scatter_ ? s.chunk : s.size;
+        const Index have = std::max<Index>(0, std::min(len, s.size - b));
+        const T* g = s.grad();
+        std::copy(g + b, g + b + have, out);
+        std::fill(out + have, out + len, T(0));
+        out += len;
+      }
+    if (scatter_) {
+      recv_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+      pending_.start_reduce_scatter(data_, send_.get(), recv_.get(), total);
+    } else {
+      pending_.start_all_reduce(data_, send_.get(), total);
+    }
+  }
+
+  void test() override {
+    if (pending_.in_flight()) pending_.test();
+  }
+
+  double finish_reduction() override {
+    start_reduction();
+    const double blocked = pending_.wait();
+    if (!send_) return blocked;
+    const T* in = scatter_ ? recv_.get() : send_.get();
+    for (auto& s : slots) {
+      if (!s.deferred) continue;
+      if (scatter_) {
+        s.reduced = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(s.chunk, 1)));
+        std::copy(in, in + s.chunk, s.reduced.get());
+        in += s.chunk;
+        s.release_grad();  // the full gradient is not needed any more
+      } else {
+        std::copy(in, in + s.size, s.grad());
+        in += s.size;
+      }
+    }
+    send_.reset();
+    recv_.reset();
+    return blocked;
+  }
+
+  void zero_grad() override {
+    started = false;
+    for (auto& s : slots) {
+      s.reduced.reset();
+      if (s.deferred && s.sharded && stage_ >= 2) {
+        s.release_grad();  // acquired again, zeroed, by the first contribution
+      } else {
+        T* g = s.grad();
+        std::fill(g, g + s.size, T(0));
+      }
+    }
+  }
+
+  // The gradient this rank updates with, at local index i of the block.
+  const T* gradient_base(Slot<T>& s) {
+    return s.reduced ? s.reduced.get() - s.owned_begin(c_) : s.grad();
+  }
+
+  double squared_norm() override {
+    double sum = 0;
+    for (auto& s : slots) {
+      // Each element once: the first replica along every axis the parameter is replicated
+      // over, except the data axis where the chunks partition it.
+      std::uint32_t axes = s.replica_axes & ~(s.sharded ? data_mask : 0u);
+      bool counted = true;
+      for (int a = 0; a < tshard::detail::kMaxAxes; ++a)
+        if ((axes & (1u << a)) && coords[a] != 0) counted = false;
+      if (!counted) continue;
+      const T* g = gradient_base(s);
+      s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
+        for (Index i = off; i < off + n; ++i) sum += double(g[i]) * double(g[i]);
+      });
+    }
+    return sum;
+  }
+
+  void scale_gradients(double f) override {
+    for (auto& s : slots) {
+      T* g = s.reduced ? s.reduced.get() - s.owned_begin(c_) : s.grad();
+      s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
+        for (Index i = off; i < off + n; ++i) g[i] = T(g[i] * f);
+      });
+    }
+  }
+
+  // The parameter this rank updates, at local index i of the block.
+  T* parameter_base(Slot<T>& s) { return s.streamed ? s.master.get() - s.owned_begin(c_) : s.param(); }
+
+  void gather_parameters(bool streamed) override {
+    auto takes = [&](const Slot<T>& s) { return s.sharded && s.streamed == streamed; };
+    Index total = 0;
+    for (auto& s : slots)
+      if (takes(s)) total += s.chunk;
+    if (total == 0) return;
+    tshard::detail::OperatorScope scope("parameter_gather");
+    auto mine = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+    auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * n_));
+    T* out = mine.get();
+    for (auto& s : slots) {
+      if (!takes(s)) continue;
+      const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+      const T* p = s.streamed ? s.master.get() : s.param() + b;
+      std::copy(p, p + (e - b), out);
+      std::fill(out + (e - b), out + s.chunk, T(0));
+      out += s.chunk;
+    }
+    tshard::detail::all_gather(data_, mine.get(), total, all.get());
+    for (int j = 0; j < n_; ++j) {
+      const T* in = all.get() + Index(j) * total;
+      for (auto& s : slots) {
+        if (!takes(s)) continue;
+        const Index b = std::min(s.size, Index(j) * s.chunk), e = std::min(s.size, Index(j + 1) * s.chunk);
+        std::copy(in, in + (e - b), s.param() + b);
+        in += s.chunk;
+      }
+    }
+  }
+
+  void release_parameters() override {
+    for (auto& s : slots)
+      if (s.streamed) s.release_param();
+  }
+
+  OptimizerMemory memory() const override {
+    OptimizerMemory m;
+    for (auto& s : slots) {
+      const std::uint64_t b = sizeof(T);
+      m.model_elements += std::uint64_t(s.size);
+      m.parameters += (s.param_present() ? std::uint64_t(s.size) * b : 0) + (s.master ? std::uint64_t(s.chunk) * b : 0);
+      m.gradients += (s.grad_present() ? std::uint64_t(s.size) * b : 0) + (s.reduced ? std::uint64_t(s.chunk) * b : 0);
+      m.state += std::uint64_t(s.state.size()) * std::uint64_t(s.state_size()) * b;
+    }
+    return m;
+  }
+
+  std::uint32_t data_mask = 0;
+  std::array<int, tshard::detail::kMaxAxes> coords{};
+
+ private:
+  MPI_Comm data_;
+  int n_ = 1, c_ = 0, stage_ = 0;
+  bool scatter_ = false;
+  std::shared_ptr<T> send_, recv_;
+  tshard::detail::PendingReduction<T> pending_;
+};
+
+}  // namespace detail
+}  // namespace tshard::nn
