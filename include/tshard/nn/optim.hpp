@@ -132,6 +132,12 @@ class Optimizer {
     for (auto& b : buckets_) b->started = false;
   }
 
+  // ZeRO-3: every parameter present again (to read, gather or save it); each layer releases
+  // its own again after its next use.
+  void gather_parameters() {
+    for (auto& b : buckets_) b->gather_parameters(true);
+  }
+
   long steps() const { return steps_; }
   Options& options() { return options_; }
   const Options& options() const { return options_; }

@@ -1,0 +1,393 @@
+// nn layers and optimizers through the typed API on every {data, model} mesh of the world size:
+// attention against serial loops and finite differences; Embedding, LayerNorm, Attention, MLP
+// and TransformerBlock forward and backward against the same layer on a one-rank mesh (itself
+// checked against finite differences); ZeRO stages 0-3 and gradient clipping against the
+// single-rank training run. Sizes do not divide the mesh axes (3 heads, 13 words, batch 3).
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+using DM = ts::Mesh<"data", "model">;
+using T4 = Eigen::Tensor<double, 4>;
+using T3 = Eigen::Tensor<double, 3>;
+
+template <class F>
+void on_every_dm_mesh(F&& f) {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    DM mesh({sizes[0], sizes[1]});
+    f(mesh, sizes);
+  }
+}
+
+template <int R>
+Eigen::Tensor<double, R> random_tensor(const std::array<Eigen::Index, R>& dims, std::uint64_t seed) {
+  Eigen::Tensor<double, R> t(dims);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = 2 * ts::detail::random_value<double>(seed, std::uint64_t(i)) - 1;
+  return t;
+}
+
+template <int R>
+double dot(const Eigen::Tensor<double, R>& a, const Eigen::Tensor<double, R>& b) {
+  const Eigen::Tensor<double, 0> s = (a * b).sum();
+  return s();
+}
+
+// Serial causal attention over [B, T, Dh, H].
+T4 serial_attention(const T4& q, const T4& k, const T4& v) {
+  const auto B = q.dimension(0), T = q.dimension(1), D = q.dimension(2), H = q.dimension(3);
+  T4 out(B, T, D, H);
+  out.setZero();
+  for (Eigen::Index b = 0; b < B; ++b)
+    for (Eigen::Index h = 0; h < H; ++h)
+      for (Eigen::Index t = 0; t < T; ++t) {
+        std::vector<double> s(std::size_t(t + 1));
+        double m = -INFINITY, z = 0;
+        for (Eigen::Index u = 0; u <= t; ++u) {
+          double x = 0;
+          for (Eigen::Index d = 0; d < D; ++d) x += q(b, t, d, h) * k(b, u, d, h);
+          s[std::size_t(u)] = x / std::sqrt(double(D));
+          m = std::max(m, s[std::size_t(u)]);
+        }
+        for (auto& x : s) z += std::exp(x - m);
+        for (Eigen::Index u = 0; u <= t; ++u)
+          for (Eigen::Index d = 0; d < D; ++d) out(b, t, d, h) += std::exp(s[std::size_t(u)] - m) / z * v(b, u, d, h);
+      }
+  return out;
+}
+
+using Heads = ts::Spec<ts::S<"data">, ts::R, ts::R, ts::S<"model">>;
+using HeadDim = ts::Spec<ts::R, ts::R, ts::S<"model">, ts::R>;  // Dh split: the scores are partial
+using Whole4 = ts::Spec<ts::R, ts::R, ts::R, ts::R>;
+
+}  // namespace
+
+TEST_CASE("causal attention equals serial loops with heads, head dim or batch split, and its backward equals finite differences",
+          "[layers]") {
+  const std::array<Eigen::Index, 4> dims{3, 5, 2, 3};
+  const T4 q = random_tensor<4>(dims, 1), k = random_tensor<4>(dims, 2), v = random_tensor<4>(dims, 3), w = random_tensor<4>(dims, 4);
+  const T4 want = serial_attention(q, k, v);
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    for_each_type(TypeList<Heads, HeadDim, Whole4>{}, [&]<class S>(S*) {
+      auto tq = ts::distribute<S>(mesh, q), tk = ts::distribute<S>(mesh, k), tv = ts::distribute<S>(mesh, v);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", q " << tq.describe());
+      auto [context, p] = ts::nn::causal_attention(tq, tk, tv);
+      TS_REQUIRE_ALL(compare(context.gather(), want, 1e-13) == "");
+      auto [dq, dk, dv] = ts::nn::causal_attention_backward(tq, tk, tv, p, ts::distribute<S>(mesh, w));
+      if constexpr (std::is_same_v<S, Heads>) {
+        auto loss = [&](const T4& a, const T4& b, const T4& c) { return dot<4>(serial_attention(a, b, c), w); };
+        auto fd = [&](int which) {
+          T4 g(dims);
+          T4 a = q, b = k, c = v;
+          T4& x = which == 0 ? a : which == 1 ? b : c;
+          for (Eigen::Index i = 0; i < x.size(); ++i) {
+            const double keep = x.data()[i], h = 1e-6;
+            x.data()[i] = keep + h;
+            const double up = loss(a, b, c);
+            x.data()[i] = keep - h;
+            const double down = loss(a, b, c);
+            x.data()[i] = keep;
+            g.data()[i] = (up - down) / (2 * h);
+          }
+          return g;
+        };
+        TS_REQUIRE_ALL(compare(dq.gather(), fd(0), 1e-8) == "");
+        TS_REQUIRE_ALL(compare(dk.gather(), fd(1), 1e-8) == "");
+        TS_REQUIRE_ALL(compare(dv.gather(), fd(2), 1e-8) == "");
+      }
+    });
+  });
+}
+
+namespace {
+
+// Every parameter's and gradient's global value of a layer, in order.
+template <class L>
+std::vector<std::vector<double>> parameters_of(L& layer, bool gradients) {
+  std::vector<std::vector<double>> out;
+  layer.for_each_parameter([&](auto& p, auto& g) {
+    const auto t = (gradients ? g : p).gather();
+    out.emplace_back(t.data(), t.data() + t.size());
+  });
+  return out;
+}
+
+bool close(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b, double tol) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size()) return false;
+    for (std::size_t j = 0; j < a[i].size(); ++j)
+      if (std::abs(a[i][j] - b[i][j]) > tol * (1 + std::abs(b[i][j]))) return false;
+  }
+  return true;
+}
+
+using Acts = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+
+// One forward and backward of a layer on x with dL/dy = w: (y, dx, gradients), gathered.
+template <class L>
+auto run_layer(L& layer, const DM& mesh, const T3& x, const T3& w) {
+  layer.zero_grad();
+  auto y = layer.forward(ts::distribute<Acts>(mesh, x));
+  auto dx = layer.backward(ts::distribute<Acts>(mesh, w));
+  return std::tuple{T3(y.gather()), T3(dx.gather()), parameters_of(layer, true)};
+}
+
+// Central differences of sum(w * layer(x)) for a few parameter elements of a one-rank layer.
+template <class L>
+void check_parameter_gradients(L& layer, const DM& mesh, const T3& x, const T3& w) {
+  auto [y, dx, grads] = run_layer(layer, mesh, x, w);
+  int index = 0;
+  layer.for_each_parameter([&](auto& p, auto&) {
+    const auto& g = grads[std::size_t(index++)];
+    for (std::size_t e = 0; e < g.size(); e += 1 + g.size() / 5) {
+      auto* d = p.data();  // one rank: the buffer is the whole tensor
+      const double keep = d[e], h = 1e-6;
+      d[e] = keep + h;
+      const double up = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, x)).gather()), w);
+      d[e] = keep - h;
+      const double down = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, x)).gather()), w);
+      d[e] = keep;
+      INFO("parameter " << index - 1 << " element " << e);
+      TS_REQUIRE_ALL(std::abs((up - down) / (2 * h) - g[e]) < 1e-7 * (1 + std::abs(g[e])));
+    }
+  });
+  // dx against central differences of the input.
+  T3 xs = x;
+  for (Eigen::Index i = 0; i < xs.size(); i += 7) {
+    const double keep = xs.data()[i], h = 1e-6;
+    xs.data()[i] = keep + h;
+    const double up = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, xs)).gather()), w);
+    xs.data()[i] = keep - h;
+    const double down = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, xs)).gather()), w);
+    xs.data()[i] = keep;
+    TS_REQUIRE_ALL(std::abs((up - down) / (2 * h) - dx.data()[i]) < 1e-7 * (1 + std::abs(dx.data()[i])));
+  }
+}
+
+// The layer built by make(mesh) on every mesh equals the same layer on a one-rank mesh, whose
+// gradients equal finite differences.
+template <class Make>
+void check_layer(Make&& make, const std::array<Eigen::Index, 3>& dims) {
+  const T3 x = random_tensor<3>(dims, 11), w = random_tensor<3>(dims, 12);
+  DM self(MPI_COMM_SELF, {1, 1});
+  auto serial = make(self);
+  check_parameter_gradients(serial, self, x, w);
+  const auto [y0, dx0, g0] = run_layer(serial, self, x, w);
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    auto layer = make(mesh);
+    const auto [y, dx, g] = run_layer(layer, mesh, x, w);
+    TS_REQUIRE_ALL(compare(y, y0, 1e-12) == "");
+    TS_REQUIRE_ALL(compare(dx, dx0, 1e-12) == "");
+    TS_REQUIRE_ALL(close(g, g0, 1e-12));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank values, whose gradients equal finite differences",
+          "[layers]") {
+  const std::array<Eigen::Index, 3> dims{3, 4, 6};
+  check_layer([](const DM& m) { return ts::nn::LayerNorm<double, DM>(m, 6); }, dims);
+  check_layer([](const DM& m) { return ts::nn::LayerNorm<double, DM, ts::Spec<ts::S<"model">>>(m, 6); }, dims);
+  check_layer([](const DM& m) { return ts::nn::Attention<double, DM>(m, 6, 3, 5); }, dims);
+  check_layer([](const DM& m) { return ts::nn::MLP<double, DM>(m, 6, 7, 9); }, dims);
+  check_layer([](const DM& m) { return ts::nn::TransformerBlock<double, DM>(m, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4}); },
+              dims);
+}
+
+TEST_CASE("Embedding with a split vocabulary looks up and scatter-adds as the serial table does", "[layers]") {
+  const Eigen::Index V = 13, D = 5, B = 3, T = 4;
+  Eigen::Tensor<std::int32_t, 2> ids(B, T);
+  for (Eigen::Index i = 0; i < ids.size(); ++i) ids.data()[i] = std::int32_t((i * 5 + 3) % V);
+  ids(0, 0) = ids(2, 3);  // a repeated id adds up
+  const T3 dy = random_tensor<3>({B, T, D}, 7);
+  DM self(MPI_COMM_SELF, {1, 1});
+  ts::nn::Embedding<double, DM> serial(self, V, D, 3);
+  const Eigen::Tensor<double, 2> table = serial.weight().gather();
+  T3 want(B, T, D);
+  Eigen::Tensor<double, 2> want_grad(V, D);
+  want_grad.setZero();
+  for (Eigen::Index b = 0; b < B; ++b)
+    for (Eigen::Index t = 0; t < T; ++t)
+      for (Eigen::Index d = 0; d < D; ++d) {
+        want(b, t, d) = table(ids(b, t), d);
+        want_grad(ids(b, t), d) += dy(b, t, d);
+      }
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    ts::nn::Embedding<double, DM> e(mesh, V, D, 3);
+    ts::nn::Embedding<double, DM, ts::Spec<ts::R, ts::S<"model">>> columns(mesh, V, D, 3);
+    auto tid = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, ids);
+    TS_REQUIRE_ALL(compare(T3(e.forward(tid).gather()), want, 0) == "");
+    TS_REQUIRE_ALL(compare(T3(columns.forward(tid).gather()), want, 0) == "");
+    e.backward(ts::distribute<Acts>(mesh, dy));
+    columns.backward(ts::distribute<Acts>(mesh, dy));
+    TS_REQUIRE_ALL(compare(e.weight_grad().gather(), want_grad, 1e-14) == "");
+    TS_REQUIRE_ALL(compare(columns.weight_grad().gather(), want_grad, 1e-14) == "");
+    // An id outside [0, V) is an IndexError on every rank.
+    Eigen::Tensor<std::int32_t, 2> bad = ids;
+    bad(B - 1, T - 1) = std::int32_t(V);
+    bool threw = false;
+    try {
+      (void)e.forward(ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, bad));
+    } catch (const ts::IndexError&) {
+      threw = true;
+    }
+    TS_REQUIRE_ALL(threw);
+  });
+}
+
+namespace {
+
+// A small language model: embeddings, one block, a layernorm and a vocab-split head.
+struct TinyLM {
+  static constexpr Eigen::Index V = 11, D = 6, B = 3, T = 4;
+  ts::nn::Embedding<double, DM> tokens;
+  ts::nn::TransformerBlock<double, DM> block;
+  ts::nn::LayerNorm<double, DM> norm;
+  ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> head;
+  DM mesh;
+  explicit TinyLM(const DM& m)
+      : tokens(m, V, D, 1), block(m, {.dmodel = D, .heads = 3, .hidden = 7, .dropout = 0.1, .seed = 2}), norm(m, D),
+        head(m, D, V, 3), mesh(m) {}
+  template <class O>
+  void add_to(O& opt) {
+    opt.add(tokens);
+    opt.add(block);
+    opt.add(norm);
+    opt.add(head);
+  }
+  double step(long s) {
+    using Rows = ts::Spec<ts::S<"data">, ts::R>;
+    auto ids = ts::from_function<std::int32_t, Rows>(mesh, {B, T}, [&](const auto& i) { return std::int32_t((i[0] * 7 + i[1] * 3 + s) % V); });
+    auto labels = ts::from_function<std::int32_t, Rows>(mesh, {B, T}, [&](const auto& i) { return std::int32_t((i[0] + i[1] * 5 + s) % V); });
+    auto logits = head.forward(norm.forward(block.forward(tokens.forward(ids))));
+    const double loss = ts::nn::cross_entropy(logits, labels);
+    tokens.backward(block.backward(norm.backward(head.backward(ts::nn::cross_entropy_backward(logits, labels)))));
+    return loss;
+  }
+};
+
+std::vector<std::vector<double>> all_parameters(TinyLM& lm) {
+  auto all = parameters_of(lm.tokens, false);
+  for (auto&& v : parameters_of(lm.block, false)) all.push_back(std::move(v));
+  for (auto&& v : parameters_of(lm.norm, false)) all.push_back(std::move(v));
+  for (auto&& v : parameters_of(lm.head, false)) all.push_back(std::move(v));
+  return all;
+}
+
+struct Trained {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<double>> parameters;
+};
+
+Trained train_tiny(const DM& mesh, int zero, bool overlap, double clip) {
+  TinyLM lm(mesh);
+  ts::nn::AdamW opt({.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f, .zero_stage = zero,
+                     .overlap = overlap});
+  lm.add_to(opt);
+  Trained t;
+  for (long s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    t.losses.push_back(lm.step(s));
+    t.norms.push_back(opt.clip_grad_norm(clip));
+    opt.step();
+  }
+  opt.gather_parameters();
+  t.parameters = all_parameters(lm);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO stages 0-3 give the single-rank parameters, losses and gradient norms after several steps", "[layers]") {
+  DM self(MPI_COMM_SELF, {1, 1});
+  const Trained want = train_tiny(self, 0, true, 0.5);
+  REQUIRE(want.norms[0] > 0.5);  // clipping is active
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    for (int zero = 0; zero <= 3; ++zero)
+      for (bool overlap : {true, false}) {
+        if (!overlap && zero % 2) continue;
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap);
+        const Trained got = train_tiny(mesh, zero, overlap, 0.5);
+        TS_REQUIRE_ALL(close({got.losses}, {want.losses}, 1e-12));
+        TS_REQUIRE_ALL(close({got.norms}, {want.norms}, 1e-12));
+        TS_REQUIRE_ALL(close(got.parameters, want.parameters, 1e-11));
+      }
+  });
+}
+
+TEST_CASE("ZeRO divides optimizer state, gradients and parameters by the data axis' size", "[layers]") {
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    const int n = sizes[0];
+    std::uint64_t state[4] = {}, grads[4] = {}, params[4] = {}, psi = 0;
+    for (int zero = 0; zero <= 3; ++zero) {
+      ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> fc(mesh, 30, 20, 1);
+      ts::nn::AdamW opt({.zero_stage = zero});
+      opt.add(fc);
+      opt.zero_grad();
+      auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, 30, 1));
+      fc.backward(fc.forward(x));
+      opt.clip_grad_norm(1e9);
+      const auto m = opt.memory();
+      state[zero] = m.state, grads[zero] = m.gradients, params[zero] = m.parameters;
+      psi = m.model_elements * sizeof(double);
+    }
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    auto about = [&](std::uint64_t got, double want) { return std::abs(double(got) - want) <= 64.0 * sizeof(double); };
+    TS_REQUIRE_ALL(about(state[0], 2.0 * psi) && about(grads[0], double(psi)) && about(params[0], double(psi)));
+    TS_REQUIRE_ALL(about(state[1], 2.0 * psi / n) && about(grads[1], double(psi)));
+    TS_REQUIRE_ALL(about(state[2], 2.0 * psi / n) && about(grads[2], double(psi) / n) && about(params[2], double(psi)));
+    TS_REQUIRE_ALL(about(state[3], 2.0 * psi / n) && about(grads[3], double(psi) / n) && about(params[3], double(psi) / n));
+  });
+}
+
+TEST_CASE("clip_grad_norm counts a replicated parameter once and equals the serial norm", "[layers]") {
+  const Eigen::Tensor<double, 2> g = values(7, 5, 3);
+  const Eigen::Tensor<double, 0> sq = (g * g).sum();
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    for (int zero : {0, 2}) {
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero);
+      auto p1 = ts::distribute<ts::Spec<ts::R, ts::R>>(mesh, g);
+      auto g1 = ts::distribute<ts::Spec<ts::R, ts::R>>(mesh, g);
+      auto p2 = ts::distribute<ts::Spec<ts::S<"model">, ts::S<"data">>>(mesh, g);
+      auto g2 = ts::distribute<ts::Spec<ts::S<"model">, ts::S<"data">>>(mesh, g);
+      ts::nn::SGD opt({.lr = 0.125f, .zero_stage = zero});
+      opt.add(p1, g1);
+      opt.add(p2, g2);
+      const double norm = opt.clip_grad_norm(1.0);
+      TS_REQUIRE_ALL(std::abs(norm - std::sqrt(2 * sq())) < 1e-12 * norm);
+      opt.step();  // clipped to norm 1: each parameter moved by lr g / norm
+      const Eigen::Tensor<double, 2> want = g - g * (0.125 / (norm + 1e-6));
+      TS_REQUIRE_ALL(compare(p1.gather(), want, 1e-12) == "" && compare(p2.gather(), want, 1e-12) == "");
+    }
+  });
+}
+
+TEST_CASE("cross_entropy over [B, T, V] logits equals the mean over every position", "[layers]") {
+  const Eigen::Index B = 3, T = 4, V = 13;
+  const T3 z = random_tensor<3>({B, T, V}, 5) * 3.0;
+  Eigen::Tensor<std::int32_t, 2> labels(B, T);
+  for (Eigen::Index i = 0; i < labels.size(); ++i) labels.data()[i] = std::int32_t((i * 4 + 1) % V);
+  double want = 0;
+  T3 grad(B, T, V);
+  for (Eigen::Index b = 0; b < B; ++b)
+    for (Eigen::Index t = 0; t < T; ++t) {
+      double m = -INFINITY, s = 0;
+      for (Eigen::Index v = 0; v < V; ++v) m = std::max(m, z(b, t, v));
+      for (Eigen::Index v = 0; v < V; ++v) s += std::exp(z(b, t, v) - m);
+      want += (std::log(s) + m - z(b, t, labels(b, t))) / double(B * T);
+      for (Eigen::Index v = 0; v < V; ++v) grad(b, t, v) = (std::exp(z(b, t, v) - m) / s - (v == labels(b, t))) / double(B * T);
+    }
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    auto logits = ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>>(mesh, z);
+    auto lab = ts::distribute<ts::Spec<ts::R, ts::S<"data">>>(mesh, labels);
+    TS_REQUIRE_ALL(std::abs(ts::nn::cross_entropy(logits, lab) - want) < 1e-12 * want);
+    TS_REQUIRE_ALL(compare(T3(ts::nn::cross_entropy_backward(logits, lab).gather()), grad, 1e-14) == "");
+  });
+}
