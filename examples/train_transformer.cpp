@@ -281,5 +281,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   M mesh({o.data > 0 ? o.data : p / (o.stage * o.model), o.stage, o.model});
+  ts::nn::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
   return o.use_double ? run_all<double>(mesh, o) : run_all<float>(mesh, o);
 }

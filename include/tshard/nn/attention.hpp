@@ -1,4 +1,4 @@
-// Causal multi-head attention with its backward, on [B, T, Dh, H] tensors whose head dim H may
+// Causal multi-head attention with its backward, on time-major [T, B, Dh, H] tensors whose head dim H may
 // be split (Megatron's attention by annotation: every head is local, so scores and softmax
 // move nothing), and the Attention layer: q, k, v projections [D, Dh, H] with the heads split
 // like the QKV spec, an output projection [Dh, H, D] whose product is a partial over the heads'
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 #include <tuple>
 #include <utility>
 
@@ -19,13 +20,81 @@
 namespace tshard::nn {
 namespace detail {
 
-// scores(b, t, s, h) = -inf where s > t (a position sees itself and the past only).
+using tshard::detail::Index;
+
+// Whether scores [T, S, B, H] hold whole rows on this rank (T and S not split): the fused
+// kernels below then run; otherwise the generic masked softmax (partials over split dims).
+template <class X>
+inline constexpr bool whole_rows_v = X::spec_desc.dims[0].count == 0 && X::spec_desc.dims[1].count == 0;
+
+// In place on a local block [T, S, B, H] (T, S whole): p = softmax over s of scale * x with s > t
+// masked out. Three passes, each over contiguous (t, b) runs with per-row running max and sum.
+template <class T>
+void causal_softmax_kernel(T* x, const tshard::detail::ShardLayout& l, T scale) {
+  const Index Tn = l.padded[0], S = l.padded[1], pB = l.padded[2], B = l.valid[2], H = l.valid[3];
+  std::vector<T> m(static_cast<std::size_t>(Tn * pB)), z(m.size());
+  for (Index h = 0; h < H; ++h) {
+    T* xh = x + h * Tn * S * pB;
+    std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+    std::fill(z.begin(), z.end(), T(0));
+    for (Index b = 0; b < B; ++b)
+      for (Index s = 0; s < S; ++s) {
+        T* row = xh + (s + S * b) * Tn;
+        T* mb = m.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) mb[t] = std::max(mb[t], scale * row[t]);
+      }
+    for (Index b = 0; b < B; ++b)
+      for (Index s = 0; s < S; ++s) {
+        T* row = xh + (s + S * b) * Tn;
+        const T* mb = m.data() + b * Tn;
+        T* zb = z.data() + b * Tn;
+        for (Index t = 0; t < std::min(s, Tn); ++t) row[t] = T(0);
+        for (Index t = s; t < Tn; ++t) {
+          row[t] = std::exp(scale * row[t] - mb[t]);
+          zb[t] += row[t];
+        }
+      }
+    for (auto& v : z) v = T(1) / v;
+    for (Index b = 0; b < B; ++b)
+      for (Index s = 0; s < S; ++s) {
+        T* row = xh + (s + S * b) * Tn;
+        const T* zb = z.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) row[t] *= zb[t];
+      }
+  }
+}
+
+// In place on dp [T, S, B, H] (T, S whole): ds = scale * p (dp - sum_s p dp).
+template <class T>
+void causal_softmax_backward_kernel(const T* p, T* dp, const tshard::detail::ShardLayout& l, T scale) {
+  const Index Tn = l.padded[0], S = l.padded[1], pB = l.padded[2], B = l.valid[2], H = l.valid[3];
+  std::vector<T> r(static_cast<std::size_t>(Tn * pB));
+  for (Index h = 0; h < H; ++h) {
+    const Index base = h * Tn * S * pB;
+    std::fill(r.begin(), r.end(), T(0));
+    for (Index b = 0; b < B; ++b)
+      for (Index s = 0; s < S; ++s) {
+        const Index row = base + (s + S * b) * Tn;
+        T* rb = r.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) rb[t] += p[row + t] * dp[row + t];
+      }
+    for (Index b = 0; b < B; ++b)
+      for (Index s = 0; s < S; ++s) {
+        const Index row = base + (s + S * b) * Tn;
+        const T* rb = r.data() + b * Tn;
+        for (Index t = 0; t < std::min(s, Tn); ++t) dp[row + t] = T(0);
+        for (Index t = s; t < Tn; ++t) dp[row + t] = scale * p[row + t] * (dp[row + t] - rb[t]);
+      }
+  }
+}
+
+// scores(t, s, b, h) = -inf where s > t (a position sees itself and the past only).
 template <class X>
 void mask_future(X& scores) {
   using T = typename X::Scalar;
   T* d = scores.data();
   tshard::detail::for_each_local<X::rank>(scores.layout(), [&](const auto& g, tshard::detail::Index lin) {
-    if (g[2] > g[1]) d[lin] = -std::numeric_limits<T>::infinity();
+    if (g[1] > g[0]) d[lin] = -std::numeric_limits<T>::infinity();
   });
 }
 
@@ -35,45 +104,67 @@ typename Q::Scalar attention_scale(const Q& q) {
   return T(1) / std::sqrt(T(std::max<Eigen::Index>(q.extents()[2], 1)));
 }
 
+// A typed einsum result resolved (a partial where its contracted dim was split).
+template <class X>
+auto resolved_value(X&& x) {
+  using Raw = std::remove_cvref_t<X>;
+  using Out = ShardedTensor<typename Raw::Scalar, typename Raw::MeshT, typename Raw::SpecType>;
+  if constexpr (Raw::is_partial)
+    return tshard::detail::implicit_reshard<typename Raw::SpecType>(x, "attention");
+  else
+    return Out(std::forward<X>(x));
+}
+
 }  // namespace detail
 
-// softmax(q k^T / sqrt(Dh) + causal mask) v for q, k, v [B, T, Dh, H]: returns the context
-// [B, T, Dh, H] and the probabilities [B, T, T, H] (kept for backward).
+// softmax(q k^T / sqrt(Dh) + causal mask) v for q, k, v [T, B, Dh, H] (time-major, as Megatron
+// lays attention out: every product then reads its operands in place): returns the context
+// [T, B, Dh, H] and the probabilities [T, S, B, H] (kept for backward). Any dim may be split;
+// with T whole (the usual layouts) the mask and softmax are one fused local kernel.
 template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
 auto causal_attention(const Q& q, const K& k, const V& v) {
-  static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4, "tshard: causal_attention takes q, k, v [B, T, Dh, H]");
+  static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4, "tshard: causal_attention takes q, k, v [T, B, Dh, H]");
   tshard::detail::OperatorScope scope("attention");
   if (q.extents() != k.extents() || q.extents() != v.extents())
     throw ShapeError("tshard::nn::causal_attention: q " + q.describe() + ", k " + k.describe() + " and v " + v.describe() +
                      " differ in shape");
-  auto raw = einsum<"btkh,bskh->btsh">(q, k);  // a partial where Dh is split
-  using Raw = decltype(raw);
-  using Scores = ShardedTensor<typename Q::Scalar, typename Q::MeshT, typename Raw::SpecType>;
-  Scores scores = [&]() -> Scores {
-    if constexpr (Raw::is_partial)
-      return tshard::detail::implicit_reshard<typename Raw::SpecType>(raw, "attention");
-    else
-      return std::move(raw);
-  }();
-  scores *= detail::attention_scale(q);
-  detail::mask_future(scores);
-  auto p = softmax<2>(scores);
-  auto context = einsum<"btsh,bskh->btkh">(p, v);
-  return std::pair{std::move(context), std::move(p)};
+  auto scores = detail::resolved_value(einsum<"tbkh,sbkh->tsbh">(q, k));
+  using Scores = decltype(scores);
+  const auto scale = detail::attention_scale(q);
+  if constexpr (detail::whole_rows_v<Scores>) {
+    detail::causal_softmax_kernel(scores.data(), scores.layout(), scale);
+    auto context = einsum<"tsbh,sbkh->tbkh">(scores, v);
+    return std::pair{std::move(context), std::move(scores)};
+  } else {
+    scores *= scale;
+    detail::mask_future(scores);
+    auto p = softmax<1>(scores);
+    auto context = einsum<"tsbh,sbkh->tbkh">(p, v);
+    return std::pair{std::move(context), std::move(p)};
+  }
 }
 
-// dq, dk, dv given q, k, v, the forward's probabilities p and dL/dcontext.
+// dq, dk, dv given q, k, v [T, B, Dh, H], the forward's probabilities p [T, S, B, H] and
+// dL/dcontext.
 template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V,
           tshard::detail::FloatingTensor P, tshard::detail::FloatingTensor DC>
 auto causal_attention_backward(const Q& q, const K& k, const V& v, const P& p, const DC& dcontext) {
-  static_assert(Q::rank == 4 && P::rank == 4 && DC::rank == 4, "tshard: causal_attention_backward takes [B, T, Dh, H] tensors");
+  static_assert(Q::rank == 4 && P::rank == 4 && DC::rank == 4, "tshard: causal_attention_backward takes [T, B, Dh, H] tensors");
   tshard::detail::OperatorScope scope("attention_backward");
   const auto scale = detail::attention_scale(q);
-  auto dp = einsum<"btkh,bskh->btsh">(dcontext, v);
-  auto dv = einsum<"btsh,btkh->bskh">(p, dcontext);
-  auto ds = softmax_backward<2>(p, dp);  // zero where masked: p is 0 there
-  auto dq = einsum<"btsh,bskh->btkh">(ds, k) * scale;
-  auto dk = einsum<"btsh,btkh->bskh">(ds, q) * scale;
+  auto dp = detail::resolved_value(einsum<"tbkh,sbkh->tsbh">(dcontext, v));
+  auto dv = einsum<"tsbh,tbkh->sbkh">(p, dcontext);
+  auto ds = [&] {
+    using DP = decltype(dp);
+    if constexpr (detail::whole_rows_v<DP> && std::is_same_v<typename P::SpecType, typename DP::SpecType> && !P::is_partial) {
+      detail::causal_softmax_backward_kernel(p.data(), dp.data(), dp.layout(), scale);
+      return std::move(dp);
+    } else {
+      return softmax_backward<1>(p, dp) * scale;  // zero where masked: p is 0 there
+    }
+  }();
+  auto dq = einsum<"tsbh,sbkh->tbkh">(ds, k);
+  auto dk = einsum<"tsbh,tbkh->sbkh">(ds, q);
   return std::tuple{std::move(dq), std::move(dk), std::move(dv)};
 }
 
@@ -129,9 +220,9 @@ class Attention : public Module {
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "attention");
-    auto q = einsum<"btd,dkh->btkh">(x, wq_);
-    auto k = einsum<"btd,dkh->btkh">(x, wk_);
-    auto v = einsum<"btd,dkh->btkh">(x, wv_);
+    auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
+    auto k = einsum<"btd,dkh->tbkh">(x, wk_);
+    auto v = einsum<"btd,dkh->tbkh">(x, wv_);
     auto [context, p] = causal_attention(q, k, v);
     x_.save(x);
     q_.save(q);
@@ -139,7 +230,7 @@ class Attention : public Module {
     v_.save(v);
     p_.save(p);
     context_.save(context);
-    return einsum<"btkh,khd->btd">(context, wo_) + bo_;  // the heads' partial resolved before the bias
+    return einsum<"tbkh,khd->btd">(context, wo_) + bo_;  // the heads' partial resolved before the bias
   }
 
   // dL/dx (a partial over the heads' axes where they are split) for dL/dy of the last forward;
@@ -151,7 +242,7 @@ class Attention : public Module {
     auto in_use = use();
     const auto& dy = tshard::detail::resolved(dy_in, "attention_backward");
     using X = ShardedTensor<T, M, typename std::remove_cvref_t<decltype(dy)>::SpecType>;
-    using QSpec = typename decltype(einsum<"btd,dkh->btkh">(std::declval<const X&>(), wq_))::SpecType;
+    using QSpec = typename decltype(einsum<"btd,dkh->tbkh">(std::declval<const X&>(), wq_))::SpecType;
     const auto x = x_.template as<typename X::SpecType>(mesh_, "Attention::backward");
     const auto q = q_.template as<QSpec>(mesh_, "Attention::backward");
     const auto k = k_.template as<QSpec>(mesh_, "Attention::backward");
@@ -160,14 +251,14 @@ class Attention : public Module {
     const auto p = p_.template as<PSpec>(mesh_, "Attention::backward");
     const auto context = context_.template as<QSpec>(mesh_, "Attention::backward");
 
-    detail::accumulate_gradient(wo_grad_, einsum<"btkh,btd->khd">(context, dy), deferred_, "attention_backward");
+    detail::accumulate_gradient(wo_grad_, einsum<"tbkh,btd->khd">(context, dy), deferred_, "attention_backward");
     detail::accumulate_gradient(bo_grad_, sum_leading_dims(dy), deferred_, "attention_backward");
-    auto dcontext = einsum<"btd,khd->btkh">(dy, wo_);
+    auto dcontext = einsum<"btd,khd->tbkh">(dy, wo_);
     auto [dq, dk, dv] = causal_attention_backward(q, k, v, p, dcontext);
-    detail::accumulate_gradient(wq_grad_, einsum<"btd,btkh->dkh">(x, dq), deferred_, "attention_backward");
-    detail::accumulate_gradient(wk_grad_, einsum<"btd,btkh->dkh">(x, dk), deferred_, "attention_backward");
-    detail::accumulate_gradient(wv_grad_, einsum<"btd,btkh->dkh">(x, dv), deferred_, "attention_backward");
-    auto dx = einsum<"btkh,dkh->btd">(dq, wq_) + einsum<"btkh,dkh->btd">(dk, wk_) + einsum<"btkh,dkh->btd">(dv, wv_);
+    detail::accumulate_gradient(wq_grad_, einsum<"btd,tbkh->dkh">(x, dq), deferred_, "attention_backward");
+    detail::accumulate_gradient(wk_grad_, einsum<"btd,tbkh->dkh">(x, dk), deferred_, "attention_backward");
+    detail::accumulate_gradient(wv_grad_, einsum<"btd,tbkh->dkh">(x, dv), deferred_, "attention_backward");
+    auto dx = einsum<"tbkh,dkh->btd">(dq, wq_) + einsum<"tbkh,dkh->btd">(dk, wk_) + einsum<"tbkh,dkh->btd">(dv, wv_);
     gradients_ready();
     return dx;
   }
