@@ -392,3 +392,56 @@ TEST_CASE("cross_entropy over [B, T, V] logits equals the mean over every positi
     TS_REQUIRE_ALL(compare(T3(ts::nn::cross_entropy_backward(logits, lab).gather()), grad, 1e-14) == "");
   });
 }
+
+namespace {
+// Bytes sent under every operator whose name contains `part` ("a/gradient_reduction" included).
+std::uint64_t sent_under(const ts::CommStats& stats, const std::string& part) {
+  std::uint64_t n = 0;
+  for (auto& [name, op] : stats.operators())
+    if (name.find(part) != std::string::npos) n += op.total().bytes_sent;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("a Megatron block moves the analytic bytes: 2 activation all-reduces forward, 2 backward, and one gradient reduction",
+          "[layers]") {
+  const Eigen::Index B = 5, T = 4, D = 6;
+  const T3 x = random_tensor<3>({B, T, D}, 1);
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    const int d = sizes[0], m = sizes[1];
+    for (int zero : {0, 2}) {
+      INFO("mesh " << d << "x" << m << ", zero " << zero);
+      ts::nn::TransformerBlock<double, DM> block(mesh, {.dmodel = D, .heads = 3, .hidden = 7, .seed = 2});
+      ts::nn::AdamW opt({.zero_stage = zero});
+      opt.add(block);
+      auto in = ts::distribute<Acts>(mesh, x);
+      ts::reset_comm_stats();
+      auto y = block.forward(in);
+      const auto forward = ts::comm_stats().total();
+      ts::reset_comm_stats();
+      opt.zero_grad();
+      auto dx = block.backward(y);
+      opt.step();
+      const auto backward = ts::comm_stats();
+      // Activations [ceil(B/d), T, D] per rank; an all-reduce over m ranks moves 2 (m-1)/m of them.
+      const std::uint64_t act = std::uint64_t((B + d - 1) / d * T * D) * sizeof(double);
+      const std::uint64_t all_reduce = 2 * act * std::uint64_t(m - 1) / std::uint64_t(m);
+      TS_REQUIRE_ALL(forward.calls == (m > 1 ? 2u : 0u) && forward.bytes_sent == 2 * all_reduce);
+      const auto grads = sent_under(backward, "gradient_reduction"), gathers = sent_under(backward, "parameter_gather");
+      const auto activations = backward.total().bytes_sent - grads - gathers;
+      TS_REQUIRE_ALL(activations == 2 * all_reduce);
+      // Gradients: this rank's parameter elements, all-reduced over d ranks, or reduce-scattered
+      // (stage 2: each chunk of ceil(n/d) once to each other rank) and the parameters all-gathered.
+      std::uint64_t elements = 0, chunks = 0;
+      block.for_each_parameter([&](auto& p, auto&) {
+        elements += std::uint64_t(p.local_size());
+        chunks += std::uint64_t((p.local_size() + d - 1) / d);
+      });
+      if (zero == 0)
+        TS_REQUIRE_ALL(grads == 2 * elements * sizeof(double) * std::uint64_t(d - 1) / std::uint64_t(d));
+      else
+        TS_REQUIRE_ALL(grads == chunks * sizeof(double) * std::uint64_t(d - 1) &&
+                       gathers == chunks * sizeof(double) * std::uint64_t(d - 1));
+    }
+  });
+}
