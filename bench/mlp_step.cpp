@@ -12,6 +12,7 @@
 // of dx over model and of dW1, dW2 over data; SGD. Runs on the meshes {data, model} = {1, P} and
 // {P, 1}. Samples are the slowest rank's time after a barrier, variants interleaved, figures are
 // medians; GFLOP/s count 2*M*N*K per GEMM over all ranks. Ratios > 1 mean tshard is slower.
+// A fourth variant writes the step with the nn layer (Linear, relu_backward, SGD).
 #include <tshard/tshard.hpp>
 
 #include <algorithm>
@@ -95,6 +96,37 @@ float tshard_step(const Tensor<Rows>& x, const Tensor<Rows>& t, Tensor<ColSplit>
   }
   return loss;
 }
+
+// ---- the same step written with the nn layer: two Linear layers without bias (column- and
+// row-parallel by their weight specs), relu, SGD owning both layers (bucketed data-parallel
+// gradient reduction started as each layer's backward ends) ----
+struct LayerMlp {
+  ts::nn::Linear<float, M, ColSplit> fc1;
+  ts::nn::Linear<float, M, RowSplit> fc2;
+  ts::nn::SGD opt;
+  LayerMlp(const M& mesh, const Tensor<ColSplit>& w1, const Tensor<RowSplit>& w2, float lr, bool overlap)
+      : fc1(mesh, w1.global_shape()[0], w1.global_shape()[1], 1, false),
+        fc2(mesh, w2.global_shape()[0], w2.global_shape()[1], 2, false),
+        opt({.lr = lr, .overlap = overlap}) {
+    fc1.weight() = w1;
+    fc2.weight() = w2;
+    opt.add(fc1);
+    opt.add(fc2);
+  }
+  float step(const Tensor<Rows>& x, const Tensor<Rows>& t) {
+    const auto [B, D] = x.global_shape();
+    const float n = float(B) * float(D);
+    auto h = fc1.forward(x);
+    auto y = fc2.forward(ts::relu(h));  // the partial over model resolved: the forward all-reduce
+    auto diff = y - t;
+    const float loss = ts::sum<0, 1>(diff * diff).gather()() / n;
+    opt.zero_grad();
+    auto da = fc2.backward((2.f / n) * diff);
+    auto dx = ts::reshard<Rows>(fc1.backward(ts::nn::relu_backward(h, da)));  // the backward all-reduce
+    opt.step();
+    return loss;
+  }
+};
 
 // What each product of the step does on this mesh (explain_einsum), printed once per mesh.
 void explain_step(const Tensor<Rows>& x, const Tensor<Rows>& t, const Tensor<ColSplit>& w1, const Tensor<RowSplit>& w2) {
@@ -237,6 +269,7 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
   const float* x_local = cx.data();
   const float* t_local = ct.data();
 
+  LayerMlp layers(mesh, w1, w2, o.lr, true), layers_after(mesh, w1, w2, o.lr, false);
   // ---- correctness: a few steps of both from the same weights ----
   const Eigen::Tensor<float, 2> w1_0 = w1.gather(), w2_0 = w2.gather();
   double worst_loss = 0;
@@ -244,7 +277,9 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
   for (int s = 0; s < o.steps; ++s) {
     const float lt = tshard_step(x, t, w1, w2, o.lr);
     const float lh = hand.step(x_local, t_local, o.lr);
+    const float ll = layers.step(x, t);
     worst_loss = std::max(worst_loss, std::abs(double(lt) - lh) / std::max(1e-30, std::abs(double(lh))));
+    worst_loss = std::max(worst_loss, std::abs(double(ll) - lh) / std::max(1e-30, std::abs(double(lh))));
     char buf[96];
     std::snprintf(buf, sizeof buf, "%s%.6g/%.6g", s ? " " : "", lt, lh);
     losses += buf;
@@ -252,7 +287,8 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
   auto hw1 = ts::from_local<ColSplit>(mesh, {D, H}, hand.w1.data()).gather();
   auto hw2 = ts::from_local<RowSplit>(mesh, {H, D}, hand.w2.data()).gather();
   const Eigen::Tensor<float, 2> tw1 = w1.gather(), tw2 = w2.gather();
-  const double d1 = rel_diff(tw1, hw1), d2 = rel_diff(tw2, hw2);
+  const Eigen::Tensor<float, 2> lw1 = layers.fc1.weight().gather(), lw2 = layers.fc2.weight().gather();
+  const double d1 = std::max(rel_diff(tw1, hw1), rel_diff(lw1, hw1)), d2 = std::max(rel_diff(tw2, hw2), rel_diff(lw2, hw2));
   const Eigen::Tensor<float, 2> tu1 = tw1 - w1_0, hu1 = hw1 - w1_0, tu2 = tw2 - w2_0, hu2 = hw2 - w2_0;
   const double u1 = rel_diff(tu1, hu1), u2 = rel_diff(tu2, hu2);
   const bool ok = all_ranks(worst_loss <= kTolerance && d1 <= kTolerance && d2 <= kTolerance && u1 <= kTolerance &&
@@ -282,7 +318,7 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
 
   // ---- timing ----
   auto tm = interleaved({[&] { tshard_step(x, t, w1, w2, o.lr); }, [&] { hand.step(x_local, t_local, o.lr); },
-                         [&] { tshard_step(x, t, w1, w2, o.lr, true); }},
+                         [&] { tshard_step(x, t, w1, w2, o.lr, true); }, [&] { layers.step(x, t); }, [&] { layers_after.step(x, t); }},
                         o.reps);
   const double gflop = 6 * 2.0 * double(B) * D * H * 1e-9;
   if (root()) {
@@ -294,7 +330,17 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
                 "(%4.1f %% of peak) | ratio tshard/hand %.3f\n",
                 name.c_str(), tm[2] * 1e3, gflop / tm[2], 100 * gflop / tm[2] / peak, tm[2] / tm[1]);
   }
+  if (root())
+    std::printf("step %s with nn layers (Linear, relu_backward, SGD owning the layers): tshard %8.2f ms %7.1f GFLOP/s "
+                "(%4.1f %% of peak) | ratio tshard/hand %.3f\n",
+                name.c_str(), tm[3] * 1e3, gflop / tm[3], 100 * gflop / tm[3] / peak, tm[3] / tm[1]);
+  if (root())
+    std::printf("step %s with nn layers, gradients reduced in step() (no overlap): tshard %8.2f ms %7.1f GFLOP/s "
+                "(%4.1f %% of peak) | ratio tshard/hand %.3f\n",
+                name.c_str(), tm[4] * 1e3, gflop / tm[4], 100 * gflop / tm[4] / peak, tm[4] / tm[1]);
   ratios.push_back({"step " + name, tm[0] / tm[1]});
+  ratios.push_back({"step with nn layers " + name, tm[3] / tm[1]});
+  ratios.push_back({"step with nn layers, no overlap " + name, tm[4] / tm[1]});
   ratios.push_back({"step (moved grads) " + name, tm[2] / tm[1]});
   return true;
 }

@@ -68,11 +68,21 @@ class Linear : public Module {
     saved_shape_ = x.extents();
     saved_rank_ = X::rank;
     // The bias is added after a row-parallel product's partial is resolved, as in Megatron
-    // (a layer without bias adds zeros: one type whatever the option).
-    if constexpr (X::rank == 2)
-      return einsum<"bi,io->bo">(x, weight_) + bias_;
+    // (one result type whether the layer has a bias or not).
+    auto product = [&] {
+      if constexpr (X::rank == 2)
+        return einsum<"bi,io->bo">(x, weight_);
+      else
+        return einsum<"bti,io->bto">(x, weight_);
+    }();
+    using Product = decltype(product);
+    using Out = ShardedTensor<T, M, typename Product::SpecType>;
+    if (with_bias_) return Out(std::move(product) + bias_);
+    // Without bias no pass is spent adding zeros; a partial is resolved all the same.
+    if constexpr (Product::is_partial)
+      return tshard::detail::implicit_reshard<typename Product::SpecType>(product, "linear");
     else
-      return einsum<"bti,io->bto">(x, weight_) + bias_;
+      return Out(std::move(product));
   }
 
   // dL/dx for dL/dy of the last forward; adds dL/dW and dL/db into weight_grad() and bias_grad()
@@ -115,6 +125,15 @@ class Linear : public Module {
     const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc_, dy.spec_desc);
     const tshard::detail::Extents shape = weight_.extents();
     const auto l = tshard::detail::shard_layout(out, shape, mesh.shape(), mesh.coords());
+    if (!tshard::detail::TensorAccess::has_storage(weight_grad_) && deferred_ && !(Weight::spec_desc.split_axes() & deferred_) &&
+        out.partial == tshard::detail::PartialKind::Sum && out.partial_axes == deferred_ && out.without_partial() == Weight::spec_desc) {
+      // The first contribution after the owner's zero_grad(): the product is written straight
+      // into the gradient's memory (the owner sums it over the data axis).
+      tshard::detail::TensorAccess::acquire_storage(weight_grad_, false);
+      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc, dy.extents(),
+                                    dy.data(), out, shape, weight_grad_.data(), EinsumStrategy::Auto);
+      return;
+    }
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
     tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc,
                                   dy.extents(), dy.data(), out, shape, g.data(), EinsumStrategy::Auto);

@@ -110,6 +110,16 @@ void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, st
   if (grad.extents() != contribution.extents())
     throw ShapeError(std::string("tshard::nn::") + op + ": the gradient contribution " + contribution.describe() +
                      " does not match the gradient " + grad.describe());
+  using G = ShardedTensor<T, M, S>;
+  constexpr SpecDesc cd = C::spec_desc;
+  if (!tshard::detail::TensorAccess::has_storage(grad) && deferred && !(G::spec_desc.split_axes() & deferred) &&
+      cd.partial == tshard::detail::PartialKind::Sum && cd.partial_axes == deferred && cd.without_partial() == G::spec_desc) {
+    // The first contribution after the owner's zero_grad(): copied, not added to zeros.
+    tshard::detail::TensorAccess::acquire_storage(grad, false);
+    const typename C::Scalar* c = contribution.data();
+    std::copy(c, c + grad.local_size(), grad.data());
+    return;
+  }
   tshard::detail::TensorAccess::acquire_storage(grad, true);
   accumulate_gradient(*grad.mesh().state(), grad.data(), grad.spec_desc, grad.extents(), contribution.data(),
                       C::spec_desc, deferred, op);

@@ -83,7 +83,7 @@ class Optimizer {
     LayerHooks hooks;
     hooks.gradients_ready = [this, raw] {
       if (!options_.overlap || no_sync_) return;
-      raw->start_reduction();
+      raw->start_reduction(true);
       for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
     };
     if (options_.zero_stage == 3) {
@@ -94,8 +94,9 @@ class Optimizer {
     finish();
   }
 
-  // Zeroes every registered gradient (stages 2 and 3: returns its memory to the pool; the
-  // first contribution of the next backward acquires it zeroed).
+  // Zeroes every registered gradient. A gradient of a layer given whole goes back to the pool
+  // instead (PyTorch's set_to_none): it holds no memory until the next backward writes it, so
+  // read it only after a backward.
   void zero_grad() {
     for (auto& b : buckets_) b->zero_grad();
   }

@@ -82,7 +82,7 @@ std::shared_ptr<T> zeroed_array(Index n) {
 class BucketBase {
  public:
   virtual ~BucketBase() = default;
-  virtual void start_reduction() = 0;
+  virtual void start_reduction(bool nonblocking) = 0;
   virtual void test() = 0;
   virtual double finish_reduction() = 0;  // seconds blocked
   virtual void zero_grad() = 0;
@@ -105,23 +105,29 @@ class Bucket : public BucketBase {
   int data_coord() const { return c_; }
   int stage() const { return stage_; }
 
-  void start_reduction() override {
+  // Starts the data-parallel reduction of the gradients: non-blocking when a layer's backward
+  // has just ended (the rest of backward overlaps it), blocking from step() (nothing left to
+  // overlap; MPI's blocking collectives are faster). All-reduce: large gradients in place, one
+  // request each, small ones packed into one; reduce-scatter: all packed, block j holding every
+  // gradient's chunk j, so that rank j receives its chunks together.
+  void start_reduction(bool nonblocking) override {
     if (started) return;
     started = true;
     if (n_ == 1) return;
     tshard::detail::OperatorScope scope("gradient_reduction");
+    scatter_ = stage_ >= 2;
+    auto in_place = [&](const Slot<T>& s) { return !scatter_ && s.size >= kInPlace; };
     Index total = 0;
     for (auto& s : slots)
-      if (s.deferred) total += s.sharded && stage_ >= 2 ? s.chunk : s.size;
+      if (s.deferred && !in_place(s)) total += scatter_ ? s.chunk : s.size;
+    for (auto& s : slots)
+      if (s.deferred && in_place(s)) reduce(nonblocking, s.grad(), nullptr, s.size);
     if (total == 0) return;
-    scatter_ = stage_ >= 2;
-    // Packed: for all-reduce, each gradient whole; for reduce-scatter, block j of the send
-    // buffer is every gradient's chunk j, so rank j receives its chunks together.
     send_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * (scatter_ ? n_ : 1)));
     T* out = send_.get();
     for (int j = 0; j < (scatter_ ? n_ : 1); ++j)
       for (auto& s : slots) {
-        if (!s.deferred) continue;
+        if (!s.deferred || in_place(s)) continue;
         const Index b = scatter_ ? Index(j) * s.chunk : 0, len = scatter_ ? s.chunk : s.size;
         const Index have = std::max<Index>(0, std::min(len, s.size - b));
         const T* g = s.grad();
@@ -129,25 +135,24 @@ class Bucket : public BucketBase {
         std::fill(out + have, out + len, T(0));
         out += len;
       }
-    if (scatter_) {
-      recv_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
-      pending_.start_reduce_scatter(data_, send_.get(), recv_.get(), total);
-    } else {
-      pending_.start_all_reduce(data_, send_.get(), total);
-    }
+    if (scatter_) recv_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+    reduce(nonblocking, send_.get(), scatter_ ? recv_.get() : nullptr, total);
   }
 
   void test() override {
-    if (pending_.in_flight()) pending_.test();
+    for (auto& p : pending_)
+      if (p->in_flight()) p->test();
   }
 
   double finish_reduction() override {
-    start_reduction();
-    const double blocked = pending_.wait();
+    start_reduction(false);
+    double blocked = 0;
+    for (auto& p : pending_) blocked += p->wait();
+    pending_.clear();
     if (!send_) return blocked;
     const T* in = scatter_ ? recv_.get() : send_.get();
     for (auto& s : slots) {
-      if (!s.deferred) continue;
+      if (!s.deferred || (!scatter_ && s.size >= kInPlace)) continue;
       if (scatter_) {
         s.reduced = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(s.chunk, 1)));
         std::copy(in, in + s.chunk, s.reduced.get());
@@ -167,8 +172,10 @@ class Bucket : public BucketBase {
     started = false;
     for (auto& s : slots) {
       s.reduced.reset();
-      if (s.deferred && s.sharded && stage_ >= 2) {
-        s.release_grad();  // acquired again, zeroed, by the first contribution
+      if (s.deferred) {
+        // As PyTorch's zero_grad(set_to_none=True): the memory goes back to the pool and the
+        // first contribution of the next backward is written, not added to zeros.
+        s.release_grad();
       } else {
         T* g = s.grad();
         std::fill(g, g + s.size, T(0));
@@ -266,7 +273,24 @@ class Bucket : public BucketBase {
   int n_ = 1, c_ = 0, stage_ = 0;
   bool scatter_ = false;
   std::shared_ptr<T> send_, recv_;
-  tshard::detail::PendingReduction<T> pending_;
+  std::vector<std::unique_ptr<tshard::detail::PendingReduction<T>>> pending_;
+  static constexpr Index kInPlace = Index(1) << 16;  // elements: reduced alone, without packing
+
+  // One reduction over the data axis: all-reduce in place (recv null) or reduce-scatter.
+  void reduce(bool nonblocking, T* send, T* recv, Index n) {
+    if (!nonblocking) {
+      if (recv)
+        tshard::detail::reduce_scatter_block(data_, send, recv, n, ReduceOp::Sum);
+      else
+        tshard::detail::all_reduce(data_, send, send, n, ReduceOp::Sum);
+      return;
+    }
+    pending_.push_back(std::make_unique<tshard::detail::PendingReduction<T>>());
+    if (recv)
+      pending_.back()->start_reduce_scatter(data_, send, recv, n);
+    else
+      pending_.back()->start_all_reduce(data_, send, n);
+  }
 };
 
 }  // namespace detail
