@@ -28,6 +28,7 @@ class PendingReduction {
   // data = sum over the group of data, in place.
   void start_all_reduce(MPI_Comm comm, T* data, Index n) {
     begin("all_reduce", comm);
+    blocked_ = 0;
     const int p = comm_size(comm);
     if (p == 1 || n == 0) return;
     moved_ = 2 * bytes_of<T>(n) * (p - 1) / p;
@@ -41,6 +42,7 @@ class PendingReduction {
   // send holds p blocks of n; group rank i receives the sum of block i into recv.
   void start_reduce_scatter(MPI_Comm comm, const T* send, T* recv, Index n) {
     begin("reduce_scatter", comm);
+    blocked_ = 0;
     const int p = comm_size(comm);
     if (p == 1 || n == 0) {
       if (n && send != recv) std::copy(send, send + n, recv);
@@ -61,22 +63,29 @@ class PendingReduction {
   }
 
   // Lets MPI progress the reduction; true once it is complete.
+  // (Time spent inside counts as not hidden: MPI may do the whole transfer in here.)
   bool test() {
     if (reqs_.empty()) return true;
+    const auto t0 = std::chrono::steady_clock::now();
     int done = 0;
     MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+    blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (done) finish(0.0);
     return done != 0;
   }
 
-  // Completes the reduction; returns the seconds spent blocked here (not hidden by compute).
+  // Completes the reduction; returns the seconds spent inside MPI for it since start (in
+  // test() and here): the part computation did not hide.
   double wait() {
-    if (reqs_.empty()) return 0.0;
-    const auto t0 = std::chrono::steady_clock::now();
-    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
-    const double blocked = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    finish(blocked);
-    return blocked;
+    if (!reqs_.empty()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+      blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      finish(0.0);
+    }
+    const double b = blocked_;
+    blocked_ = 0;
+    return b;
   }
   bool in_flight() const { return !reqs_.empty(); }
 
@@ -99,6 +108,7 @@ class PendingReduction {
   const char* kind_ = "";
   std::string op_;
   std::uint64_t moved_ = 0;
+  double blocked_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -17,6 +17,7 @@
 // as soon as a layer's backward ends; step() completes what is left.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -146,7 +147,8 @@ class Bucket : public BucketBase {
 
   double finish_reduction() override {
     start_reduction(false);
-    double blocked = 0;
+    double blocked = blocking_seconds_;
+    blocking_seconds_ = 0;
     for (auto& p : pending_) blocked += p->wait();
     pending_.clear();
     if (!send_) return blocked;
@@ -274,11 +276,18 @@ class Bucket : public BucketBase {
   bool scatter_ = false;
   std::shared_ptr<T> send_, recv_;
   std::vector<std::unique_ptr<tshard::detail::PendingReduction<T>>> pending_;
+  double blocking_seconds_ = 0;
   static constexpr Index kInPlace = Index(1) << 16;  // elements: reduced alone, without packing
 
   // One reduction over the data axis: all-reduce in place (recv null) or reduce-scatter.
   void reduce(bool nonblocking, T* send, T* recv, Index n) {
     if (!nonblocking) {
+      const auto t0 = std::chrono::steady_clock::now();
+      struct Timed {
+        std::chrono::steady_clock::time_point t0;
+        double& into;
+        ~Timed() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+      } timed{t0, blocking_seconds_};
       if (recv)
         tshard::detail::reduce_scatter_block(data_, send, recv, n, ReduceOp::Sum);
       else

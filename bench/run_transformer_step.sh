@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The transformer training step's MFU (achieved FLOP/s over the machine's GEMM peak: sgemm
+# n=4096 on every rank at once, summed, measured in the same run) on 2 ranks at a size where
+# GEMMs dominate, on the meshes {data, model} = {1, 2} and {2, 1}, ZeRO 0 and 2, gradient
+# reduction overlapped with backward or not; then the MLP step benchmark (nn layers against
+# the hand-written step). Any extra arguments go to train_transformer.
+#   bash bench/run_transformer_step.sh [--layers 2] [--steps 4]
+# OpenBLAS 0.3.21 picks slower kernels on this CPU; SkylakeX kernels are set for this command
+# alone (never in tests or CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+dpkg-query -W -f='${Status}' libopenblas-dev 2>/dev/null | grep -q "install ok installed" ||
+  apt-get install -y -qq libopenblas-dev
+cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON -DTSHARD_BUILD_TESTS=OFF \
+  -DTSHARD_BUILD_EXAMPLES=ON > /dev/null
+cmake --build build-bench --target train_transformer tshard_bench_mlp_step -j "$jobs"
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
+size=(--dmodel 1024 --heads 16 --batch 8 --seq 256 --vocab 1024 --layers 2 --steps 4 --peak-n 4096)
+for run in "model=2" "data=2" "data=2 --overlap" "data=2 --zero 2" "data=2 --zero 3"; do
+  mesh=${run%% *}
+  rest=${run#"$mesh"}
+  # shellcheck disable=SC2086
+  mpirun -np 2 ./build-bench/examples/train_transformer --mesh "$mesh" $rest "${size[@]}" "$@" | grep -E "^mesh|^memory"
+done
+mpirun -np 2 ./build-bench/bench/tshard_bench_mlp_step --reps 7 | grep -E "^GEMM|^check|^step"
