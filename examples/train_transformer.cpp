@@ -32,7 +32,7 @@ namespace ts = tshard;
 using M = ts::Mesh<"data", "stage", "model">;
 
 struct Options {
-  int data = 0, stage = 1, model = 1;  // data 0: whatever the other axes leave
+  int data = 0, stage = 1, model = 1;  // without --mesh, every rank on data; with it, a missing axis is 1
   int steps = 10, layers = 2, zero = 0;
   long seed = 1;
   bool use_double = false, check = false, overlap = false;
@@ -46,6 +46,7 @@ struct Options {
 }
 
 void parse_mesh(const std::string& s, Options& o) {
+  o.data = 1;
   std::size_t at = 0;
   while (at < s.size()) {
     const std::size_t comma = s.find(',', at);
