@@ -1,6 +1,7 @@
 // Activations with their backward: relu, gelu (tanh form, as GPT-2 and Megatron use it), and
 // dropout whose mask depends only on (seed, global index), so it is the same on every mesh.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -10,20 +11,30 @@
 namespace tshard::nn {
 namespace detail {
 
+// gelu and its slope over runs of n elements, vectorised through Eigen's arrays (its float tanh
+// is a vectorised rational approximation; glibc's scalar tanhf took ~10% of a transformer
+// step). Blocks of 256 keep tanh's values in registers and cache between the two uses.
 template <class T>
-T gelu_value(T x) {
-  const T c = T(0.7978845608028654);  // sqrt(2 / pi)
-  const T u = c * (x + T(0.044715) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(u));
+void gelu_run(T* out, const T* x, tshard::detail::Index n) {
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const T c = T(0.7978845608028654);
+  Eigen::Map<const A> xv(x, n);
+  Eigen::Map<A>(out, n) = T(0.5) * xv * (T(1) + (c * (xv + T(0.044715) * xv.cube())).tanh());
 }
 
-// d gelu / dx of the tanh form.
 template <class T>
-T gelu_slope(T x) {
+void gelu_backward_run(T* out, const T* x, const T* g, tshard::detail::Index n) {
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
   const T c = T(0.7978845608028654);
-  const T u = c * (x + T(0.044715) * x * x * x);
-  const T t = std::tanh(u);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3 * 0.044715) * x * x);
+  Eigen::Array<T, 256, 1> t;
+  for (tshard::detail::Index at = 0; at < n; at += 256) {
+    const tshard::detail::Index m = std::min<tshard::detail::Index>(256, n - at);
+    Eigen::Map<const A> xv(x + at, m), gv(g + at, m);
+    auto tv = t.head(m);
+    tv = (c * (xv + T(0.044715) * xv.cube())).tanh();
+    Eigen::Map<A>(out + at, m) =
+        gv * (T(0.5) * (T(1) + tv) + T(0.5) * xv * (T(1) - tv.square()) * c * (T(1) + T(3 * 0.044715) * xv.square()));
+  }
 }
 
 }  // namespace detail
@@ -40,14 +51,18 @@ template <tshard::detail::FloatingTensor X>
 auto gelu(const X& x) {
   using T = typename X::Scalar;
   static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
-  return tshard::map([](T v) { return detail::gelu_value(v); }, x);
+  tshard::detail::OperatorScope scope("gelu");
+  return tshard::detail::map_runs<T>([](T* o, const T* v, tshard::detail::Index n) { detail::gelu_run(o, v, n); }, x);
 }
 
 template <tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor DG>
 auto gelu_backward(const X& x, const DG& dg) {
   using T = typename X::Scalar;
   static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
-  return tshard::map([](T v, T g) { return g * detail::gelu_slope(v); }, x, dg);
+  static_assert(std::is_same_v<T, typename DG::Scalar>, "tshard: gelu_backward's gradient has x's element type");
+  tshard::detail::OperatorScope scope("gelu_backward");
+  return tshard::detail::map_runs<T>(
+      [](T* o, const T* v, const T* g, tshard::detail::Index n) { detail::gelu_backward_run(o, v, g, n); }, x, dg);
 }
 
 // Inverted dropout: each element is kept with probability 1 - p and scaled by 1 / (1 - p).

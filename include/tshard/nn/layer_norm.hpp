@@ -4,6 +4,7 @@
 #include <cmath>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/elementwise.hpp"
@@ -21,6 +22,50 @@ auto normalised(const X& x, T eps) {
   return std::pair{std::move(xc), std::move(rstd)};
 }
 
+// The fused kernels run where each rank holds whole rows: the last dim and gamma, beta not
+// split, nothing partial (else the general path of partials below).
+template <class X, class G, class B>
+inline constexpr bool fused_layer_norm_v = !X::is_partial && !G::is_partial && !B::is_partial &&
+                                           X::spec_desc.dims[X::rank - 1].count == 0 && G::spec_desc.dims[0].count == 0 &&
+                                           B::spec_desc.dims[0].count == 0 &&
+                                           std::is_same_v<typename X::Scalar, typename G::Scalar> &&
+                                           std::is_same_v<typename X::Scalar, typename B::Scalar>;
+
+// The local block as [rows, n]: rows the padded leading dims (contiguous), n the last dim.
+template <class X>
+std::pair<tshard::detail::Index, tshard::detail::Index> row_view(const X& x) {
+  const auto& l = x.layout();
+  tshard::detail::Index rows = 1;
+  for (int k = 0; k + 1 < X::rank; ++k) rows *= l.padded[k];
+  return {rows, l.padded[X::rank - 1]};
+}
+
+// Whether padded row r (column-major over the leading dims) is a valid row of the block.
+inline bool row_is_valid(const tshard::detail::ShardLayout& l, int dims, tshard::detail::Index r) {
+  for (int k = 0; k < dims; ++k) {
+    if (r % l.padded[k] >= l.valid[k]) return false;
+    r /= l.padded[k];
+  }
+  return true;
+}
+
+// Per row: the mean and 1 / sqrt(var + eps), two passes over contiguous rows (padding rows get
+// values too; nothing reads them).
+template <class T>
+void row_statistics(const T* x, tshard::detail::Index rows, tshard::detail::Index n, T eps, T* mean, T* rstd) {
+  std::fill(mean, mean + rows, T(0));
+  std::fill(rstd, rstd + rows, T(0));
+  for (tshard::detail::Index d = 0; d < n; ++d)
+    for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] += x[r + rows * d];
+  for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] /= T(n);
+  for (tshard::detail::Index d = 0; d < n; ++d)
+    for (tshard::detail::Index r = 0; r < rows; ++r) {
+      const T c = x[r + rows * d] - mean[r];
+      rstd[r] += c * c;
+    }
+  for (tshard::detail::Index r = 0; r < rows; ++r) rstd[r] = T(1) / std::sqrt(rstd[r] / T(n) + eps);
+}
+
 }  // namespace detail
 
 // (x - mean) / sqrt(var + eps) * gamma + beta along Dim, the last dim; gamma and beta: [H].
@@ -29,8 +74,24 @@ auto layer_norm(const X& x, const G& gamma, const B& beta, typename X::Scalar ep
   static_assert(Dim == X::rank - 1, "tshard: layer_norm normalises the last dim (gamma and beta align with it)");
   static_assert(G::rank == 1 && B::rank == 1, "tshard: layer_norm's gamma and beta are rank-1 tensors [H]");
   tshard::detail::OperatorScope scope("layer_norm");
-  auto [xc, rstd] = detail::normalised<Dim>(x, eps);
-  return xc * rstd * gamma + beta;
+  if constexpr (detail::fused_layer_norm_v<X, G, B>) {
+    using T = typename X::Scalar;
+    ShardedTensor<T, typename X::MeshT, typename X::SpecType> y(x.mesh(), x.global_shape());
+    const auto [rows, n] = detail::row_view(x);
+    std::vector<T> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+    detail::row_statistics(x.data(), rows, n, eps, mean.data(), rstd.data());
+    const T* xd = x.data();
+    const T* g = gamma.data();
+    const T* b = beta.data();
+    T* yd = y.data();
+    for (tshard::detail::Index d = 0; d < n; ++d)
+      for (tshard::detail::Index r = 0; r < rows; ++r)
+        yd[r + rows * d] = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)] * g[d] + b[d];
+    return y;
+  } else {
+    auto [xc, rstd] = detail::normalised<Dim>(x, eps);
+    return xc * rstd * gamma + beta;
+  }
 }
 
 // dx, dgamma, dbeta given x, gamma and dL/dn (the statistics are recomputed). dgamma and dbeta
@@ -40,6 +101,51 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
   static_assert(Dim == X::rank - 1, "tshard: layer_norm normalises the last dim (gamma and beta align with it)");
   static_assert(G::rank == 1, "tshard: layer_norm's gamma is a rank-1 tensor [H]");
   tshard::detail::OperatorScope scope("layer_norm_backward");
+  if constexpr (detail::fused_layer_norm_v<X, G, G> && !DN::is_partial &&
+                std::is_same_v<typename DN::SpecType, typename X::SpecType>) {
+    // Two passes after the statistics: dgamma, dbeta and the row sums of dxhat and dxhat xhat,
+    // then dx. dgamma and dbeta are partials over the rows' axes, as on the general path.
+    using T = typename X::Scalar;
+    using Part = decltype(sum_leading_dims(x));
+    ShardedTensor<T, typename X::MeshT, typename X::SpecType> dx(x.mesh(), x.global_shape());
+    Part dgamma(x.mesh(), {x.extents()[Dim]}), dbeta(x.mesh(), {x.extents()[Dim]});
+    const auto [rows, n] = detail::row_view(x);
+    std::vector<T> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
+    detail::row_statistics(x.data(), rows, n, eps, mean.data(), rstd.data());
+    const auto& layout = x.layout();
+    std::vector<T> counted(static_cast<std::size_t>(rows));  // 1 for valid rows, 0 for padding
+    for (tshard::detail::Index r = 0; r < rows; ++r) counted[std::size_t(r)] = detail::row_is_valid(layout, Dim, r) ? T(1) : T(0);
+    const T* xd = x.data();
+    const T* g = gamma.data();
+    const T* dnd = dn.data();
+    T* dg = dgamma.data();
+    T* db = dbeta.data();
+    for (tshard::detail::Index d = 0; d < n; ++d) {
+      T sg = 0, sb = 0;
+      for (tshard::detail::Index r = 0; r < rows; ++r) {
+        const T xhat = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+        const T dnv = dnd[r + rows * d];
+        const T dxhat = dnv * g[d];
+        a[std::size_t(r)] += dxhat;
+        c[std::size_t(r)] += dxhat * xhat;
+        if (counted[std::size_t(r)] != T(0)) {  // padding rows may hold anything, NaN included
+          sg += dnv * xhat;
+          sb += dnv;
+        }
+      }
+      dg[d] = sg;
+      db[d] = sb;
+    }
+    T* dxd = dx.data();
+    const T inv_n = T(1) / T(x.extents()[Dim]);
+    for (tshard::detail::Index d = 0; d < n; ++d)
+      for (tshard::detail::Index r = 0; r < rows; ++r) {
+        const T xhat = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+        const T dxhat = dnd[r + rows * d] * g[d];
+        dxd[r + rows * d] = rstd[std::size_t(r)] * (dxhat - a[std::size_t(r)] * inv_n - xhat * c[std::size_t(r)] * inv_n);
+      }
+    return std::tuple{std::move(dx), std::move(dgamma), std::move(dbeta)};
+  }
   auto [xc, rstd] = detail::normalised<Dim>(x, eps);
   auto xhat = xc * rstd;
   auto dgamma = sum_leading_dims(dn * xhat);

@@ -77,7 +77,15 @@ class Linear : public Module {
     }();
     using Product = decltype(product);
     using Out = ShardedTensor<T, M, typename Product::SpecType>;
-    if (with_bias_) return Out(std::move(product) + bias_);
+    if (with_bias_) {
+      if constexpr (Product::is_partial) {
+        return Out(std::move(product) + bias_);
+      } else {
+        Out y(std::move(product));
+        y += bias_;  // in place: no second output buffer
+        return y;
+      }
+    }
     // Without bias no pass is spent adding zeros; a partial is resolved all the same.
     if constexpr (Product::is_partial)
       return tshard::detail::implicit_reshard<typename Product::SpecType>(product, "linear");

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/nn/weight_update.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -295,12 +297,14 @@ struct AdamWRule {
     const T decay = T(1) - lr * T(o.weight_decay);
     const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
     const T root_bc2 = T(std::sqrt(1 - std::pow(double(o.beta2), double(t))));
-    T* m = s[0];
-    T* v = s[1];
-    for (Index i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (T(1) - b1) * g[i];
-      v[i] = b2 * v[i] + (T(1) - b2) * g[i] * g[i];
-      p[i] = p[i] * decay - step * m[i] / (std::sqrt(v[i]) / root_bc2 + eps);
+    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+    for (Index at = 0; at < n; at += 512) {  // vectorised, in blocks that stay in cache
+      const Index k = std::min<Index>(512, n - at);
+      Eigen::Map<A> m(s[0] + at, k), v(s[1] + at, k), pv(p + at, k);
+      Eigen::Map<const A> gv(g + at, k);
+      m = b1 * m + (T(1) - b1) * gv;
+      v = b2 * v + (T(1) - b2) * gv.square();
+      pv = pv * decay - step * m / (v.sqrt() / root_bc2 + eps);
     }
   }
 };

@@ -675,6 +675,36 @@ auto map(const X& x, F&& f) {
   }
 }
 
+namespace detail {
+// map's run form for kernels that vectorise: f(out, in0, in1, ..., n) on each contiguous run of
+// valid elements (pointers at the run's start), U the output's element type. Same specs,
+// alignment and resolution as map.
+template <class U, class F, ShardedTensorType X0, ShardedTensorType... Xs>
+auto map_runs(F&& f, const X0& x0_in, const Xs&... xs_in) {
+  using M = typename X0::MeshT;
+  using OutSpec = typename elementwise_fold<M, X0::rank, typename X0::SpecType, typename Xs::SpecType...>::type;
+  using Out = ShardedTensor<U, M, OutSpec>;
+  auto run = [&](const auto& x0, const auto&... xs) {
+    (require_same_mesh(x0, xs, "map"), ...);
+    ((xs.extents() != x0.extents()
+          ? throw ShapeError("tshard::map: the tensors' shapes differ: " + x0.describe() + " and " + xs.describe())
+          : void()),
+     ...);
+    Out out(x0.mesh(), x0.global_shape());
+    auto& mesh = *x0.mesh().state();
+    auto aligned = [&](const auto& x) { return implicit_reshard(mesh, x.spec_desc, Out::spec_desc, x.extents(), x.data(), "map"); };
+    const auto a0 = aligned(x0);
+    const std::tuple<decltype(aligned(xs))...> as{aligned(xs)...};
+    U* o = out.data();
+    for_each_valid_run(out.layout(), [&](Index off, Index n) {
+      std::apply([&](const auto&... a) { f(o + off, a0.data + off, (a.data + off)..., n); }, as);
+    });
+    return out;
+  };
+  return run(resolved(x0_in, "map"), resolved(xs_in, "map")...);
+}
+}  // namespace detail
+
 // n-ary map: out(i) = f(a(i), b(i), ...) for 1 to 4 tensors of one shape (any element types and
 // specs), in one pass over the valid elements (never padding). The output spec folds the
 // elementwise rule over the inputs; inputs laid out otherwise are aligned by implicit reshards
