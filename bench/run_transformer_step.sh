@@ -21,6 +21,6 @@ for run in "model=2" "data=2" "data=2 --overlap" "data=2 --zero 2" "data=2 --zer
   mesh=${run%% *}
   rest=${run#"$mesh"}
   # shellcheck disable=SC2086
-  mpirun -np 2 ./build-bench/examples/train_transformer --mesh "$mesh" $rest "${size[@]}" "$@" | grep -E "^mesh|^memory"
+  mpirun -np 2 ./build-bench/examples/train_transformer --mesh "$mesh" $rest "${size[@]}" "$@" | grep -E "^mesh|^memory|^buffer"
 done
 mpirun -np 2 ./build-bench/bench/tshard_bench_mlp_step --reps 7 | grep -E "^GEMM|^check|^step"

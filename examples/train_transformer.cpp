@@ -204,6 +204,7 @@ struct Run {
   std::vector<double> losses;
   double seconds = 0;
   ts::nn::OptimizerMemory memory;
+  std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
   double blocked = 0;
   double dense = 0;
 };
@@ -223,6 +224,8 @@ Run train(const M& mesh, const Options& o, int zero) {
     const T loss = model.forward_backward(step);
     opt.clip_grad_norm(o.clip);
     run.memory = opt.memory();  // reduced gradients present, state updated next
+    run.pool_now = ts::pool_stats().bytes_in_use;
+    run.pool_peak = ts::pool_stats().peak_bytes_in_use;
     opt.step();
     if (step > 0 || o.steps == 1) run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     run.blocked += opt.last_reduction().blocked_seconds;
@@ -263,6 +266,8 @@ int run_all(const M& mesh, const Options& o) {
                 "total %.1f KiB; ZeRO-%d formula %.1f KiB (Psi = %.1f KiB of local parameters, N = %d)\n",
                 run.memory.parameters / 1024.0, run.memory.gradients / 1024.0, run.memory.state / 1024.0,
                 run.memory.total() / 1024.0, o.zero, expect[o.zero] / 1024.0, psi / 1024.0, int(n));
+    std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
+                run.pool_now / 1024.0, run.pool_peak / 1024.0);
     if (o.check) std::printf("largest relative difference from the single-rank curve %.2e%s\n", worst, ok ? "" : " (FAILED)");
   }
   return ok ? 0 : 1;

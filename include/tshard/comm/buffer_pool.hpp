@@ -2,6 +2,7 @@
 // page on first touch here (FACTS.md), more than many collectives, so freed buffers are kept
 // and handed out again instead of going back to the allocator.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +18,7 @@ struct PoolStats {
   std::uint64_t reuses = 0;             // requests served from cached buffers
   std::uint64_t bytes_cached = 0;       // bytes held for reuse right now
   std::uint64_t bytes_in_use = 0;       // bytes handed out and not yet returned
+  std::uint64_t peak_bytes_in_use = 0;  // the most bytes_in_use has been
 };
 
 namespace detail {
@@ -37,6 +39,7 @@ class BufferPool {
       free_.erase(it);
       stats_.bytes_cached -= size;
       stats_.bytes_in_use += size;
+      stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
       sizes_[p] = size;
       ++stats_.reuses;
       return p;
@@ -46,6 +49,7 @@ class BufferPool {
     sizes_[p] = bytes;
     ++stats_.fresh_allocations;
     stats_.bytes_in_use += bytes;
+    stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
     return p;
   }
 

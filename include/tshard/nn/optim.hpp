@@ -271,9 +271,9 @@ class Optimizer {
 // then weight-update sharding over the mesh axis named data_axis (absent: no data parallelism),
 // and whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
 // overlap). Off by default: with OpenMPI's non-blocking collectives and no progress thread,
-// the overlapped reduction of a transformer's gradients spent 209 ms per step inside MPI here
-// against 37 ms for the blocking one in step() (bench/run_transformer_step.sh); turn it on
-// where the network progresses transfers on its own.
+// the overlapped reduction of a transformer's gradients spent 54-209 ms per step inside MPI
+// here against 37-52 ms for the blocking one in step() (bench/run_transformer_step.sh); turn
+// it on where the network progresses transfers on its own.
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;
