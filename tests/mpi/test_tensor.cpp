@@ -124,6 +124,32 @@ TEST_CASE("from_local wraps existing shards without copying, padded or valid-siz
   }
 }
 
+TEST_CASE("from_local with the buffer's size checks it: too small on one rank is a ShapeError on every rank") {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    using X = ts::Spec<ts::S<"x">, ts::R>;
+    Eigen::Tensor<double, 2> g = iota_tensor<double, 2>({7, 5});
+    auto ref = ts::distribute<X>(mesh, g);
+    auto padded = ts::padded_local_shape<X>(mesh, {7, 5});
+    std::vector<double> buf(static_cast<std::size_t>(padded[0] * padded[1]));
+    std::copy(ref.data(), ref.data() + ref.local_size(), buf.begin());
+    auto w = ts::from_local<X>(mesh, {7, 5}, std::span(buf));
+    TS_REQUIRE_ALL(w.data() == buf.data() && compare(w.gather(), g) == "");
+    auto p = ts::from_local<X>(mesh, {7, 5}, buf.data(), buf.size());
+    TS_REQUIRE_ALL(compare(p.gather(), g) == "");
+    // One element short on the last rank only: every rank throws, none reads past the end.
+    const bool last = mesh.rank() == mesh.size() - 1;
+    std::string what;
+    try {
+      (void)ts::from_local<X>(mesh, {7, 5}, buf.data(), buf.size() - (last ? 1 : 0));
+    } catch (const ts::ShapeError& e) {
+      what = e.what();
+    }
+    TS_REQUIRE_ALL(!what.empty());
+    TS_REQUIRE_ALL(!last || what.find("needs " + std::to_string(buf.size())) != std::string::npos);
+  }
+}
+
 TEST_CASE("from_local with a partial marker builds a partial sum resolved by gather") {
   const int p = world_size();
   M2 mesh({1, p});

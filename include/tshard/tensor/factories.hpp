@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -149,7 +150,8 @@ auto distribute(const M& mesh, const G& global) {
 }
 
 // Wraps a shard this rank already has, without copying. `local` must hold the padded local
-// extents (padded_local_shape) in column-major order and outlive the tensor and its moves.
+// extents (padded_local_shape(mesh, shape), column-major) and outlive the tensor and its
+// moves; nothing can check a raw pointer's size: the overloads below take it and check it.
 template <class SpecT, class P = NoPartial, class T, MeshType M, std::size_t N>
 auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], T* local) {
   using Out = ShardedTensor<T, M, SpecT, P>;
@@ -158,6 +160,31 @@ auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], T* local) 
   detail::check_shape_nonnegative(mesh, shape, "from_local", Out::spec_desc.to_string(mesh.shape()));
   detail::check_shape_agrees(mesh, shape, true, "from_local", Out::spec_desc.to_string(mesh.shape()));
   return Out(detail::AdoptStorage{}, mesh, shape, std::shared_ptr<T>(local, [](T*) {}));
+}
+
+// The same with the buffer's size in elements: one smaller than the padded local block
+// (padded_local_shape) is a ShapeError on every rank instead of a read past its end.
+template <class SpecT, class P = NoPartial, class T, MeshType M, std::size_t N>
+auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], T* local, std::size_t count) {
+  using Out = ShardedTensor<T, M, SpecT, P>;
+  auto shape = detail::shape_argument<SpecT::rank>(global_shape);
+  detail::OperatorScope scope("from_local");
+  const std::string spec = Out::spec_desc.to_string(mesh.shape());
+  detail::check_shape_nonnegative(mesh, shape, "from_local", spec);
+  const detail::ShardLayout l =
+      detail::shard_layout(Out::spec_desc, detail::to_extents(shape), mesh.shape(), mesh.state()->coords());
+  const auto need = static_cast<std::size_t>(l.padded_size());
+  detail::check_shape_agrees(mesh, shape, count >= need && (local != nullptr || need == 0), "from_local", spec,
+                             "the local buffer holds " + std::to_string(count) + " elements on rank " +
+                                 std::to_string(mesh.rank()) + ", the padded local block " +
+                                 detail::shape_to_string(l.padded, SpecT::rank) + " needs " + std::to_string(need));
+  return Out(detail::AdoptStorage{}, mesh, shape, std::shared_ptr<T>(local, [](T*) {}));
+}
+
+// The same over a std::span (std::span(vector) for a std::vector).
+template <class SpecT, class P = NoPartial, class T, std::size_t Extent, MeshType M, std::size_t N>
+auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], std::span<T, Extent> local) {
+  return from_local<SpecT, P>(mesh, global_shape, local.data(), local.size());
 }
 
 // Takes ownership of a local block (moved in, not copied); its extents must be the padded
