@@ -527,6 +527,18 @@ TEST_CASE("windowed operators reject even kernels, negative widths and mismatche
   TS_REQUIRE_ALL(e6.find("ShapeError: tshard::conv2d: Same padding") == 0);
   const std::string e7 = error_of([&] { ts::conv2d(images, w_even, ts::Padding::Valid); });
   TS_REQUIRE_ALL(e7 == "no error");
+  // A plan used with a tensor of another mesh object: MeshError on every rank.
+  M2 other({world_size(), 1});
+  auto y = ts::zeros<double, ts::Spec<ts::S<"x">, ts::R>>(other, {7, 5});
+  ts::HaloPlan<double, 2> plan(x, {ts::Halo{1, 1}, ts::Halo{0, 0}}, ts::Boundary::Zero);
+  bool mesh_error = false;
+  try {
+    typename ts::HaloPlan<double, 2>::Extended ext;
+    plan.load_interior(y, ext);
+  } catch (const ts::MeshError&) {
+    mesh_error = true;
+  }
+  TS_REQUIRE_ALL(mesh_error);
 }
 
 TEST_CASE("halo messages longer than the chunk limit arrive whole", "[halo]") {

@@ -349,10 +349,13 @@ class HaloPlan {
 
   template <class X>
   void check_tensor(const X& x, const char* op) const {
-    if (x.mesh().state() != mesh_ || !(x.spec_desc.without_partial() == spec_) || x.extents() != shape_)
+    if (x.mesh().state() != mesh_)
+      throw MeshError(std::string("tshard::") + op + ": the tensor " + x.describe() + " lives on mesh " +
+                      x.mesh().shape().describe() + ", not on the plan's mesh " + mesh_->shape().describe());
+    if (!(x.spec_desc.without_partial() == spec_) || x.extents() != shape_)
       throw ShapeError(std::string("tshard::") + op + ": the tensor " + x.describe() +
                        " differs from the plan's layout " + detail::shape_to_string(shape_, Rank) + " " +
-                       spec_.to_string(mesh_->shape()) + " (or lives on another mesh)");
+                       spec_.to_string(mesh_->shape()));
   }
   // A rank-local misuse (the caller sized a block wrongly); thrown on this rank only.
   void check_extended(const Extended& e, const char* op) const {
