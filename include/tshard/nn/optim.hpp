@@ -191,7 +191,8 @@ class Optimizer {
 
   template <class T, class M, class S>
   void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool layer_owned) {
-    if (param.extents() != grad.extents() || !(param.mesh() == grad.mesh()))
+    tshard::detail::require_same_mesh(param, grad, "nn::Optimizer::add");
+    if (param.extents() != grad.extents())
       throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
     using Access = tshard::detail::TensorAccess;
     const std::uint32_t data = b.data_mask;
