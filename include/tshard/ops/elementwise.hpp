@@ -717,34 +717,12 @@ auto map(F&& f, const X0& x0_in, const Xs&... xs_in) {
   static_assert(Element<U>, "tshard: map's function must return an element type (float, double, complex, int32, int64, bool)");
   static_assert((std::is_same_v<typename X0::MeshT, typename Xs::MeshT> && ...), "tshard: map's tensors live on one mesh type");
   static_assert(((Xs::rank == X0::rank) && ...), "tshard: map's tensors have one shape (and so one rank)");
-  using M = typename X0::MeshT;
   detail::OperatorScope scope("map");
-  using OutSpec = typename detail::elementwise_fold<M, X0::rank, typename X0::SpecType, typename Xs::SpecType...>::type;
-  using Out = ShardedTensor<U, M, OutSpec>;
-  auto run = [&](const auto& x0, const auto&... xs) {
-    (detail::require_same_mesh(x0, xs, "map"), ...);
-    ((xs.extents() != x0.extents()
-          ? throw ShapeError("tshard::map: the tensors' shapes differ: " + x0.describe() + " and " + xs.describe())
-          : void()),
-     ...);
-    Out out(x0.mesh(), x0.global_shape());
-    auto& mesh = *x0.mesh().state();
-    auto aligned = [&](const auto& x) {
-      return detail::implicit_reshard(mesh, x.spec_desc, Out::spec_desc, x.extents(), x.data(), "map");
-    };
-    const auto a0 = aligned(x0);
-    const std::tuple<decltype(aligned(xs))...> as{aligned(xs)...};
-    U* o = out.data();
-    detail::for_each_valid_run(out.layout(), [&](detail::Index off, detail::Index n) {
-      std::apply(
-          [&](const auto&... a) {
-            for (detail::Index i = off; i < off + n; ++i) o[i] = U(f(a0.data[i], a.data[i]...));
-          },
-          as);
-    });
-    return out;
-  };
-  return run(detail::resolved(x0_in, "map"), detail::resolved(xs_in, "map")...);
+  return detail::map_runs<U>(
+      [&](U* o, const typename X0::Scalar* a0, const typename Xs::Scalar*... a, detail::Index n) {
+        for (detail::Index i = 0; i < n; ++i) o[i] = U(f(a0[i], a[i]...));
+      },
+      x0_in, xs_in...);
 }
 
 }  // namespace tshard
