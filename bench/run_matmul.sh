@@ -4,11 +4,7 @@
 # command alone (never in tests or CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/env.sh
-dpkg-query -W -f='${Status}' libscalapack-openmpi-dev 2>/dev/null | grep -q "install ok installed" ||
-  apt-get install -y -qq libscalapack-openmpi-dev libopenblas-dev
-cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON -DTSHARD_BUILD_TESTS=OFF \
-  -DTSHARD_BUILD_EXAMPLES=OFF > /dev/null
-cmake --build build-bench --target tshard_bench_matmul -j "$jobs"
+source bench/prepare.sh
+bench_build "libscalapack-openmpi-dev libopenblas-dev" tshard_bench_matmul
 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
   ./build-bench/bench/tshard_bench_matmul "$@"

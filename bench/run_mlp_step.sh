@@ -5,11 +5,7 @@
 # command alone (never in tests or CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/env.sh
-dpkg-query -W -f='${Status}' libopenblas-dev 2>/dev/null | grep -q "install ok installed" ||
-  apt-get install -y -qq libopenblas-dev
-cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON -DTSHARD_BUILD_TESTS=OFF \
-  -DTSHARD_BUILD_EXAMPLES=OFF > /dev/null
-cmake --build build-bench --target tshard_bench_mlp_step -j "$jobs"
+source bench/prepare.sh
+bench_build "libopenblas-dev" tshard_bench_mlp_step
 OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
   ./build-bench/bench/tshard_bench_mlp_step "$@"

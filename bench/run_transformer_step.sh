@@ -9,12 +9,8 @@
 # alone (never in tests or CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/env.sh
-dpkg-query -W -f='${Status}' libopenblas-dev 2>/dev/null | grep -q "install ok installed" ||
-  apt-get install -y -qq libopenblas-dev
-cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON -DTSHARD_BUILD_TESTS=OFF \
-  -DTSHARD_BUILD_EXAMPLES=ON > /dev/null
-cmake --build build-bench --target train_transformer tshard_bench_mlp_step -j "$jobs"
+source bench/prepare.sh
+bench_build "libopenblas-dev" train_transformer tshard_bench_mlp_step
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
 size=(--dmodel 1024 --heads 16 --batch 8 --seq 256 --vocab 1024 --layers 2 --steps 4 --peak-n 4096)
 for run in "model=2" "data=2" "data=2 --overlap" "data=2 --zero 2" "data=2 --zero 3"; do
