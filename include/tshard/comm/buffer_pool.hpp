@@ -53,6 +53,12 @@ class BufferPool {
     return p;
   }
 
+  // Starts a new peak from what is in use now (to measure one phase's peak).
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
   void release(void* p) {
     if (!p) return;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -135,6 +141,8 @@ class Scratch {
 
 // Allocation counters of the pool behind every tensor and scratch buffer.
 inline PoolStats pool_stats() { return detail::buffer_pool().stats(); }
+// Restarts peak_bytes_in_use from bytes_in_use, to measure the peak of what follows.
+inline void reset_pool_peak() { detail::buffer_pool().reset_peak(); }
 // Gives cached buffers back to the system (they are otherwise kept for reuse).
 inline void trim_buffer_pool() { detail::buffer_pool().trim(); }
 

@@ -141,6 +141,17 @@ class Mesh {
   const std::shared_ptr<detail::MeshState>& state() const { return state_; }
   bool operator==(const Mesh& o) const { return state_ == o.state_; }
 
+  // The mesh of the named axes over the ranks that share this rank's coordinates on the others:
+  // a pipeline stage's {data, model} mesh inside {data, stage, model}. Its coordinates are this
+  // mesh's on those axes. Collective over this mesh (every rank asks alike).
+  template <FixedString... Keep>
+  Mesh<Keep...> submesh() const {
+    static_assert(sizeof...(Keep) > 0, "tshard: a submesh keeps at least one axis");
+    const std::vector<int> kept{axis_index<Keep>()...};
+    const int sizes[] = {size<Keep>()...};
+    return Mesh<Keep...>(state_->group(kept), sizes);
+  }
+
  private:
   std::shared_ptr<detail::MeshState> state_;
 };

@@ -77,14 +77,14 @@ class Embedding : public Module {
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
       for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = table[v + tl.padded[0] * d];
     });
-    // Kept for backward: which output rows hit which local table rows, and the output's layout.
-    hits_.clear();
-    for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { hits_.emplace_back(r, v); });
-    rows_ = ids.local_size();
-    out_desc_ = Out::spec_desc.without_partial();
-    out_shape_ = out.extents();
-    ids_axes_ = Ids::spec_desc.split_axes();
-    saved_ = true;
+    auto& saved = saved_.current();
+    saved.hits.clear();
+    for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { saved.hits.emplace_back(r, v); });
+    saved.rows = ids.local_size();
+    saved.out_desc = Out::spec_desc.without_partial();
+    saved.out_shape = out.extents();
+    saved.ids_axes = Ids::spec_desc.split_axes();
+    saved.present = true;
     return out;
   }
 
@@ -94,24 +94,25 @@ class Embedding : public Module {
   void backward(const DY& dy_in) {
     tshard::detail::OperatorScope scope("embedding_backward");
     auto in_use = use();
-    if (!saved_) throw SpecError("tshard::nn::Embedding::backward: no forward to take the gradient of");
+    const auto& saved = saved_.current();
+    if (!saved.present) throw SpecError("tshard::nn::Embedding::backward: no forward to take the gradient of");
     const auto& dy = tshard::detail::resolved(dy_in, "embedding_backward");
-    if (DY::rank != out_desc_.rank || dy.extents() != out_shape_)
+    if (DY::rank != saved.out_desc.rank || dy.extents() != saved.out_shape)
       throw ShapeError("tshard::nn::Embedding::backward: the gradient " + dy.describe() +
                        " does not match the last forward's output");
     auto& mesh = *mesh_.state();
-    const auto aligned = tshard::detail::implicit_reshard(mesh, DY::spec_desc, out_desc_, out_shape_, dy.data(),
+    const auto aligned = tshard::detail::implicit_reshard(mesh, DY::spec_desc, saved.out_desc, saved.out_shape, dy.data(),
                                                           "embedding_backward");
     const auto& tl = weight_.layout();
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tl.padded_size(), 1)));
     std::fill(g.data(), g.data() + tl.padded_size(), T(0));
-    for (auto [r, v] : hits_)
-      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) g.data()[v + tl.padded[0] * d] += aligned.data[r + rows_ * d];
+    for (auto [r, v] : saved.hits)
+      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) g.data()[v + tl.padded[0] * d] += aligned.data[r + saved.rows * d];
     // A partial sum over the axes splitting the ids (each rank saw its own ids).
     tshard::detail::SpecDesc contribution = table_desc;
-    if (ids_axes_) {
+    if (saved.ids_axes) {
       contribution.partial = tshard::detail::PartialKind::Sum;
-      contribution.partial_axes = ids_axes_;
+      contribution.partial_axes = saved.ids_axes;
     }
     tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
     detail::accumulate_gradient(mesh, weight_grad_.data(), table_desc, weight_.extents(), g.data(), contribution, deferred_,
@@ -150,12 +151,17 @@ class Embedding : public Module {
 
   M mesh_;
   Table weight_, weight_grad_;
-  std::vector<std::pair<tshard::detail::Index, tshard::detail::Index>> hits_;
-  tshard::detail::Index rows_ = 0;
-  tshard::detail::SpecDesc out_desc_{};
-  tshard::detail::Extents out_shape_{};
-  std::uint32_t ids_axes_ = 0;
-  bool saved_ = false;
+  // Kept per micro-batch for backward: which output rows hit which local table rows, and the
+  // output's layout.
+  struct Saved {
+    std::vector<std::pair<tshard::detail::Index, tshard::detail::Index>> hits;
+    tshard::detail::Index rows = 0;
+    tshard::detail::SpecDesc out_desc{};
+    tshard::detail::Extents out_shape{};
+    std::uint32_t ids_axes = 0;
+    bool present = false;
+  };
+  detail::PerMicroBatch<Saved> saved_;
 };
 
 }  // namespace tshard::nn

@@ -63,10 +63,7 @@ class Linear : public Module {
     if (x.extents()[X::rank - 1] != weight_.extents()[0])
       throw ShapeError("tshard::nn::Linear::forward: the input " + x.describe() + " does not end in the weight's " +
                        std::to_string(weight_.extents()[0]) + " input features (weight " + weight_.describe() + ")");
-    saved_ = tshard::detail::TensorAccess::storage(x);
-    saved_desc_ = x.spec_desc;
-    saved_shape_ = x.extents();
-    saved_rank_ = X::rank;
+    saved_.save(x);
     // The bias is added after a row-parallel product's partial is resolved, as in Megatron
     // (one result type whether the layer has a bias or not).
     auto product = [&] {
@@ -100,9 +97,9 @@ class Linear : public Module {
     static_assert(DY::rank == 2 || DY::rank == 3, "tshard: Linear's output gradient is [B, out] or [B, T, out]");
     tshard::detail::OperatorScope scope("linear_backward");
     auto in_use = use();
-    if (!saved_) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
+    if (saved_.empty()) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
     const auto& dy = tshard::detail::resolved(dy_in, "linear_backward");
-    if (DY::rank != saved_rank_ || dy.extents()[DY::rank - 1] != weight_.extents()[1])
+    if (DY::rank != saved_.rank() || dy.extents()[DY::rank - 1] != weight_.extents()[1])
       throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
                        "the last forward (weight " + weight_.describe() + ")");
     add_weight_grad(dy);
@@ -127,10 +124,14 @@ class Linear : public Module {
   template <class DY>
   void add_weight_grad(const DY& dy) {
     auto& mesh = *weight_.mesh().state();
-    const auto e = saved_rank_ == 2 ? tshard::detail::parse_einsum(FixedString("bi,bo->io"))
+    const int rank = saved_.rank();
+    const tshard::detail::SpecDesc saved_desc = saved_.desc();
+    const tshard::detail::Extents saved_shape = saved_.extents();
+    const T* saved = saved_.data();
+    const auto e = rank == 2 ? tshard::detail::parse_einsum(FixedString("bi,bo->io"))
                                     : tshard::detail::parse_einsum(FixedString("bti,bto->io"));
-    const auto decision = tshard::detail::decide_einsum(e, saved_desc_, dy.spec_desc);
-    const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc_, dy.spec_desc);
+    const auto decision = tshard::detail::decide_einsum(e, saved_desc, dy.spec_desc);
+    const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc, dy.spec_desc);
     const tshard::detail::Extents shape = weight_.extents();
     const auto l = tshard::detail::shard_layout(out, shape, mesh.shape(), mesh.coords());
     if (!tshard::detail::TensorAccess::has_storage(weight_grad_) && deferred_ && !(Weight::spec_desc.split_axes() & deferred_) &&
@@ -138,12 +139,12 @@ class Linear : public Module {
       // The first contribution after the owner's zero_grad(): the product is written straight
       // into the gradient's memory (the owner sums it over the data axis).
       tshard::detail::TensorAccess::acquire_storage(weight_grad_, false);
-      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc, dy.extents(),
+      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc, dy.extents(),
                                     dy.data(), out, shape, weight_grad_.data(), EinsumStrategy::Auto);
       return;
     }
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
-    tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc_, saved_shape_, saved_.get(), dy.spec_desc,
+    tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc,
                                   dy.extents(), dy.data(), out, shape, g.data(), EinsumStrategy::Auto);
     tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
     detail::accumulate_gradient(mesh, weight_grad_.data(), Weight::spec_desc, shape, g.data(), out, deferred_,
@@ -155,10 +156,7 @@ class Linear : public Module {
   Weight weight_grad_;
   Bias bias_grad_;
   bool with_bias_ = true;
-  std::shared_ptr<T> saved_;
-  tshard::detail::SpecDesc saved_desc_{};
-  tshard::detail::Extents saved_shape_{};
-  int saved_rank_ = 0;
+  detail::SavedActivation<T, M> saved_;
 };
 
 }  // namespace tshard::nn

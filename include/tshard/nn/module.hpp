@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "tshard/nn/micro_batch.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
@@ -126,41 +127,48 @@ void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, st
 }
 
 // An activation kept for backward by sharing its buffer (a later write to the original copies
-// first), recovered with the spec backward needs: resharded through the implicit entry point
-// where the gradient arrives in another layout than the forward's input had.
+// first), once per micro-batch, recovered with the spec backward needs: resharded through the
+// implicit entry point where the gradient arrives in another layout than the forward's input had.
 template <class T, class M>
 class SavedActivation {
  public:
   template <class X>
   void save(const X& x) {
     static_assert(!X::is_partial, "tshard: resolve a partial before saving it");
-    storage_ = tshard::detail::TensorAccess::storage(x);
-    desc_ = X::spec_desc;
-    shape_ = x.extents();
-    rank_ = X::rank;
+    auto& e = slots_.current();
+    e.storage = tshard::detail::TensorAccess::storage(x);
+    e.desc = X::spec_desc;
+    e.shape = x.extents();
+    e.rank = X::rank;
   }
-  bool empty() const { return !storage_; }
-  void clear() { storage_.reset(); }
-  const Extents& extents() const { return shape_; }
-  int rank() const { return rank_; }
+  bool empty() { return !slots_.current().storage; }
+  void clear() { slots_.current() = Entry{}; }
+  const T* data() { return slots_.current().storage.get(); }
+  const SpecDesc& desc() { return slots_.current().desc; }
+  const Extents& extents() { return slots_.current().shape; }
+  int rank() { return slots_.current().rank; }
 
   template <class SpecT>
-  ShardedTensor<T, M, SpecT> as(const M& mesh, const char* op) const {
+  ShardedTensor<T, M, SpecT> as(const M& mesh, const char* op) {
     using Out = ShardedTensor<T, M, SpecT>;
-    if (!storage_) throw SpecError(std::string("tshard::nn::") + op + ": no forward to take the gradient of");
-    if (rank_ != Out::rank)
+    const auto& e = slots_.current();
+    if (!e.storage) throw SpecError(std::string("tshard::nn::") + op + ": no forward to take the gradient of");
+    if (e.rank != Out::rank)
       throw ShapeError(std::string("tshard::nn::") + op + ": the gradient has rank " + std::to_string(Out::rank) +
-                       ", the forward's input had rank " + std::to_string(rank_));
-    auto shape = tshard::detail::to_array<Out::rank>(shape_);
-    auto a = tshard::detail::implicit_reshard(*mesh.state(), desc_, Out::spec_desc, shape_, storage_.get(), op);
-    return Out(tshard::detail::AdoptStorage{}, mesh, shape, a.owned ? std::move(a.owned) : storage_);
+                       ", the forward's input had rank " + std::to_string(e.rank));
+    auto shape = tshard::detail::to_array<Out::rank>(e.shape);
+    auto a = tshard::detail::implicit_reshard(*mesh.state(), e.desc, Out::spec_desc, e.shape, e.storage.get(), op);
+    return Out(tshard::detail::AdoptStorage{}, mesh, shape, a.owned ? std::move(a.owned) : e.storage);
   }
 
  private:
-  std::shared_ptr<T> storage_;
-  SpecDesc desc_{};
-  Extents shape_{};
-  int rank_ = 0;
+  struct Entry {
+    std::shared_ptr<T> storage;
+    SpecDesc desc{};
+    Extents shape{};
+    int rank = 0;
+  };
+  PerMicroBatch<Entry> slots_;
 };
 
 }  // namespace detail

@@ -127,6 +127,15 @@ class Optimizer {
     return norm;
   }
 
+  // Parameters spread over more ranks than their own meshes (pipeline stages, each on its own
+  // stage mesh): the global norm of clip_grad_norm sums over every rank of `mesh`.
+  template <class M>
+  void set_norm_mesh(const M& mesh) {
+    world_ = mesh.comm();
+    norm_mesh_ = mesh.state();
+    norm_mesh_set_ = true;
+  }
+
   // One update of every registered parameter from its gradient's current values.
   void step() {
     finish_reductions();
@@ -183,7 +192,7 @@ class Optimizer {
     auto b = std::make_unique<Bucket<T>>(data, n, c, options_.zero_stage);
     b->data_mask = mask;
     b->coords = state.coords();
-    world_ = state.comm();
+    if (!norm_mesh_set_) world_ = state.comm();
     auto* raw = b.get();
     buckets_.push_back(std::move(b));
     return *raw;
@@ -261,6 +270,8 @@ class Optimizer {
   long steps_ = 0;
   bool no_sync_ = false;
   MPI_Comm world_ = MPI_COMM_NULL;
+  bool norm_mesh_set_ = false;
+  std::shared_ptr<void> norm_mesh_;  // keeps the communicator of set_norm_mesh alive
   std::vector<std::unique_ptr<BucketBase>> buckets_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   GradientReductionStats reduction_, this_step_;
