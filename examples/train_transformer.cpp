@@ -1,35 +1,47 @@
-// A decoder-only transformer language model trained with tshard's nn layer on any {data, model}
-// mesh: token and position embeddings (the vocabulary split over "model"), L pre-layernorm
-// blocks (heads and the MLP's hidden dim split over "model", Megatron's pattern by
-// annotation), a final layernorm, an output projection whose logits stay split over the
-// vocabulary, cross-entropy that never gathers them, AdamW with optional weight-update sharding
-// over "data" (--zero 1|2|3) and global gradient-norm clipping.
+// A decoder-only transformer language model trained with tshard's nn layer on any {data, stage,
+// model} mesh: token and position embeddings (the vocabulary split over "model"), L pre-layernorm
+// blocks (heads and the MLP's hidden dim split over "model", Megatron's pattern by annotation),
+// a final layernorm, an output projection whose logits stay split over the vocabulary,
+// cross-entropy that never gathers them, AdamW with optional weight-update sharding over "data"
+// (--zero 1|2|3) and global gradient-norm clipping. "stage" cuts the blocks into a pipeline
+// (GPipe or 1F1B over --microbatches, optionally re-materialised); --experts makes every MLP a
+// GShard mixture of experts split over "data".
 //
 // The task is synthetic and depends only on the seed: each sequence is a random first half
-// followed by its reverse; the model predicts every next token. Initial weights and dropout
-// masks depend only on (seed, global index), so the loss curve does not depend on the mesh:
-// with --double every mesh and ZeRO stage prints the single-rank losses to 1e-9 relative.
+// followed by its reverse; the model predicts every next token. Initial weights, dropout masks
+// and the experts' random routing depend only on (seed, global index), and expert groups are
+// sequences, so the loss curve depends neither on the mesh nor on the micro-batching: with
+// --double every combination prints the single-rank losses to 1e-9 relative.
 //
 //   mpirun -np 4 ./train_transformer --mesh data=2,model=2 --steps 20 --layers 2 --double
+//   mpirun -np 4 ./train_transformer --mesh data=2,stage=2 --microbatches 4 --schedule 1f1b --experts 4
 //
 // Output: "step <n> loss <value>" per step (%.17g), then a progress line (tokens/s, MFU against
-// the sgemm peak of all ranks measured at start) and the optimizer's memory next to ZeRO's
-// formulas. --check also trains on a one-rank mesh on every rank and compares the curves.
+// the sgemm peak of all ranks measured at start), the optimizer's memory next to ZeRO's
+// formulas; pipelined, the bubble per stage next to (K-1)/(M+K-1) and the peak activation memory
+// next to each schedule's formula; with experts, the dropped assignments and the all-to-all
+// bytes next to their analytic count. --check also trains on a one-rank mesh, unpipelined, on
+// every rank and compares the curves.
 // Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
-// layer's gradient reduction during backward, non-blocking), --peak-n N (the peak's sgemm size).
+// layer's gradient reduction during backward, non-blocking), --peak-n N (the peak's sgemm size),
+// --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01).
 #include <tshard/tshard.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace ts = tshard;
 using M = ts::Mesh<"data", "stage", "model">;
+using Sub = ts::Mesh<"data", "model">;  // one pipeline stage
 
 struct Options {
   int data = 0, stage = 1, model = 1;  // without --mesh, every rank on data; with it, a missing axis is 1
@@ -39,6 +51,11 @@ struct Options {
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
   double lr = 3e-3, clip = 1.0, dropout = 0.0;
   int peak_n = 384;
+  int microbatches = 1;
+  ts::nn::Schedule schedule = ts::nn::Schedule::GPipe;
+  bool remat = false;
+  int experts = 0;
+  double capacity_factor = 1.25, aux_weight = 0.01;
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -93,12 +110,28 @@ Options parse(int argc, char** argv) {
     else if (a == "--check") o.check = true;
     else if (a == "--overlap") o.overlap = true;
     else if (a == "--no-overlap") o.overlap = false;
+    else if (a == "--microbatches") o.microbatches = int(integer());
+    else if (a == "--remat") o.remat = true;
+    else if (a == "--experts") o.experts = int(integer());
+    else if (a == "--capacity-factor") o.capacity_factor = std::atof(value().c_str());
+    else if (a == "--aux-weight") o.aux_weight = std::atof(value().c_str());
+    else if (a == "--schedule") {
+      const std::string v = value();
+      if (v == "gpipe") o.schedule = ts::nn::Schedule::GPipe;
+      else if (v == "1f1b") o.schedule = ts::nn::Schedule::OneFOneB;
+      else usage_error("--schedule takes gpipe or 1f1b, not '" + v + "'");
+    }
     else usage_error("unknown option " + a);
   }
   if (o.zero < 0 || o.zero > 3) usage_error("--zero takes 0, 1, 2 or 3");
   if (o.batch < 1 || o.seq < 1 || o.dmodel < 1 || o.heads < 1 || o.vocab < 2 || o.layers < 0 || o.steps < 0)
     usage_error("sizes must be positive (and --vocab at least 2)");
-  if (o.stage != 1) usage_error("pipeline stages (--mesh stage=K) are not supported yet");
+  if (o.microbatches < 1) usage_error("--microbatches must be at least 1");
+  if (o.experts < 0) usage_error("--experts takes 0 (a dense MLP) or more");
+  if (!(o.capacity_factor > 0)) usage_error("--capacity-factor must be positive");
+  if (o.batch % o.microbatches != 0)
+    usage_error("a batch of " + std::to_string(o.batch) + " sequences does not divide into " +
+                std::to_string(o.microbatches) + " micro-batches of equal size");
   return o;
 }
 
@@ -110,33 +143,50 @@ std::int32_t token(const Options& o, long step, Eigen::Index b, Eigen::Index t) 
   return std::int32_t(ts::detail::random_bits(std::uint64_t(o.seed) * 7919 + 17, index) % std::uint64_t(o.vocab));
 }
 
+// The model as a pipeline stage: stage s of K holds its share of the blocks, the first stage the
+// embeddings, the last the final layernorm, the output projection and the loss. Every layer lives
+// on the stage's {data, model} mesh; seeds depend on the global layer index, so the stages hold
+// exactly the layers of the unpipelined model.
 template <class T>
 class LanguageModel {
   using Rows = ts::Spec<ts::S<"data">, ts::R>;  // [B, T] ids: batch over data
+  using ActivationSpec = ts::Spec<ts::S<"data">, ts::R, ts::R>;
 
  public:
-  LanguageModel(const M& mesh, const Options& o)
-      : mesh_(mesh), o_(o),
-        tokens_(mesh, o.vocab, o.dmodel, std::uint64_t(o.seed) * 1000 + 1),
-        positions_(mesh, o.seq, o.dmodel, std::uint64_t(o.seed) * 1000 + 2),
-        norm_(mesh, o.dmodel),
-        head_(mesh, o.dmodel, o.vocab, std::uint64_t(o.seed) * 1000 + 3) {
-    for (int l = 0; l < o.layers; ++l)
+  using Activation = ts::ShardedTensor<T, Sub, ActivationSpec>;  // [b, T, D] between stages
+
+  LanguageModel(const M& mesh, const Options& o, const ts::nn::Pipeline<M>& pipe)
+      : sub_(mesh.submesh<"data", "model">()), o_(o), first_(pipe.first()), last_(pipe.last()) {
+    if (first_) {
+      tokens_.emplace(sub_, o.vocab, o.dmodel, std::uint64_t(o.seed) * 1000 + 1);
+      positions_.emplace(sub_, o.seq, o.dmodel, std::uint64_t(o.seed) * 1000 + 2);
+    }
+    const auto [begin, end] = pipe.partition(o.layers);
+    for (int l = begin; l < end; ++l)
       blocks_.push_back(std::make_unique<Block>(
-          mesh, ts::nn::BlockOptions{.dmodel = o.dmodel, .heads = o.heads, .hidden = o.hidden, .dropout = o.dropout,
-                                     .seed = std::uint64_t(o.seed) * 1000 + 10 + std::uint64_t(l)}));
+          sub_, ts::nn::BlockOptions{.dmodel = o.dmodel, .heads = o.heads, .hidden = o.hidden, .dropout = o.dropout,
+                                     .seed = std::uint64_t(o.seed) * 1000 + 10 + std::uint64_t(l), .experts = o.experts,
+                                     .capacity_factor = o.capacity_factor, .aux_weight = o.aux_weight}));
+    if (last_) {
+      norm_.emplace(sub_, o.dmodel);
+      head_.emplace(sub_, o.dmodel, o.vocab, std::uint64_t(o.seed) * 1000 + 3);
+    }
   }
 
   template <class Optimizer>
   void register_with(Optimizer& opt) {
-    opt.add(tokens_);
-    opt.add(positions_);
+    if (first_) {
+      opt.add(*tokens_);
+      opt.add(*positions_);
+    }
     for (auto& b : blocks_) opt.add(*b);
-    opt.add(norm_);
-    opt.add(head_);
+    if (last_) {
+      opt.add(*norm_);
+      opt.add(*head_);
+    }
   }
 
-  // Parameters of the model: the embeddings, and those the 6N FLOP rule counts (not embeddings).
+  // This stage's parameters that the 6N FLOP rule counts (not the embeddings).
   double dense_parameters() {
     double n = 0;
     auto count = [&](auto& p, auto&) {
@@ -145,44 +195,115 @@ class LanguageModel {
       n += e;
     };
     for (auto& b : blocks_) b->for_each_parameter(count);
-    norm_.for_each_parameter(count);
-    head_.for_each_parameter(count);
+    if (last_) {
+      norm_->for_each_parameter(count);
+      head_->for_each_parameter(count);
+    }
     return n;
   }
 
-  auto batch(long step) const {
-    auto ids = ts::from_function<std::int32_t, Rows>(mesh_, {o_.batch, o_.seq},
-                                                     [&](const auto& i) { return token(o_, step, i[0], i[1]); });
-    auto labels = ts::from_function<std::int32_t, Rows>(mesh_, {o_.batch, o_.seq},
-                                                        [&](const auto& i) { return token(o_, step, i[0], i[1] + 1); });
-    return std::pair{std::move(ids), std::move(labels)};
+  void start_step(long step) {
+    step_ = step;
+    loss_ = 0;
+  }
+  // (token, expert) assignments the gates made and those dropped over capacity, on this stage.
+  std::int64_t assignments() const { return assignments_; }
+  std::int64_t dropped() const { return dropped_; }
+  T loss() const { return loss_; }  // this stage's share of the step's loss
+
+  // ---- the pipeline stage ----
+  Activation boundary(const ts::nn::MicroBatch& mb) const { return Activation(sub_, {rows(mb), o_.seq, o_.dmodel}); }
+
+  std::optional<Activation> forward(const ts::nn::MicroBatch& mb, const Activation* in) {
+    std::optional<Activation> x;
+    if (first_) x.emplace(embed(mb));
+    const Activation* cur = first_ ? &*x : in;
+    for (auto& b : blocks_) {
+      x.emplace(activation(b->forward(*cur)));
+      cur = &*x;
+      if (b->has_experts() && !mb.recompute) {  // the load-balancing term, and what was dropped
+        loss_ += b->auxiliary_loss();
+        assignments_ += b->moe().routing().assignments;
+        dropped_ += b->moe().routing().dropped;
+      }
+    }
+    if (!last_) {
+      if (!x) x.emplace(*cur);  // a stage without layers passes its input on
+      return x;
+    }
+    auto labels = ids(mb, 1);
+    auto logits = head_->forward(norm_->forward(*cur));  // [b, T, V], V split over model
+    const T loss = ts::nn::cross_entropy(logits, labels);
+    if (!mb.recompute) loss_ += loss * share(mb);  // the mean over the whole batch
+    saved_.resize(std::size_t(mb.count));
+    saved_[std::size_t(mb.index)] = Saved{std::move(logits), std::move(labels)};
+    return std::nullopt;
   }
 
-  // One training step's forward and backward; returns the loss.
-  T forward_backward(long step) {
-    auto [ids, labels] = batch(step);
-    auto positions = ts::from_function<std::int32_t, Rows>(mesh_, {o_.batch, o_.seq},
-                                                           [](const auto& i) { return std::int32_t(i[1]); });
-    auto x = tokens_.forward(ids) + positions_.forward(positions);  // [B, T, D], the vocab's partial resolved
-    for (auto& b : blocks_) x = b->forward(x);
-    auto logits = head_.forward(norm_.forward(x));                   // [B, T, V], V split over model
-    const T loss = ts::nn::cross_entropy(logits, labels);
-    auto dx = norm_.backward(head_.backward(ts::nn::cross_entropy_backward(logits, labels)));
-    for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b) dx = (*b)->backward(dx);
-    tokens_.backward(dx);
-    positions_.backward(dx);
-    return loss;
+  std::optional<Activation> backward(const ts::nn::MicroBatch& mb, const Activation* dy) {
+    std::optional<Activation> dx;
+    if (last_) {
+      auto& s = *saved_[std::size_t(mb.index)];
+      auto dlogits = ts::nn::cross_entropy_backward(s.logits, s.labels);
+      if (mb.count > 1) dlogits *= share(mb);
+      dx.emplace(activation(norm_->backward(head_->backward(dlogits))));
+      saved_[std::size_t(mb.index)].reset();
+    } else {
+      dx.emplace(*dy);
+    }
+    for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b) dx.emplace(activation((*b)->backward(*dx)));
+    if (first_) {
+      tokens_->backward(*dx);
+      positions_->backward(*dx);
+      return std::nullopt;
+    }
+    return dx;
   }
 
  private:
-  using Block = ts::nn::TransformerBlock<T, M>;
-  M mesh_;
+  using Block = ts::nn::TransformerBlock<T, Sub>;
+  struct Saved {
+    ts::ShardedTensor<T, Sub, ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>> logits;
+    ts::ShardedTensor<std::int32_t, Sub, Rows> labels;
+  };
+
+  Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return o_.batch / mb.count; }
+  T share(const ts::nn::MicroBatch& mb) const { return mb.count > 1 ? T(1) / T(mb.count) : T(1); }
+
+  template <class X>
+  static Activation activation(X&& x) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<X>, Activation>)
+      return std::forward<X>(x);
+    else
+      return ts::reshard<ActivationSpec>(x);
+  }
+
+  // The micro-batch's ids (shift 0) or labels (shift 1): rows [offset, offset + b) of the batch.
+  ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) const {
+    const long step = step_;
+    return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
+      return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
+    });
+  }
+
+  Activation embed(const ts::nn::MicroBatch& mb) {
+    auto positions = ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq},
+                                                           [](const auto& i) { return std::int32_t(i[1]); });
+    return activation(tokens_->forward(ids(mb, 0)) + positions_->forward(positions));  // the vocab's partial resolved
+  }
+
+  Sub sub_;
   Options o_;
-  ts::nn::Embedding<T, M, ts::Spec<ts::S<"model">, ts::R>> tokens_;
-  ts::nn::Embedding<T, M, ts::Spec<ts::R, ts::R>> positions_;
+  bool first_, last_;
+  long step_ = 0;
+  T loss_ = 0;
+  std::int64_t assignments_ = 0, dropped_ = 0;
+  std::optional<ts::nn::Embedding<T, Sub, ts::Spec<ts::S<"model">, ts::R>>> tokens_;
+  std::optional<ts::nn::Embedding<T, Sub, ts::Spec<ts::R, ts::R>>> positions_;
   std::vector<std::unique_ptr<Block>> blocks_;
-  ts::nn::LayerNorm<T, M> norm_;
-  ts::nn::Linear<T, M, ts::Spec<ts::R, ts::S<"model">>> head_;
+  std::optional<ts::nn::LayerNorm<T, Sub>> norm_;
+  std::optional<ts::nn::Linear<T, Sub, ts::Spec<ts::R, ts::S<"model">>>> head_;
+  std::vector<std::optional<Saved>> saved_;
 };
 
 // The machine's GEMM rate: sgemm of n^3 on every rank at the same moment, summed over ranks.
@@ -207,47 +328,108 @@ struct Run {
   std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
   double blocked = 0;
   double dense = 0;
+  ts::nn::PipelineStats pipeline;  // summed over the timed steps (bytes: the largest)
+  double moe_bytes = 0;                    // bytes sent by the experts' layers, all ranks, per step
+  double moe_all_to_all_bytes = 0;         // of those, by the all-to-alls
+  std::int64_t assignments = 0, dropped = 0;  // all stages, all steps
 };
 
 template <class T>
-Run train(const M& mesh, const Options& o, int zero) {
-  LanguageModel<T> model(mesh, o);
+Run train(const M& mesh, const Options& o, int zero, int microbatches) {
+  ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
+  LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
                      .zero_stage = zero, .overlap = o.overlap});
   model.register_with(opt);
+  opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
   Run run;
-  run.dense = model.dense_parameters();
+  const double dense = model.dense_parameters();
+  ts::detail::all_reduce(pipe.stage_comm(), &dense, &run.dense, 1, ts::ReduceOp::Sum);
+  ts::reset_comm_stats();
   for (int step = 0; step < o.steps; ++step) {
     MPI_Barrier(mesh.comm());
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    const T loss = model.forward_backward(step);
+    opt.no_sync(microbatches > 1);  // gradients add up over the micro-batches; reduced once, by step()
+    model.start_step(step);
+    const ts::nn::PipelineStats ps = pipe.run(model, o.batch);
+    const double part = double(model.loss());
+    double loss = part;  // the last stage's cross-entropy (and every stage's auxiliary losses)
+    ts::detail::all_reduce(pipe.stage_comm(), &part, &loss, 1, ts::ReduceOp::Sum);
     opt.clip_grad_norm(o.clip);
     run.memory = opt.memory();  // reduced gradients present, state updated next
     run.pool_now = ts::pool_stats().bytes_in_use;
     run.pool_peak = ts::pool_stats().peak_bytes_in_use;
     opt.step();
-    if (step > 0 || o.steps == 1) run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step > 0 || o.steps == 1) {
+      run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      run.pipeline.seconds += ps.seconds;
+      run.pipeline.idle_seconds += ps.idle_seconds;
+      run.pipeline.busy_seconds += ps.busy_seconds;
+    }
+    run.pipeline.peak_activation_bytes = std::max(run.pipeline.peak_activation_bytes, ps.peak_activation_bytes);
+    run.pipeline.microbatch_activation_bytes = std::max(run.pipeline.microbatch_activation_bytes, ps.microbatch_activation_bytes);
+    run.pipeline.boundary_bytes = ps.boundary_bytes;
+    run.pipeline.in_flight = std::max(run.pipeline.in_flight, ps.in_flight);
     run.blocked += opt.last_reduction().blocked_seconds;
-    run.losses.push_back(double(loss));
+    run.losses.push_back(loss);
   }
+  double mine[4] = {0, 0, double(model.assignments()), double(model.dropped())}, all[4] = {0, 0, 0, 0};
+  for (const auto& [name, op] : ts::comm_stats().operators()) {
+    if (name.find("moe") == std::string::npos) continue;
+    for (const auto& [kind, c] : op.collectives) {
+      mine[0] += double(c.bytes_sent);
+      if (kind == "all_to_all") mine[1] += double(c.bytes_sent);
+    }
+  }
+  MPI_Allreduce(mine, all, 4, MPI_DOUBLE, MPI_SUM, mesh.comm());
+  const double per_stage_line = double(mesh.size<"data">()) * mesh.size<"model">();  // ranks that counted each stage's routing
+  run.moe_bytes = all[0] / std::max(1, o.steps);
+  run.moe_all_to_all_bytes = all[1] / std::max(1, o.steps);
+  run.assignments = std::int64_t(all[2] / per_stage_line);
+  run.dropped = std::int64_t(all[3] / per_stage_line);
   return run;
+}
+
+// Per stage: the bubble measured next to GPipe's (K-1)/(M+K-1), and the peak activation memory
+// next to each schedule's formula in A, the activations one micro-batch keeps on the stage.
+void report_pipeline(const M& mesh, const Options& o, const Run& run) {
+  const int k = mesh.size<"stage">(), s = mesh.coord<"stage">(), mbs = o.microbatches;
+  MPI_Comm line = mesh.state()->group(std::vector<int>{M::axis_index<"stage">()});
+  const auto& p = run.pipeline;
+  const double a = double(p.microbatch_activation_bytes), in = double(p.boundary_bytes);
+  const double formula = o.remat ? mbs * in + a : (o.schedule == ts::nn::Schedule::GPipe ? mbs : std::min(k - s, mbs)) * a;
+  const double mine[5] = {p.bubble(), double(p.peak_activation_bytes), formula, a, double(p.in_flight)};
+  std::vector<double> all(std::size_t(5 * k));
+  MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, line);
+  if (mesh.rank() != 0) return;
+  std::printf("pipeline: %d stages, %d micro-batches, %s%s; bubble (idle / step) per stage:", k, mbs,
+              ts::nn::to_string(o.schedule), o.remat ? " with remat" : "");
+  for (int i = 0; i < k; ++i) std::printf(" %.1f%%", 100 * all[5 * i]);
+  std::printf("; GPipe's (K-1)/(M+K-1) = %.1f%%\n", 100.0 * (k - 1) / (mbs + k - 1));
+  std::printf("activation memory per stage (peak above the step's start | formula %s, A = one micro-batch's):",
+              o.remat ? "M*input + A" : (o.schedule == ts::nn::Schedule::GPipe ? "M*A" : "min(K-s,M)*A"));
+  for (int i = 0; i < k; ++i)
+    std::printf(" [%d] %.1f | %.1f KiB (A %.1f KiB, %d in flight)", i, all[5 * i + 1] / 1024, all[5 * i + 2] / 1024,
+                all[5 * i + 3] / 1024, int(all[5 * i + 4]));
+  std::printf("\n");
 }
 
 template <class T>
 int run_all(const M& mesh, const Options& o) {
   const double peak = gemm_peak(mesh, o.peak_n);
-  const Run run = train<T>(mesh, o, o.zero);
+  const Run run = train<T>(mesh, o, o.zero, o.microbatches);
   bool ok = true;
   double worst = 0;
-  if (o.check) {  // the single-rank curve, on every rank alone
+  if (o.check) {  // the single-rank curve, unpipelined, on every rank alone
     M self(MPI_COMM_SELF, {1, 1, 1});
-    const Run serial = train<T>(self, o, 0);
+    const Run serial = train<T>(self, o, 0, 1);
     for (std::size_t s = 0; s < run.losses.size(); ++s)
       worst = std::max(worst, std::abs(run.losses[s] - serial.losses[s]) / std::abs(serial.losses[s]));
     ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4);
   }
   ok = ts::agree(ok);
+  if (mesh.size<"stage">() > 1 || o.microbatches > 1) report_pipeline(mesh, o, run);
   if (mesh.rank() == 0) {
     for (std::size_t s = 0; s < run.losses.size(); ++s) std::printf("step %zu loss %.17g\n", s, run.losses[s]);
     const int timed = std::max(1, o.steps - 1);
@@ -255,11 +437,11 @@ int run_all(const M& mesh, const Options& o) {
     // 6 N per token for the dense weights, plus attention's scores and context (12 L T D).
     const double flops = tokens * (6 * run.dense + 12.0 * o.layers * double(o.seq) * double(o.dmodel));
     const double per_step = run.seconds / timed;
-    std::printf("mesh {data, model} = {%d, %d}, zero %d%s, %s: %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.2f GFLOP/s "
+    std::printf("mesh {data, stage, model} = {%d, %d, %d}, zero %d%s, %s: %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.2f GFLOP/s "
                 "(sgemm n=%d on every rank), gradient reduction not hidden %.1f ms/step\n",
-                mesh.size<"data">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "", sizeof(T) == 8 ? "double" : "float",
-                tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak, peak / 1e9, o.peak_n,
-                1e3 * run.blocked / std::max(1, o.steps));
+                mesh.size<"data">(), mesh.size<"stage">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "",
+                sizeof(T) == 8 ? "double" : "float", tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak,
+                peak / 1e9, o.peak_n, 1e3 * run.blocked / std::max(1, o.steps));
     const double psi = double(run.memory.model_elements) * sizeof(T), n = mesh.size<"data">();
     const double expect[4] = {4 * psi, 2 * psi + 2 * psi / n, psi + 3 * psi / n, 4 * psi / n};
     std::printf("memory per rank before the update: parameters %.1f KiB, gradients %.1f KiB, optimizer state %.1f KiB, "
@@ -268,6 +450,28 @@ int run_all(const M& mesh, const Options& o) {
                 run.memory.total() / 1024.0, o.zero, expect[o.zero] / 1024.0, psi / 1024.0, int(n));
     std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
                 run.pool_now / 1024.0, run.pool_peak / 1024.0);
+    if (o.experts > 0) {
+      // GShard's all-to-alls: [E, G, C, D] per MoE layer and micro-batch, twice forward, twice backward
+      // (three times forward under remat), on every model rank. Data rank i holds experts E_i and
+      // groups G_i (the chunk rule) and sends rank j the block [E_j, G_i, C, D]: over all ranks,
+      // (E G - sum_i E_i G_i) C D elements.
+      const int pd = mesh.size<"data">();
+      const double pm = mesh.size<"model">(), mbs = o.microbatches, groups = double(o.batch) / mbs;
+      auto shard = [&](double n, int i) {
+        const double chunk = std::ceil(n / pd);
+        return std::clamp(n - i * chunk, 0.0, chunk);
+      };
+      double diagonal = 0;
+      for (int i = 0; i < pd; ++i) diagonal += shard(o.experts, i) * shard(groups, i);
+      const double c = std::max(1.0, std::min(double(o.seq), std::ceil(o.capacity_factor * 2.0 * double(o.seq) / o.experts)));
+      const double analytic = o.layers * (o.remat ? 6 : 4) * mbs * pm * (o.experts * groups - diagonal) * c *
+                              double(o.dmodel) * sizeof(T);
+      std::printf("experts: %d per block, capacity %.0f per group of %lld tokens; dropped %lld of %lld assignments (%.2f%%); "
+                  "all-to-all bytes per step over all ranks %.0f, analytic %.0f; all bytes of the expert layers %.0f\n",
+                  o.experts, c, (long long)o.seq, (long long)run.dropped, (long long)run.assignments,
+                  100.0 * double(run.dropped) / double(std::max<std::int64_t>(1, run.assignments)), run.moe_all_to_all_bytes,
+                  analytic, run.moe_bytes);
+    }
     if (o.check) std::printf("largest relative difference from the single-rank curve %.2e%s\n", worst, ok ? "" : " (FAILED)");
   }
   return ok ? 0 : 1;

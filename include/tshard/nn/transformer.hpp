@@ -4,11 +4,13 @@
 // tensor- or both-parallel by annotation alone.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/attention.hpp"
 #include "tshard/nn/layer_norm.hpp"
 #include "tshard/nn/linear.hpp"
+#include "tshard/nn/moe.hpp"
 
 namespace tshard::nn {
 
@@ -17,6 +19,8 @@ namespace tshard::nn {
 // rows, layer norms replicated. Any struct with these five names works.
 template <FixedString Model = "model">
 struct MegatronSpecs {
+  static constexpr auto model_axis = Model;   // splits the experts' hidden dim (MoE blocks)
+  static constexpr FixedString expert_axis = "data";  // splits the experts and the token groups
   using qkv = Spec<R, R, S<Model>>;
   using attention_out = Spec<R, S<Model>, R>;
   using mlp_in = Spec<R, S<Model>>;
@@ -79,14 +83,33 @@ class MLP : public Module {
 };
 
 // The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
-// with masks from (seed, call, global index): the same on every mesh.
+// with masks from (seed, call, global index): the same on every mesh. experts > 0 makes the
+// MLP a GShard mixture of experts (each expert hidden wide) with this capacity factor and
+// load-balancing weight.
 struct BlockOptions {
   Eigen::Index dmodel = 64;
   Eigen::Index heads = 4;
   Eigen::Index hidden = 0;
   double dropout = 0.0;
   std::uint64_t seed = 1;
+  int experts = 0;
+  double capacity_factor = 1.25;
+  double aux_weight = 0.01;
 };
+
+namespace detail {
+// The axes of a specs struct, "model" and "data" where it names none.
+template <class Specs>
+constexpr auto model_axis_of() {
+  if constexpr (requires { Specs::model_axis; }) return Specs::model_axis;
+  else return FixedString("model");
+}
+template <class Specs>
+constexpr auto expert_axis_of() {
+  if constexpr (requires { Specs::expert_axis; }) return Specs::expert_axis;
+  else return FixedString("data");
+}
+}  // namespace detail
 
 // y = h + mlp(ln2(h)), h = x + attention(ln1(x)), for x [B, T, D].
 template <class T, class M, class Specs = MegatronSpecs<"model">>
@@ -96,27 +119,43 @@ class TransformerBlock : public Module {
       : o_(o),
         ln1_(mesh, o.dmodel),
         attention_(mesh, o.dmodel, o.heads, o.seed * 16 + 1),
-        ln2_(mesh, o.dmodel),
-        mlp_(mesh, o.dmodel, o.hidden > 0 ? o.hidden : 4 * o.dmodel, o.seed * 16 + 8) {}
+        ln2_(mesh, o.dmodel) {
+    const Eigen::Index hidden = o.hidden > 0 ? o.hidden : 4 * o.dmodel;
+    if (o.experts > 0)
+      moe_.emplace(mesh, MoEOptions{.dmodel = o.dmodel, .hidden = hidden, .experts = o.experts,
+                                    .capacity_factor = o.capacity_factor, .aux_weight = o.aux_weight,
+                                    .seed = o.seed * 16 + 12});
+    else
+      mlp_.emplace(mesh, o.dmodel, hidden, o.seed * 16 + 8);
+  }
+
+  using FeedForward = MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>;
+  using Experts = MoE<T, M, detail::expert_axis_of<Specs>(), detail::model_axis_of<Specs>()>;
 
   LayerNorm<T, M, typename Specs::norm>& ln1() { return ln1_; }
   LayerNorm<T, M, typename Specs::norm>& ln2() { return ln2_; }
   Attention<T, M, typename Specs::qkv, typename Specs::attention_out>& attention() { return attention_; }
-  MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>& mlp() { return mlp_; }
+  FeedForward& mlp() { return *mlp_; }  // without experts
+  Experts& moe() { return *moe_; }      // with experts
+  bool has_experts() const { return moe_.has_value(); }
+  // What the last forward's experts added to the objective (0 without experts).
+  T auxiliary_loss() { return moe_ ? moe_->auxiliary_loss() : T(0); }
 
   template <class F>
   void for_each_parameter(F&& f) {
     ln1_.for_each_parameter(f);
     attention_.for_each_parameter(f);
     ln2_.for_each_parameter(f);
-    mlp_.for_each_parameter(f);
+    if (moe_) moe_->for_each_parameter(f);
+    else mlp_->for_each_parameter(f);
   }
   void defer_gradient_sums(std::uint32_t axes) {
     Module::defer_gradient_sums(axes);
     ln1_.defer_gradient_sums(axes);
     attention_.defer_gradient_sums(axes);
     ln2_.defer_gradient_sums(axes);
-    mlp_.defer_gradient_sums(axes);
+    if (moe_) moe_->defer_gradient_sums(axes);
+    else mlp_->defer_gradient_sums(axes);
   }
 
   template <tshard::detail::FloatingTensor X>
@@ -125,9 +164,14 @@ class TransformerBlock : public Module {
     tshard::detail::OperatorScope scope("transformer_block");
     auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "transformer_block");
-    ++calls_;
+    const MicroBatch& mb = current_micro_batch();
+    if (mb.index == 0 && !mb.recompute) ++calls_;  // one count per step, whatever the micro-batching
     auto h = x + drop(attention_.forward(ln1_.forward(x)), 0);
-    return h + drop(mlp_.forward(ln2_.forward(h)), 1);
+    using Y = decltype(h + drop(mlp_->forward(ln2_.forward(h)), 1));
+    if (moe_)
+      return tshard::detail::implicit_reshard<typename Y::SpecType>(h + drop(moe_->forward(ln2_.forward(h)), 1),
+                                                                    "transformer_block");
+    return h + drop(mlp_->forward(ln2_.forward(h)), 1);
   }
 
   template <tshard::detail::FloatingTensor DY>
@@ -135,7 +179,10 @@ class TransformerBlock : public Module {
     tshard::detail::OperatorScope scope("transformer_block_backward");
     auto in_use = use();
     const auto& dy = tshard::detail::resolved(dy_in, "transformer_block_backward");
-    auto dh = dy + ln2_.backward(mlp_.backward(drop(dy, 1)));
+    using DH = decltype(dy + ln2_.backward(mlp_->backward(drop(dy, 1))));
+    DH dh = moe_ ? tshard::detail::implicit_reshard<typename DH::SpecType>(dy + ln2_.backward(moe_->backward(drop(dy, 1))),
+                                                                       "transformer_block_backward")
+                 : dy + ln2_.backward(mlp_->backward(drop(dy, 1)));
     auto dx = dh + ln1_.backward(attention_.backward(drop(dh, 0)));
     gradients_ready();
     return dx;
@@ -145,25 +192,30 @@ class TransformerBlock : public Module {
     ln1_.zero_grad();
     attention_.zero_grad();
     ln2_.zero_grad();
-    mlp_.zero_grad();
+    if (moe_) moe_->zero_grad();
+    else mlp_->zero_grad();
   }
 
  private:
   // Dropout of a residual branch (site 0: attention, 1: MLP); the mask depends on the block's
-  // seed, the forward call and the site, so backward applies the forward's mask.
+  // seed, the step, the site and the row in the whole batch, so backward applies the forward's
+  // mask and micro-batches drop what the whole batch would.
   template <class X>
   auto drop(const X& x, int site) const {
     const auto& r = tshard::detail::resolved(x, "dropout");
     using Out = ShardedTensor<T, M, typename X::SpecType>;
     if (o_.dropout <= 0) return Out(tshard::detail::AdoptStorage{}, r.mesh(), r.global_shape(), tshard::detail::TensorAccess::storage(r));
-    return Out(dropout(r, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site)));
+    const MicroBatch& mb = current_micro_batch();
+    return Out(dropout(r, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
+                       mb.row_offset, mb.rows_total > 0 ? mb.rows_total : r.global_shape()[0]));
   }
 
   BlockOptions o_;
   LayerNorm<T, M, typename Specs::norm> ln1_;
   Attention<T, M, typename Specs::qkv, typename Specs::attention_out> attention_;
   LayerNorm<T, M, typename Specs::norm> ln2_;
-  MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out> mlp_;
+  std::optional<FeedForward> mlp_;
+  std::optional<Experts> moe_;
   std::uint64_t calls_ = 0;
 };
 

@@ -1,0 +1,363 @@
+// A mixture-of-experts MLP as GShard has it (Lepikhin et al., arXiv 2006.16668, algorithm 1 and
+// figure 7): top-2 gating with an expert capacity, the auxiliary load-balancing loss, random
+// routing of the second expert, and dispatch and combine as einsums. Experts are split over a
+// mesh axis (the data axis by default); the all-to-all between the group-split and the
+// expert-split layout is a reshard of the expert dim, so explain() and the stats show it.
+//
+// Groups are data, not ranks: x is [G, S, D], G groups of S tokens (a group is a sequence), and
+// capacity, positions and the auxiliary loss are per group. So which tokens are dropped, and
+// the loss, do not depend on the mesh or on micro-batching. A token over capacity is dropped by
+// that expert: its output there is zero and the block's residual carries it. The random routing
+// of the second expert depends only on (seed, step, global token index).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tshard/nn/activations.hpp"
+#include "tshard/nn/init.hpp"
+#include "tshard/nn/micro_batch.hpp"
+#include "tshard/nn/module.hpp"
+#include "tshard/ops/einsum.hpp"
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/reshard/reshard.hpp"
+#include "tshard/tensor/factories.hpp"
+
+namespace tshard::nn {
+
+struct MoEOptions {
+  Eigen::Index dmodel = 64;
+  Eigen::Index hidden = 0;        // each expert's MLP width; 0: 4 * dmodel
+  int experts = 4;
+  double capacity_factor = 1.25;  // capacity per expert and group: ceil(factor * 2 S / E), at most S
+  double aux_weight = 0.01;       // the load-balancing loss's weight in the objective
+  bool random_routing = true;     // GShard: the second expert only with probability 2 * its gate
+  std::uint64_t seed = 1;
+};
+
+// What a forward's routing decided, summed over the whole input (every rank agrees).
+struct RoutingStats {
+  std::int64_t assignments = 0;  // (token, expert) pairs chosen by the gate: top-1 plus routed top-2
+  std::int64_t dropped = 0;      // of those, over capacity
+  double aux_loss = 0;           // GShard's l_aux of this input (1 when perfectly balanced)
+};
+
+namespace detail {
+
+// One token's routing, kept for backward.
+struct Route {
+  std::int32_t e1 = 0, e2 = 0;  // top-1 and top-2 experts
+  std::int32_t c1 = -1, c2 = -1;  // their slots; -1: not dispatched (dropped, or not routed)
+};
+
+// GShard's top-2 gating on this rank's whole groups of logits [Gp, S, E] (local, column-major;
+// rows g < groups valid): fills combine and dispatch [Gp, S, E, C], the probabilities and
+// routes, and returns the sum over the groups of E * sum_e density_e * mean-gate_e.
+template <class T>
+double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index experts, Index capacity,
+                   bool random_routing, std::uint64_t seed, Index first_group, Index row_offset, Index rows_total,
+                   T* combine, T* dispatch, T* probs, Route* routes, T* density, RoutingStats& stats) {
+  const Index plane = gp * s_len;  // stride of e in [Gp, S, E]
+  const Index slot = plane * experts;  // stride of c in [Gp, S, E, C]
+  std::fill(combine, combine + slot * capacity, T(0));
+  std::fill(dispatch, dispatch + slot * capacity, T(0));
+  double aux = 0;
+  std::vector<Index> count1(static_cast<std::size_t>(experts)), count2(static_cast<std::size_t>(experts));
+  std::vector<double> mean_gate(static_cast<std::size_t>(experts));
+  std::vector<double> w2(static_cast<std::size_t>(s_len));
+  for (Index g = 0; g < groups; ++g) {
+    std::fill(count1.begin(), count1.end(), 0);
+    std::fill(count2.begin(), count2.end(), 0);
+    std::fill(mean_gate.begin(), mean_gate.end(), 0.0);
+    for (Index s = 0; s < s_len; ++s) {
+      const Index at = g + gp * s;
+      double top = -INFINITY;
+      for (Index e = 0; e < experts; ++e) top = std::max(top, double(logits[at + plane * e]));
+      double z = 0;
+      for (Index e = 0; e < experts; ++e) z += std::exp(double(logits[at + plane * e]) - top);
+      Index e1 = 0, e2 = -1;
+      for (Index e = 0; e < experts; ++e) {
+        probs[at + plane * e] = T(std::exp(double(logits[at + plane * e]) - top) / z);
+        mean_gate[std::size_t(e)] += double(probs[at + plane * e]);
+        if (probs[at + plane * e] > probs[at + plane * e1]) e1 = e;
+      }
+      for (Index e = 0; e < experts; ++e)
+        if (e != e1 && (e2 < 0 || probs[at + plane * e] > probs[at + plane * e2])) e2 = e;
+      if (e2 < 0) e2 = e1;  // one expert: no second choice
+      Route& r = routes[at];
+      r = Route{std::int32_t(e1), std::int32_t(e2), -1, -1};
+      // Top-1 positions in token order; over capacity the token is dropped by that expert.
+      const Index pos = count1[std::size_t(e1)]++;
+      if (pos < capacity) r.c1 = std::int32_t(pos);
+      const double p1 = probs[at + plane * e1], p2 = e2 != e1 ? double(probs[at + plane * e2]) : 0.0;
+      w2[std::size_t(s)] = p2 / (p1 + p2);
+    }
+    // Top-2 positions follow the top-1 tokens each expert kept.
+    for (Index s = 0; s < s_len; ++s) {
+      const Index at = g + gp * s;
+      Route& r = routes[at];
+      if (r.e2 == r.e1) continue;
+      if (random_routing) {
+        const std::uint64_t token = std::uint64_t(first_group + g + row_offset) + std::uint64_t(rows_total) * std::uint64_t(s);
+        if (tshard::detail::random_value<double>(seed, token) >= 2 * w2[std::size_t(s)]) continue;
+      }
+      ++stats.assignments;
+      const Index pos = std::min(count1[std::size_t(r.e2)], capacity) + count2[std::size_t(r.e2)]++;
+      if (pos < capacity) r.c2 = std::int32_t(pos);
+      else ++stats.dropped;
+    }
+    double group_aux = 0;
+    for (Index e = 0; e < experts; ++e) {
+      const double d = double(count1[std::size_t(e)]) / double(s_len);
+      density[g + gp * e] = T(d);
+      group_aux += d * mean_gate[std::size_t(e)] / double(s_len);
+    }
+    aux += double(experts) * group_aux;
+    for (Index s = 0; s < s_len; ++s) {
+      const Index at = g + gp * s;
+      const Route& r = routes[at];
+      ++stats.assignments;
+      if (r.c1 < 0) ++stats.dropped;
+      const double p1 = probs[at + plane * r.e1], p2 = r.e2 != r.e1 ? double(probs[at + plane * r.e2]) : 0.0;
+      if (r.c1 >= 0) {
+        combine[at + plane * r.e1 + slot * r.c1] = T(p1 / (p1 + p2));
+        dispatch[at + plane * r.e1 + slot * r.c1] = T(1);
+      }
+      if (r.c2 >= 0) {
+        combine[at + plane * r.e2 + slot * r.c2] = T(p2 / (p1 + p2));
+        dispatch[at + plane * r.e2 + slot * r.c2] = T(1);
+      }
+    }
+  }
+  return aux;
+}
+
+// d logits [Gp, S, E] from d combine [Gp, S, E, C] (through the normalised top-2 gates and the
+// softmax) plus `aux_grad` times the auxiliary loss's gradient (d l_aux / d p = E density / S).
+template <class T>
+void top2_gating_backward(const T* dcombine, const T* probs, const Route* routes, const T* density, Index gp, Index groups,
+                          Index s_len, Index experts, double aux_grad, T* dlogits) {
+  const Index plane = gp * s_len, slot = plane * experts;
+  std::fill(dlogits, dlogits + plane * experts, T(0));
+  std::vector<double> dp(static_cast<std::size_t>(experts));
+  for (Index g = 0; g < groups; ++g)
+    for (Index s = 0; s < s_len; ++s) {
+      const Index at = g + gp * s;
+      const Route& r = routes[at];
+      for (Index e = 0; e < experts; ++e)
+        dp[std::size_t(e)] = aux_grad * double(experts) * double(density[g + gp * e]) / double(s_len);
+      const double p1 = probs[at + plane * r.e1];
+      const double dw1 = r.c1 >= 0 ? double(dcombine[at + plane * r.e1 + slot * r.c1]) : 0.0;
+      if (r.e2 != r.e1) {
+        const double p2 = probs[at + plane * r.e2], den = p1 + p2;
+        const double dw2 = r.c2 >= 0 ? double(dcombine[at + plane * r.e2 + slot * r.c2]) : 0.0;
+        dp[std::size_t(r.e1)] += p2 * (dw1 - dw2) / (den * den);
+        dp[std::size_t(r.e2)] += p1 * (dw2 - dw1) / (den * den);
+      }
+      // (one expert: w1 = p1 / p1 = 1 has no gradient)
+      double dot = 0;
+      for (Index e = 0; e < experts; ++e) dot += double(probs[at + plane * e]) * dp[std::size_t(e)];
+      for (Index e = 0; e < experts; ++e)
+        dlogits[at + plane * e] = T(double(probs[at + plane * e]) * (dp[std::size_t(e)] - dot));
+    }
+}
+
+}  // namespace detail
+
+// y = sum over the token's (at most two) experts of gate * expert(x), for x [G, S, D]: groups
+// split over ExpertAxis, as are the experts' weights wi [E, D, H] and wo [E, H, D], whose hidden
+// dim is split over Model. The router [D, E] is replicated.
+template <class T, class M, FixedString ExpertAxis = "data", FixedString Model = "model">
+class MoE : public Module {
+  static_assert(std::is_floating_point_v<T>, "tshard: MoE's element type is float or double");
+
+ public:
+  using XSpec = Spec<S<ExpertAxis>, R, R>;                 // [G, S, D]
+  using RouterSpec = Spec<R, R>;                           // [D, E]
+  using InSpec = Spec<S<ExpertAxis>, R, S<Model>>;         // wi [E, D, H]
+  using OutSpec = Spec<S<ExpertAxis>, S<Model>, R>;        // wo [E, H, D]
+  using GroupSplit = Spec<R, S<ExpertAxis>, R, R>;         // [E, G, C, D] as dispatched: groups split
+  using ExpertSplit = Spec<S<ExpertAxis>, R, R, R>;        // [E, G, C, D] after the all-to-all
+  using X = ShardedTensor<T, M, XSpec>;
+  using Router = ShardedTensor<T, M, RouterSpec>;
+  using In = ShardedTensor<T, M, InSpec>;
+  using Out = ShardedTensor<T, M, OutSpec>;
+
+  MoE(const M& mesh, const MoEOptions& o)
+      : mesh_(mesh), o_(o), hidden_(o.hidden > 0 ? o.hidden : 4 * o.dmodel),
+        router_(detail::uniform_init<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)}, o.seed * 4 + 1,
+                                                    1.0 / std::sqrt(double(o.dmodel)))),
+        wi_(detail::uniform_init<T, InSpec>(mesh, {Eigen::Index(o.experts), o.dmodel, hidden_}, o.seed * 4 + 2,
+                                            1.0 / std::sqrt(double(o.dmodel)))),
+        wo_(detail::uniform_init<T, OutSpec>(mesh, {Eigen::Index(o.experts), hidden_, o.dmodel}, o.seed * 4 + 3,
+                                             1.0 / std::sqrt(double(hidden_)))),
+        router_grad_(zeros<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)})),
+        wi_grad_(zeros<T, InSpec>(mesh, {Eigen::Index(o.experts), o.dmodel, hidden_})),
+        wo_grad_(zeros<T, OutSpec>(mesh, {Eigen::Index(o.experts), hidden_, o.dmodel})) {
+    if (o.experts < 1) throw ShapeError("tshard::nn::MoE: " + std::to_string(o.experts) + " experts; at least 1 is needed");
+    if (!(o.capacity_factor > 0))
+      throw ShapeError("tshard::nn::MoE: the capacity factor " + std::to_string(o.capacity_factor) + " is not positive");
+  }
+
+  Router& router() { return router_; }
+  In& expert_in() { return wi_; }
+  Out& expert_out() { return wo_; }
+  Router& router_grad() { return router_grad_; }
+  In& expert_in_grad() { return wi_grad_; }
+  Out& expert_out_grad() { return wo_grad_; }
+  const MoEOptions& options() const { return o_; }
+
+  // Slots per expert and group of S tokens.
+  Eigen::Index capacity(Eigen::Index s) const {
+    const double c = std::ceil(o_.capacity_factor * 2.0 * double(s) / double(o_.experts));
+    return std::max<Eigen::Index>(1, std::min<Eigen::Index>(s, Eigen::Index(c)));
+  }
+
+  // The plans of the all-to-alls for an input of `groups` groups of `s` tokens: dispatch (the
+  // expert dim from replicated to split, the groups from split to whole) and its way back.
+  std::string explain(Eigen::Index groups, Eigen::Index s) const {
+    const std::array<Eigen::Index, 4> shape{Eigen::Index(o_.experts), groups, capacity(s), o_.dmodel};
+    const ShardedTensor<T, M, GroupSplit> dispatched(mesh_, shape);
+    const ShardedTensor<T, M, ExpertSplit> processed(mesh_, shape);
+    return "dispatch [E, G, C, D]: " + explain_reshard<ExpertSplit>(dispatched) + "\ncombine [E, G, C, D]: " +
+           explain_reshard<GroupSplit>(processed);
+  }
+
+  template <class F>
+  void for_each_parameter(F&& f) {
+    f(router_, router_grad_);
+    f(wi_, wi_grad_);
+    f(wo_, wo_grad_);
+  }
+
+  // The term the last forward added to the objective: aux_weight * l_aux * (its groups' share of
+  // the whole batch's groups). The same on every rank.
+  T auxiliary_loss() { return saved_.current().aux_term; }
+  // The last forward's routing, over all its groups.
+  const RoutingStats& routing() { return saved_.current().routing; }
+
+  template <tshard::detail::FloatingTensor XIn>
+  X forward(const XIn& x_in) {
+    static_assert(XIn::rank == 3, "tshard: MoE takes x [G, S, D] (groups of S tokens)");
+    static_assert(std::is_same_v<typename XIn::Scalar, T>, "tshard: MoE's input has the layer's element type");
+    tshard::detail::OperatorScope scope("moe");
+    auto in_use = use();
+    X x = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(x_in, "moe"), "moe");
+    tshard::detail::require_same_mesh(router_, x, "moe");
+    if (x.extents()[2] != router_.extents()[0])
+      throw ShapeError("tshard::nn::MoE::forward: the input " + x.describe() + " does not end in the router's " +
+                       std::to_string(router_.extents()[0]) + " features");
+    const MicroBatch& mb = current_micro_batch();
+    if (mb.index == 0 && !mb.recompute) ++calls_;
+    const Eigen::Index groups = x.extents()[0], s_len = x.extents()[1], e = o_.experts, c = capacity(s_len);
+    const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
+
+    auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
+    using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;
+    Saved& sv = saved_.current();
+    sv = Saved{};
+    Mask combine(mesh_, {groups, s_len, e, c}), dispatch(mesh_, {groups, s_len, e, c});
+    ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> probs(mesh_, {groups, s_len, e});
+    const auto& lay = logits.layout();
+    const Eigen::Index gp = lay.padded[0];
+    sv.routes.assign(std::size_t(gp * s_len), detail::Route{});
+    sv.density.assign(std::size_t(gp * e), T(0));
+    RoutingStats local;
+    const double aux = detail::top2_gating<T>(
+        logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing,
+        tshard::detail::splitmix64(o_.seed * 1000033 + calls_), lay.offset[0], mb.row_offset, total_groups,
+        combine.data(), dispatch.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
+    // The routing's counts and l_aux over every group (split over ExpertAxis).
+    double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
+    tshard::detail::all_reduce(mesh_.state()->group_of_mask(X::spec_desc.split_axes()), sums, all, 3, ReduceOp::Sum);
+    sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
+    sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
+    sv.aux_grad = o_.aux_weight / double(total_groups);
+
+    // Dispatch: [E, G, C, D] with groups split, then the all-to-all to experts split.
+    auto dispatched = einsum<"gsec,gsm->egcm">(dispatch, x);
+    auto xe = reshard<ExpertSplit>(dispatched);
+    auto h = einsum<"egcm,emh->egch">(xe, wi_);  // [E, G, C, H], H split over Model
+    auto ye = einsum<"egch,ehm->egcm">(gelu(h), wo_);  // partial over Model
+    auto yg = reshard<GroupSplit>(ye);  // the partial resolved, and back to groups split
+    X y = einsum<"gsec,egcm->gsm">(combine, yg);
+    sv.x.emplace(std::move(x));
+    sv.probs.emplace(std::move(probs));
+    sv.combine.emplace(std::move(combine));
+    sv.dispatch.emplace(std::move(dispatch));
+    sv.xe.emplace(std::move(xe));
+    sv.h.emplace(std::move(h));
+    sv.yg.emplace(std::move(yg));
+    return y;
+  }
+
+  template <tshard::detail::FloatingTensor DY>
+  X backward(const DY& dy_in) {
+    tshard::detail::OperatorScope scope("moe_backward");
+    auto in_use = use();
+    Saved& sv = saved_.current();
+    if (!sv.x) throw SpecError("tshard::nn::MoE::backward: no forward to take the gradient of");
+    X dy = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(dy_in, "moe_backward"), "moe_backward");
+    if (dy.extents() != sv.x->extents())
+      throw ShapeError("tshard::nn::MoE::backward: the gradient " + dy.describe() + " does not match the last forward's input " +
+                       sv.x->describe());
+    // Combine's gradient: to the gates, and to the experts' outputs (back to experts split).
+    auto dcombine = einsum<"gsm,egcm->gsec">(dy, *sv.yg);
+    auto dye = reshard<ExpertSplit>(einsum<"gsec,gsm->egcm">(*sv.combine, dy));
+    // The experts' MLP.
+    auto da = einsum<"egcm,ehm->egch">(dye, wo_);
+    detail::accumulate_gradient(wo_grad_, einsum<"egch,egcm->ehm">(gelu(*sv.h), dye), deferred_, "moe_backward");
+    auto dh = gelu_backward(*sv.h, da);
+    detail::accumulate_gradient(wi_grad_, einsum<"egcm,egch->emh">(*sv.xe, dh), deferred_, "moe_backward");
+    auto dxg = reshard<GroupSplit>(einsum<"egch,emh->egcm">(dh, wi_));
+    X dx = einsum<"gsec,egcm->gsm">(*sv.dispatch, dxg);
+    // The gate: through the normalised top-2 weights, the softmax and the load-balancing loss.
+    const Eigen::Index groups = dy.extents()[0], s_len = dy.extents()[1], e = o_.experts;
+    ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> dlogits(mesh_, {groups, s_len, e});
+    const auto& lay = dlogits.layout();
+    detail::top2_gating_backward<T>(dcombine.data(), sv.probs->data(), sv.routes.data(), sv.density.data(), lay.padded[0],
+                                    lay.valid[0], s_len, e, sv.aux_grad, dlogits.data());
+    detail::accumulate_gradient(router_grad_, einsum<"gsm,gse->me">(*sv.x, dlogits), deferred_, "moe_backward");
+    dx += einsum<"gse,me->gsm">(dlogits, router_);
+    gradients_ready();
+    return dx;
+  }
+
+  void zero_grad() {
+    detail::zero_fill(router_grad_);
+    detail::zero_fill(wi_grad_);
+    detail::zero_fill(wo_grad_);
+  }
+
+ private:
+  struct Saved {
+    std::optional<X> x;
+    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>> probs;
+    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>> combine, dispatch;
+    std::optional<ShardedTensor<T, M, ExpertSplit>> xe;
+    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, S<Model>>>> h;
+    std::optional<ShardedTensor<T, M, GroupSplit>> yg;
+    std::vector<detail::Route> routes;
+    std::vector<T> density;
+    RoutingStats routing;
+    T aux_term = 0;
+    double aux_grad = 0;
+  };
+
+  M mesh_;
+  MoEOptions o_;
+  Eigen::Index hidden_;
+  Router router_;
+  In wi_;
+  Out wo_;
+  Router router_grad_;
+  In wi_grad_;
+  Out wo_grad_;
+  detail::PerMicroBatch<Saved> saved_;
+  std::uint64_t calls_ = 0;
+};
+
+}  // namespace tshard::nn

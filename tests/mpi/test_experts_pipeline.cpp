@@ -1,0 +1,296 @@
+// GShard's mixture of experts and the pipeline schedules through the typed API: the top-2
+// gating's positions and drops against hand-worked cases, a layer whose dropped tokens give
+// exactly zero and whose kept ones equal a serial loop over the experts, the layer on every
+// {data, model} mesh against one rank (itself against finite differences), and the schedules'
+// order and memory bound. Whole pipelined training runs are the train_transformer tests.
+#include "layer_support.hpp"
+
+#include <tshard/nn/moe.hpp>
+#include <tshard/nn/pipeline.hpp>
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+// Routes of one group, gated serially: logits [1, S, E].
+struct Gated {
+  std::vector<ts::nn::detail::Route> routes;
+  std::vector<double> combine;  // [1, S, E, C]
+  ts::nn::RoutingStats stats;
+};
+
+Gated gate(const std::vector<double>& logits, Eigen::Index s, Eigen::Index e, Eigen::Index c) {
+  Gated g;
+  g.routes.resize(std::size_t(s));
+  g.combine.resize(std::size_t(s * e * c));
+  std::vector<double> dispatch(g.combine.size()), probs(static_cast<std::size_t>(s * e)), density(static_cast<std::size_t>(e));
+  ts::nn::detail::top2_gating<double>(logits.data(), 1, 1, s, e, c, false, 0, 0, 0, 1, g.combine.data(), dispatch.data(),
+                                      probs.data(), g.routes.data(), density.data(), g.stats);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("top-2 gating fills each expert's slots in token order and drops what is over capacity", "[experts]") {
+  // Five tokens, two experts, capacity 2; every token prefers expert 0 (logit 1 against 0).
+  const Eigen::Index s = 5, e = 2, c = 2;
+  std::vector<double> logits(std::size_t(s * e), 0.0);
+  for (Eigen::Index t = 0; t < s; ++t) logits[std::size_t(t)] = 1.0;  // [S, E] column-major: e = 0 first
+  const Gated g = gate(logits, s, e, c);
+  for (Eigen::Index t = 0; t < s; ++t) {
+    const auto& r = g.routes[std::size_t(t)];
+    CHECK(r.e1 == 0);
+    CHECK(r.e2 == 1);
+    // Top-1: tokens 0 and 1 take expert 0's slots; 2, 3 and 4 are dropped there. Top-2: expert 1
+    // kept no top-1 token, so tokens 0 and 1 take its slots 0 and 1 and the rest are dropped.
+    CHECK(r.c1 == (t < 2 ? t : -1));
+    CHECK(r.c2 == (t < 2 ? t : -1));
+  }
+  CHECK(g.stats.assignments == 10);
+  CHECK(g.stats.dropped == 6);
+  // The kept gates are normalised over the two choices: e / (e + 1) and 1 / (e + 1).
+  const double w1 = std::exp(1.0) / (std::exp(1.0) + 1.0);
+  CHECK(std::abs(g.combine[0 + s * (0 + e * 0)] - w1) < 1e-15);      // token 0, expert 0, slot 0
+  CHECK(std::abs(g.combine[1 + s * (1 + e * 1)] - (1 - w1)) < 1e-15);  // token 1, expert 1, slot 1
+  CHECK(g.combine[2 + s * (0 + e * 1)] == 0.0);                        // token 2 holds no slot
+
+  // Second choices queue behind the first choices an expert kept: three experts, capacity 2,
+  // tokens 0 and 1 prefer expert 1 then 0, token 2 prefers 0 then 1.
+  std::vector<double> l3 = {0.5, 0.5, 1.0,   // expert 0
+                            1.0, 1.0, 0.5,   // expert 1
+                            0.0, 0.0, 0.0};  // expert 2
+  const Gated h = gate(l3, 3, 3, 2);
+  CHECK(h.routes[0].c1 == 0);   // expert 1, slot 0
+  CHECK(h.routes[1].c1 == 1);   // expert 1, slot 1
+  CHECK(h.routes[2].c1 == 0);   // expert 0, slot 0
+  CHECK(h.routes[0].c2 == 1);   // expert 0 kept one first choice: its second choices start at 1
+  CHECK(h.routes[1].c2 == -1);  // expert 0 is full
+  CHECK(h.routes[2].c2 == -1);  // expert 1 is full
+  CHECK(h.stats.dropped == 2);
+}
+
+TEST_CASE("a mixture-of-experts layer drops tokens over capacity to zero and equals a serial loop over the experts",
+          "[experts]") {
+  const Eigen::Index g = 3, s = 5, d = 4, hid = 3, e = 2;
+  const T3 x = random_tensor<3>({g, s, d}, 21);
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    ts::nn::MoE<double, DM> moe(mesh, {.dmodel = d, .hidden = hid, .experts = int(e), .capacity_factor = 0.4,
+                                       .random_routing = false, .seed = 5});
+    REQUIRE(moe.capacity(s) == 2);
+    // A router that sends every token to expert 0 first (logits 0.5 and 0).
+    Eigen::Tensor<double, 2> router(d, e);
+    router.setZero();
+    router(3, 0) = 0.05;
+    moe.router() = ts::distribute<ts::Spec<ts::R, ts::R>>(mesh, router);
+    T3 xs = x;
+    for (Eigen::Index i = 0; i < g * s; ++i) xs.data()[i + g * s * 3] = 10.0;  // feature 3: logit 0.5 for expert 0
+    const T3 y = moe.forward(ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::R>>(mesh, xs)).gather();
+    const Eigen::Tensor<double, 3> wi = moe.expert_in().gather(), wo = moe.expert_out().gather();
+    auto expert = [&](Eigen::Index ex, Eigen::Index gg, Eigen::Index t, Eigen::Index j) {
+      double out = 0;
+      for (Eigen::Index k = 0; k < hid; ++k) {
+        double a = 0;
+        for (Eigen::Index i = 0; i < d; ++i) a += xs(gg, t, i) * wi(ex, i, k);
+        const double gl = 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+        out += gl * wo(ex, k, j);
+      }
+      return out;
+    };
+    for (Eigen::Index gg = 0; gg < g; ++gg)
+      for (Eigen::Index t = 0; t < s; ++t) {
+        double l0 = 0;
+        for (Eigen::Index i = 0; i < d; ++i) l0 += xs(gg, t, i) * router(i, 0);
+        const double p0 = 1 / (1 + std::exp(-l0)), p1 = 1 - p0;
+        for (Eigen::Index j = 0; j < d; ++j) {
+          // Tokens 0 and 1 of each group hold slots of both experts; 2, 3 and 4 are dropped by both.
+          const double want = t < 2 ? p0 * expert(0, gg, t, j) + p1 * expert(1, gg, t, j) : 0.0;
+          INFO("group " << gg << " token " << t << " feature " << j);
+          TS_REQUIRE_ALL(std::abs(y(gg, t, j) - want) < 1e-12);
+        }
+      }
+    TS_REQUIRE_ALL(moe.routing().dropped == 6 * g);
+    // The dispatch is a reshard of the expert dim, both ways an all-to-all over data.
+    const std::string plan = moe.explain(g, s);
+    INFO(plan);
+    TS_REQUIRE_ALL(plan.find("all-to-all {R, data, R, R} -> {data, R, R, R}") != std::string::npos);
+    TS_REQUIRE_ALL(plan.find("all-to-all {data, R, R, R} -> {R, data, R, R}") != std::string::npos);
+    TS_REQUIRE_ALL(moe.routing().assignments == 10 * g);
+  });
+}
+
+TEST_CASE("a mixture-of-experts layer equals its one-rank values on every mesh, with drops, and its gradients equal finite differences",
+          "[experts]") {
+  const std::array<Eigen::Index, 3> dims{3, 4, 6};  // 3 groups of 4 tokens
+  // Three experts over data (uneven on 2 and 4 ranks), capacity 2 of 4 tokens: some are dropped.
+  // Without the random routing and the auxiliary loss the objective is sum(w * y): finite
+  // differences see every gradient term.
+  check_layer([](const DM& m) {
+    return ts::nn::MoE<double, DM>(m, {.dmodel = 6, .hidden = 5, .experts = 3, .capacity_factor = 0.6,
+                                       .aux_weight = 0.0, .random_routing = false, .seed = 7});
+  }, dims);
+  // With GShard's random routing of the second expert and the load-balancing loss.
+  check_layer_on_meshes([](const DM& m) {
+    return ts::nn::MoE<double, DM>(m, {.dmodel = 6, .hidden = 5, .experts = 3, .capacity_factor = 0.6,
+                                       .aux_weight = 0.1, .random_routing = true, .seed = 7});
+  }, dims);
+}
+
+TEST_CASE("the load-balancing loss's router gradient equals finite differences of the loss", "[experts]") {
+  DM self(MPI_COMM_SELF, {1, 1});
+  const Eigen::Index g = 2, s = 6, d = 4;
+  const T3 x = random_tensor<3>({g, s, d}, 31);
+  ts::nn::MoE<double, DM> moe(self, {.dmodel = d, .hidden = 3, .experts = 3, .capacity_factor = 1.0, .aux_weight = 1.0,
+                                     .random_routing = false, .seed = 3});
+  using A = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+  const auto xt = ts::distribute<A>(self, x);
+  moe.zero_grad();
+  (void)moe.forward(xt);
+  moe.backward(ts::zeros<double, A>(self, {g, s, d}));  // only the auxiliary loss has a gradient
+  const Eigen::Tensor<double, 2> grad = moe.router_grad().gather();
+  double* r = moe.router().data();
+  for (Eigen::Index i = 0; i < grad.size(); ++i) {
+    const double keep = r[i], h = 1e-6;
+    r[i] = keep + h;
+    (void)moe.forward(xt);
+    const double up = moe.auxiliary_loss();
+    r[i] = keep - h;
+    (void)moe.forward(xt);
+    const double down = moe.auxiliary_loss();
+    r[i] = keep;
+    INFO("router element " << i);
+    CHECK(std::abs((up - down) / (2 * h) - grad.data()[i]) < 1e-7);
+  }
+  CHECK(moe.routing().aux_loss > 0.9);  // 1 when perfectly balanced, more otherwise
+}
+
+TEST_CASE("pipeline schedules run each micro-batch's forward before its backward, and 1F1B keeps at most K - s in flight",
+          "[pipeline]") {
+  for (auto schedule : {ts::nn::Schedule::GPipe, ts::nn::Schedule::OneFOneB})
+    for (int k = 1; k <= 4; ++k)
+      for (int m = 1; m <= 6; ++m)
+        for (int s = 0; s < k; ++s) {
+          INFO(ts::nn::to_string(schedule) << " K=" << k << " M=" << m << " stage " << s);
+          const auto order = ts::nn::pipeline_order(schedule, k, s, m);
+          REQUIRE(order.size() == std::size_t(2 * m));
+          std::vector<int> forward_at(std::size_t(m), -1), backward_at(std::size_t(m), -1);
+          int live = 0, most = 0;
+          for (std::size_t i = 0; i < order.size(); ++i) {
+            auto& at = order[i].forward ? forward_at : backward_at;
+            REQUIRE(at[std::size_t(order[i].microbatch)] == -1);
+            at[std::size_t(order[i].microbatch)] = int(i);
+            live += order[i].forward ? 1 : -1;
+            most = std::max(most, live);
+          }
+          for (int j = 0; j < m; ++j) REQUIRE(forward_at[std::size_t(j)] < backward_at[std::size_t(j)]);
+          REQUIRE(most == (schedule == ts::nn::Schedule::GPipe ? m : std::min(k - s, m)));
+        }
+  CHECK(ts::nn::Pipeline<DM, "data">::partition(5, 2, 0) == std::pair{0, 3});
+  CHECK(ts::nn::Pipeline<DM, "data">::partition(5, 2, 1) == std::pair{3, 5});
+  CHECK(ts::nn::Pipeline<DM, "data">::partition(1, 3, 2) == std::pair{1, 1});
+}
+
+namespace {
+
+// A stage of Linear layers [B, D] -> [B, D] for a pipeline test on {data, stage, model}.
+using DSM = ts::Mesh<"data", "stage", "model">;
+using Rows = ts::Spec<ts::S<"data">, ts::R>;
+
+struct LinearStage {
+  using Activation = ts::ShardedTensor<double, DM, Rows>;
+  DM mesh;
+  std::vector<ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>>> layers;
+  Eigen::Tensor<double, 2> input, target;
+  bool first = false, last = false;
+  double loss = 0;
+  std::vector<std::optional<Activation>> outputs;
+
+  Activation boundary(const ts::nn::MicroBatch& mb) const {
+    return Activation(mesh, {input.dimension(0) / mb.count, input.dimension(1)});
+  }
+  Activation rows_of(const Eigen::Tensor<double, 2>& t, const ts::nn::MicroBatch& mb) const {
+    const Eigen::Index b = t.dimension(0) / mb.count;
+    return ts::from_function<double, Rows>(mesh, {b, t.dimension(1)},
+                                           [&](const auto& i) { return t(i[0] + mb.row_offset, i[1]); });
+  }
+  std::optional<Activation> forward(const ts::nn::MicroBatch& mb, const Activation* in) {
+    Activation x = first ? rows_of(input, mb) : *in;
+    for (auto& l : layers) x = ts::reshard<Rows>(l.forward(x));
+    if (!last) return x;
+    // loss = sum of squares of (y - target) over the whole batch / 2
+    Activation r = x - rows_of(target, mb);
+    if (!mb.recompute) {
+      const Eigen::Tensor<double, 2> rg = r.gather();
+      for (Eigen::Index i = 0; i < rg.size(); ++i) loss += 0.5 * rg.data()[i] * rg.data()[i];
+    }
+    outputs.resize(std::size_t(mb.count));
+    outputs[std::size_t(mb.index)] = std::move(r);
+    return std::nullopt;
+  }
+  std::optional<Activation> backward(const ts::nn::MicroBatch& mb, const Activation* dy) {
+    Activation d = last ? std::move(*outputs[std::size_t(mb.index)]) : *dy;
+    for (auto l = layers.rbegin(); l != layers.rend(); ++l) d = ts::reshard<Rows>(l->backward(d));
+    if (first) return std::nullopt;
+    return d;
+  }
+};
+
+// Loss and gradients of a chain of `n` Linear layers on `mesh` pipelined with `o`, gathered.
+std::pair<double, std::vector<std::vector<double>>> pipelined(const DSM& mesh, int n, const ts::nn::PipelineOptions& o,
+                                                              const Eigen::Tensor<double, 2>& x, const Eigen::Tensor<double, 2>& y) {
+  ts::nn::Pipeline<DSM> pipe(mesh, o);
+  LinearStage st{mesh.submesh<"data", "model">()};
+  st.input = x;
+  st.target = y;
+  st.first = pipe.first();
+  st.last = pipe.last();
+  const auto [begin, end] = pipe.partition(n);
+  for (int l = begin; l < end; ++l) st.layers.emplace_back(st.mesh, x.dimension(1), x.dimension(1), std::uint64_t(40 + l));
+  pipe.run(st, x.dimension(0));
+  double loss = 0;
+  ts::detail::all_reduce(pipe.stage_comm(), &st.loss, &loss, 1, ts::ReduceOp::Sum);
+  // Every layer's gradients, gathered onto every rank through the stage line, in layer order.
+  std::vector<std::vector<double>> grads;
+  for (int s = 0; s < pipe.stages(); ++s) {
+    const auto [b, e] = ts::nn::Pipeline<DSM>::partition(n, pipe.stages(), s);
+    for (int l = b; l < e; ++l) {
+      const Eigen::Index size = x.dimension(1) * x.dimension(1) + x.dimension(1);
+      std::vector<double> g(static_cast<std::size_t>(size));
+      if (s == pipe.stage()) {
+        auto& layer = st.layers[std::size_t(l - begin)];
+        const Eigen::Tensor<double, 2> w = layer.weight_grad().gather();
+        const Eigen::Tensor<double, 1> bias = layer.bias_grad().gather();
+        std::copy(w.data(), w.data() + w.size(), g.data());
+        std::copy(bias.data(), bias.data() + bias.size(), g.data() + w.size());
+      }
+      ts::detail::broadcast(pipe.stage_comm(), g.data(), size, s);
+      grads.push_back(std::move(g));
+    }
+  }
+  return {loss, grads};
+}
+
+}  // namespace
+
+TEST_CASE("a pipeline of Linear stages gives the unpipelined loss and gradients under GPipe, 1F1B and remat", "[pipeline]") {
+  const Eigen::Index b = 4, d = 5;
+  const auto x = random_tensor<2>({b, d}, 51), y = random_tensor<2>({b, d}, 52);
+  DSM self(MPI_COMM_SELF, {1, 1, 1});
+  const auto [loss0, grads0] = pipelined(self, 3, {}, x, y);
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    DSM mesh({sizes[0], sizes[1], sizes[2]});
+    for (auto schedule : {ts::nn::Schedule::GPipe, ts::nn::Schedule::OneFOneB})
+      for (int m : {1, 2, 4})
+        for (bool remat : {false, true}) {
+          INFO("mesh " << sizes[0] << "x" << sizes[1] << "x" << sizes[2] << " " << ts::nn::to_string(schedule) << " M=" << m
+                       << (remat ? " remat" : ""));
+          const auto [loss, grads] = pipelined(mesh, 3, {.microbatches = m, .schedule = schedule, .remat = remat}, x, y);
+          TS_REQUIRE_ALL(std::abs(loss - loss0) < 1e-12 * (1 + std::abs(loss0)));
+          TS_REQUIRE_ALL(close(grads, grads0, 1e-12));
+        }
+  }
+  // A batch that does not divide into the micro-batches fails on every rank before any message.
+  DSM mesh({1, world_size(), 1});
+  REQUIRE_THROWS_AS(pipelined(mesh, 2, {.microbatches = 3}, x, y), ts::ShapeError);
+}
