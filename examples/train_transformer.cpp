@@ -328,7 +328,7 @@ struct Run {
   std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
   double blocked = 0;
   double dense = 0;
-  ts::nn::PipelineStats pipeline;  // summed over the timed steps (bytes: the largest)
+  ts::nn::PipelineStats pipeline;  // times summed over the timed steps; bytes of the last step
   double moe_bytes = 0;                    // bytes sent by the experts' layers, all ranks, per step
   double moe_all_to_all_bytes = 0;         // of those, by the all-to-alls
   std::int64_t assignments = 0, dropped = 0;  // all stages, all steps
@@ -367,8 +367,9 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
       run.pipeline.idle_seconds += ps.idle_seconds;
       run.pipeline.busy_seconds += ps.busy_seconds;
     }
-    run.pipeline.peak_activation_bytes = std::max(run.pipeline.peak_activation_bytes, ps.peak_activation_bytes);
-    run.pipeline.microbatch_activation_bytes = std::max(run.pipeline.microbatch_activation_bytes, ps.microbatch_activation_bytes);
+    run.pipeline.peak_activation_bytes = ps.peak_activation_bytes;  // the last step's: steady state
+    run.pipeline.microbatch_activation_bytes = ps.microbatch_activation_bytes;
+    run.pipeline.kept_bytes = ps.kept_bytes;
     run.pipeline.boundary_bytes = ps.boundary_bytes;
     run.pipeline.in_flight = std::max(run.pipeline.in_flight, ps.in_flight);
     run.blocked += opt.last_reduction().blocked_seconds;
@@ -391,27 +392,37 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   return run;
 }
 
-// Per stage: the bubble measured next to GPipe's (K-1)/(M+K-1), and the peak activation memory
-// next to each schedule's formula in A, the activations one micro-batch keeps on the stage.
+// Per stage: the bubble measured next to GPipe's (K-1)/(M+K-1), and the peak memory above the
+// step's start next to each schedule's activation formula in A (what one micro-batch's forward
+// keeps on the stage) plus the gradients the step leaves allocated.
 void report_pipeline(const M& mesh, const Options& o, const Run& run) {
   const int k = mesh.size<"stage">(), s = mesh.coord<"stage">(), mbs = o.microbatches;
   MPI_Comm line = mesh.state()->group(std::vector<int>{M::axis_index<"stage">()});
   const auto& p = run.pipeline;
   const double a = double(p.microbatch_activation_bytes), in = double(p.boundary_bytes);
   const double formula = o.remat ? mbs * in + a : (o.schedule == ts::nn::Schedule::GPipe ? mbs : std::min(k - s, mbs)) * a;
-  const double mine[5] = {p.bubble(), double(p.peak_activation_bytes), formula, a, double(p.in_flight)};
-  std::vector<double> all(std::size_t(5 * k));
-  MPI_Gather(mine, 5, MPI_DOUBLE, all.data(), 5, MPI_DOUBLE, 0, line);
+  constexpr int n = 8;
+  const double mine[n] = {p.busy_seconds, double(p.peak_activation_bytes), formula, a, double(p.in_flight), double(p.kept_bytes),
+                          p.seconds, p.idle_seconds};
+  std::vector<double> all(std::size_t(n * k));
+  MPI_Gather(mine, n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, line);
   if (mesh.rank() != 0) return;
-  std::printf("pipeline: %d stages, %d micro-batches, %s%s; bubble (idle / step) per stage:", k, mbs,
+  // The bubble of stage s: the part of the step (the slowest stage's) it spends not computing.
+  double step = 0;
+  for (int i = 0; i < k; ++i) step = std::max(step, all[std::size_t(n * i + 6)]);
+  std::printf("pipeline: %d stages, %d micro-batches, %s%s; bubble (1 - busy / step) per stage:", k, mbs,
               ts::nn::to_string(o.schedule), o.remat ? " with remat" : "");
-  for (int i = 0; i < k; ++i) std::printf(" %.1f%%", 100 * all[5 * i]);
-  std::printf("; GPipe's (K-1)/(M+K-1) = %.1f%%\n", 100.0 * (k - 1) / (mbs + k - 1));
-  std::printf("activation memory per stage (peak above the step's start | formula %s, A = one micro-batch's):",
+  for (int i = 0; i < k; ++i) std::printf(" %.1f%%", 100 * (1 - all[std::size_t(n * i)] / step));
+  std::printf(" (blocked in receives and sends");
+  for (int i = 0; i < k; ++i) std::printf(" %.1f%%", 100 * all[std::size_t(n * i + 7)] / step);
+  std::printf("); GPipe's (K-1)/(M+K-1) = %.1f%%\n", 100.0 * (k - 1) / (mbs + k - 1));
+  std::printf("memory per stage, MiB (peak above the step's start | activations by %s + gradients):",
               o.remat ? "M*input + A" : (o.schedule == ts::nn::Schedule::GPipe ? "M*A" : "min(K-s,M)*A"));
-  for (int i = 0; i < k; ++i)
-    std::printf(" [%d] %.1f | %.1f KiB (A %.1f KiB, %d in flight)", i, all[5 * i + 1] / 1024, all[5 * i + 2] / 1024,
-                all[5 * i + 3] / 1024, int(all[5 * i + 4]));
+  for (int i = 0; i < k; ++i) {
+    const double* v = &all[std::size_t(n * i)];
+    std::printf(" [%d] %.1f | %.1f + %.1f (A %.1f, %d in flight)", i, v[1] / 1048576, v[2] / 1048576, v[5] / 1048576,
+                v[3] / 1048576, int(v[4]));
+  }
   std::printf("\n");
 }
 

@@ -1,8 +1,10 @@
 // Point-to-point messages between two ranks (a pipeline's activations and gradients between
-// stages), counted in the stats like every collective. A send is left in flight, so a stage never
-// blocks on its successor; a receive blocks and reports how long it waited, which is the
-// pipeline's idle time. Counts beyond int are split into chunks (received in order, MPI's
-// non-overtaking rule).
+// stages), counted in the stats like every collective. Both directions are posted non-blocking
+// and completed together: a rank posts what it sends and what it needs next, then waits for
+// both, so two neighbours that send to each other never wait on one another, and a large
+// message (rendezvous) moves while both sides are inside MPI instead of waiting for the sender
+// to call MPI again after a long computation. Counts beyond int are split into chunks
+// (delivered in order, MPI's non-overtaking rule).
 #pragma once
 #include <mpi.h>
 
@@ -15,33 +17,45 @@
 
 namespace tshard::detail {
 
-template <class T>
-class PendingSend {
+class PendingMessage {
  public:
-  PendingSend(MPI_Comm comm, int peer, const T* data, Index n, int tag) {
+  PendingMessage() = default;
+  PendingMessage(PendingMessage&&) noexcept = default;
+  PendingMessage& operator=(PendingMessage&& o) noexcept {
+    wait();
+    reqs_ = std::move(o.reqs_);
+    return *this;
+  }
+  PendingMessage(const PendingMessage&) = delete;
+  PendingMessage& operator=(const PendingMessage&) = delete;
+  ~PendingMessage() { wait(); }
+
+  template <class T>
+  static PendingMessage send(MPI_Comm comm, int peer, const T* data, Index n, int tag) {
     CollectiveTimer t("send", bytes_of<T>(n), 0);
+    PendingMessage m;
     const Index limit = collective_chunk_limit();
     for (Index off = 0; off < n; off += limit) {
-      reqs_.emplace_back();
+      m.reqs_.emplace_back();
       MPI_Isend(const_cast<T*>(data) + off, int(std::min(limit, n - off)), mpi_datatype<T>(), peer, tag, comm,
-                &reqs_.back());
+                &m.reqs_.back());
     }
+    return m;
   }
-  PendingSend(PendingSend&&) noexcept = default;
-  PendingSend& operator=(PendingSend&&) noexcept = default;
-  PendingSend(const PendingSend&) = delete;
-  PendingSend& operator=(const PendingSend&) = delete;
-  ~PendingSend() { wait(); }
+  template <class T>
+  static PendingMessage receive(MPI_Comm comm, int peer, T* data, Index n, int tag) {
+    CollectiveTimer t("recv", 0, bytes_of<T>(n));
+    PendingMessage m;
+    const Index limit = collective_chunk_limit();
+    for (Index off = 0; off < n; off += limit) {
+      m.reqs_.emplace_back();
+      MPI_Irecv(data + off, int(std::min(limit, n - off)), mpi_datatype<T>(), peer, tag, comm, &m.reqs_.back());
+    }
+    return m;
+  }
 
-  // Whether the send has completed (its buffer may be reused); lets MPI progress it.
-  bool test() {
-    if (reqs_.empty()) return true;
-    int done = 0;
-    MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
-    if (done) reqs_.clear();
-    return done != 0;
-  }
-  // Seconds spent blocked.
+  bool done() const { return reqs_.empty(); }
+  // Completes the message; returns the seconds spent blocked.
   double wait() {
     if (reqs_.empty()) return 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -54,21 +68,16 @@ class PendingSend {
   std::vector<MPI_Request> reqs_;
 };
 
-// Receives n elements from `peer` with `tag` into data; returns the seconds spent blocked.
-template <class T>
-double receive(MPI_Comm comm, int peer, T* data, Index n, int tag) {
+// Completes every message (all posted before any wait); returns the seconds spent blocked.
+inline double wait_all(std::vector<PendingMessage*> messages) {
   const auto t0 = std::chrono::steady_clock::now();
-  {
-    CollectiveTimer t("recv", 0, bytes_of<T>(n));
-    const Index limit = collective_chunk_limit();
-    std::vector<MPI_Request> reqs;
-    for (Index off = 0; off < n; off += limit) {
-      reqs.emplace_back();
-      MPI_Irecv(data + off, int(std::min(limit, n - off)), mpi_datatype<T>(), peer, tag, comm, &reqs.back());
+  bool blocked = false;
+  for (auto* m : messages)
+    if (m && !m->done()) {
+      m->wait();
+      blocked = true;
     }
-    MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return blocked ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0.0;
 }
 
 }  // namespace tshard::detail

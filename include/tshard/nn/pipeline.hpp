@@ -2,9 +2,12 @@
 // arXiv 2104.04473): the model's layers are cut into K stages along the axis, the batch into M
 // micro-batches, and each stage runs its micro-batches' forwards and backwards in the order of a
 // schedule. Activations go to the next stage and gradients to the previous one point to point
-// through comm/, counted like every collective. Sends stay in flight, so a stage only ever waits
-// for an input it needs: any K and M >= 1 run without deadlock, fewer micro-batches than stages
-// included.
+// through comm/, counted like every collective. Before each task a stage posts the receive of
+// the task's input and completes it together with the send of the previous task's result (as
+// Megatron pairs send_forward with recv_backward): neighbours that send to each other never wait
+// on one another, any K and M >= 1 run without deadlock (fewer micro-batches than stages
+// included), and a large message moves while both sides are in MPI, not when the sender next
+// calls MPI after a long computation.
 //
 // A stage is any object with
 //   using Activation = ShardedTensor<...>;           // what crosses a stage boundary
@@ -18,7 +21,6 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -77,10 +79,11 @@ inline std::vector<PipelineTask> pipeline_order(Schedule schedule, int stages, i
 // What one step of a pipeline measured on this rank.
 struct PipelineStats {
   double seconds = 0;           // the step's wall time on this stage
-  double idle_seconds = 0;      // blocked waiting for another stage (receives, and sends at the end)
+  double idle_seconds = 0;      // blocked waiting for another stage (its message, or its receive of ours)
   double busy_seconds = 0;      // inside the stage's forwards and backwards
   std::uint64_t peak_activation_bytes = 0;   // the buffer pool's peak over the step, above its start
-  std::uint64_t microbatch_activation_bytes = 0;  // kept after micro-batch 0's first forward (one micro-batch's activations)
+  std::uint64_t microbatch_activation_bytes = 0;  // what a forward keeps for backward (A), the mean over the step's forwards
+  std::uint64_t kept_bytes = 0;              // still in use after the step, above its start: the gradients
   std::uint64_t boundary_bytes = 0;          // one stage input (a micro-batch's activation), this rank's block
   int in_flight = 0;                         // the most micro-batches holding activations at once
   double bubble() const { return seconds > 0 ? idle_seconds / seconds : 0; }
@@ -131,18 +134,11 @@ class Pipeline {
     const auto start = std::chrono::steady_clock::now();
     const std::uint64_t base = pool_stats().bytes_in_use;
     reset_pool_peak();
-    std::vector<std::optional<Activation>> inputs(static_cast<std::size_t>(mbs));  // kept for remat
-    std::deque<std::pair<tshard::detail::PendingSend<T>, Activation>> sends;        // each with its buffer
+    std::vector<std::optional<Activation>> inputs(static_cast<std::size_t>(mbs));  // stage inputs, kept for remat
+    std::optional<Activation> sending;  // the last task's result while it is in flight
+    tshard::detail::PendingMessage outgoing;
     int live = 0;
-    auto send = [&](Activation&& x, int peer, int tag) {
-      const T* data = x.data();
-      const auto n = x.local_size();
-      sends.emplace_back(tshard::detail::PendingSend<T>(stage_comm_, peer, data, n, tag), std::move(x));
-      while (!sends.empty() && sends.front().first.test()) sends.pop_front();
-    };
-    auto receive = [&](Activation& into, int peer, int tag) {
-      st.idle_seconds += tshard::detail::receive(stage_comm_, peer, into.data(), into.local_size(), tag);
-    };
+    std::uint64_t kept_by_forwards = 0;
     auto busy = [&](auto&& f) {
       const auto t0 = std::chrono::steady_clock::now();
       f();
@@ -151,34 +147,34 @@ class Pipeline {
     for (const PipelineTask& task : pipeline_order(o_.schedule, stages_, stage_, mbs)) {
       const int m = task.microbatch;
       const MicroBatch mb{.index = m, .count = mbs, .row_offset = m * b, .rows_total = rows, .recompute = false};
+      // What this task needs is posted, then completed together with the last task's send.
+      tshard::detail::PendingMessage incoming;
+      std::optional<Activation> dy;
+      if (task.forward && !first()) {
+        inputs[m] = stage.boundary(mb);
+        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ - 1, inputs[m]->data(),
+                                                           inputs[m]->local_size(), tag(m, true));
+        st.boundary_bytes = std::uint64_t(inputs[m]->local_size()) * sizeof(T);
+      } else if (!task.forward && !last()) {
+        dy = stage.boundary(mb);
+        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ + 1, dy->data(), dy->local_size(), tag(m, false));
+      }
+      st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
+      sending.reset();
+      std::optional<Activation> result;
       if (task.forward) {
-        const Activation* in = nullptr;
-        if (!first()) {
-          inputs[m] = stage.boundary(mb);
-          receive(*inputs[m], stage_ - 1, tag(m, true));
-          in = &*inputs[m];
-          st.boundary_bytes = std::uint64_t(inputs[m]->local_size()) * sizeof(T);
-        }
-        std::optional<Activation> out;
+        const std::uint64_t before = pool_stats().bytes_in_use;
         busy([&] {
           MicroBatchScope scope(mb);
-          out = stage.forward(mb, in);
+          result = stage.forward(mb, first() ? nullptr : &*inputs[m]);
         });
-        if (m == 0) st.microbatch_activation_bytes = pool_stats().bytes_in_use - base;
+        kept_by_forwards += pool_stats().bytes_in_use - before;
         if (o_.remat) release_micro_batch(m);  // only the stage input stays
         else inputs[m].reset();                 // the layers hold what they need
         st.in_flight = std::max(st.in_flight, ++live);
-        if (!last()) {
-          if (!out) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
-          send(std::move(*out), stage_ + 1, tag(m, true));
-        }
+        if (last()) continue;
+        if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
       } else {
-        std::optional<Activation> dy;
-        if (!last()) {
-          dy = stage.boundary(mb);
-          receive(*dy, stage_ + 1, tag(m, false));
-        }
-        std::optional<Activation> dx;
         busy([&] {
           if (o_.remat) {
             MicroBatch again = mb;
@@ -187,20 +183,23 @@ class Pipeline {
             (void)stage.forward(again, first() ? nullptr : &*inputs[m]);
           }
           MicroBatchScope scope(mb);
-          dx = stage.backward(mb, dy ? &*dy : nullptr);
+          result = stage.backward(mb, dy ? &*dy : nullptr);
         });
         release_micro_batch(m);
         inputs[m].reset();
         --live;
-        if (!first()) {
-          if (!dx) throw SpecError("tshard::nn::Pipeline: a stage after the first returned no gradient");
-          send(std::move(*dx), stage_ - 1, tag(m, false));
-        }
+        if (first()) continue;
+        if (!result) throw SpecError("tshard::nn::Pipeline: a stage after the first returned no gradient");
       }
+      sending = std::move(result);
+      outgoing = tshard::detail::PendingMessage::send(stage_comm_, task.forward ? stage_ + 1 : stage_ - 1, sending->data(),
+                                                      sending->local_size(), tag(m, task.forward));
     }
-    for (auto& s : sends) st.idle_seconds += s.first.wait();
-    sends.clear();
+    st.idle_seconds += outgoing.wait();
+    sending.reset();
     const auto stats = pool_stats();
+    st.microbatch_activation_bytes = kept_by_forwards / std::uint64_t(mbs);
+    st.kept_bytes = stats.bytes_in_use > base ? stats.bytes_in_use - base : 0;
     st.peak_activation_bytes = stats.peak_bytes_in_use > base ? stats.peak_bytes_in_use - base : 0;
     st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return st;

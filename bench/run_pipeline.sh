@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Pipelines and experts, measured by train_transformer on 2 ranks (float, a size where GEMMs
+# dominate):
+#  1. the bubble (1 - busy / step, per stage) on stage=2 for M = 1..8 micro-batches, GPipe and 1F1B,
+#     next to GPipe's (K-1)/(M+K-1);
+#  2. peak activation memory per stage for GPipe, 1F1B and remat at M = 8, next to M*A,
+#     min(K-s, M)*A and M*input + A (A: one micro-batch's activations on the stage);
+#  3. the experts' all-to-all bytes per step next to the analytic count, and the step time with
+#     4 experts (top-2, capacity factor 1, each expert half as wide) against the dense model of
+#     the same FLOPs, on data=2, side by side.
+# Any extra arguments go to train_transformer.
+#   bash bench/run_pipeline.sh [--steps 4]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/prepare.sh
+bench_build "libopenblas-dev" train_transformer
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
+run() { mpirun -np 2 ./build-bench/examples/train_transformer "$@"; }
+size=(--dmodel 512 --heads 8 --batch 16 --seq 128 --vocab 64 --layers 4 --steps 4 --peak-n 2048)
+echo "== bubble on stage=2"
+for schedule in gpipe 1f1b; do
+  for m in 1 2 4 8; do
+    run --mesh stage=2 --microbatches "$m" --schedule "$schedule" "${size[@]}" "$@" | grep -E "^pipeline|^mesh" |
+      sed -e 's/(sgemm.*//'
+  done
+done
+echo "== activation memory on stage=2, 8 micro-batches"
+for variant in "--schedule gpipe" "--schedule 1f1b" "--schedule gpipe --remat" "--schedule 1f1b --remat"; do
+  # shellcheck disable=SC2086
+  run --mesh stage=2 --microbatches 8 $variant "${size[@]}" "$@" | grep -E "^pipeline|^memory per stage"
+done
+echo "== experts against the dense model of the same FLOPs, data=2"
+dense=(--dmodel 512 --heads 8 --batch 16 --seq 128 --vocab 512 --layers 4 --steps 6 --peak-n 2048)
+for round in 1 2; do
+  echo "round $round"
+  run --mesh data=2 "${dense[@]}" --hidden 2048 "$@" | grep -E "^mesh" | sed -e 's/^/dense: /'
+  run --mesh data=2 "${dense[@]}" --hidden 1024 --experts 4 --capacity-factor 1 "$@" | grep -E "^mesh|^experts" |
+    sed -e 's/^/experts: /'
+done
