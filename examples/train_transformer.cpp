@@ -186,15 +186,30 @@ class LanguageModel {
     }
   }
 
-  // This stage's parameters that the 6N FLOP rule counts (not the embeddings).
+  // This stage's parameters that the 6N FLOP rule counts (not the embeddings); of the experts'
+  // weights [.., E], the two a token is routed to.
   double dense_parameters() {
     double n = 0;
+    double share = 1;
     auto count = [&](auto& p, auto&) {
-      double e = 1;
+      double e = share;
       for (auto d : p.global_shape()) e *= double(d);
       n += e;
     };
-    for (auto& b : blocks_) b->for_each_parameter(count);
+    for (auto& b : blocks_) {
+      if (!b->has_experts()) {
+        b->for_each_parameter(count);
+        continue;
+      }
+      b->ln1().for_each_parameter(count);
+      b->attention().for_each_parameter(count);
+      b->ln2().for_each_parameter(count);
+      count(b->moe().router(), b->moe().router());
+      share = std::min(2.0, double(o_.experts)) / double(o_.experts);
+      count(b->moe().expert_in(), b->moe().expert_in());
+      count(b->moe().expert_out(), b->moe().expert_out());
+      share = 1;
+    }
     if (last_) {
       norm_->for_each_parameter(count);
       head_->for_each_parameter(count);
@@ -462,9 +477,9 @@ int run_all(const M& mesh, const Options& o) {
     std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
                 run.pool_now / 1024.0, run.pool_peak / 1024.0);
     if (o.experts > 0) {
-      // GShard's all-to-alls: [E, G, C, D] per MoE layer and micro-batch, twice forward, twice backward
+      // GShard's all-to-alls: [G, C, D, E] per MoE layer and micro-batch, twice forward, twice backward
       // (three times forward under remat), on every model rank. Data rank i holds experts E_i and
-      // groups G_i (the chunk rule) and sends rank j the block [E_j, G_i, C, D]: over all ranks,
+      // groups G_i (the chunk rule) and sends rank j the block [G_i, C, D, E_j]: over all ranks,
       // (E G - sum_i E_i G_i) C D elements.
       const int pd = mesh.size<"data">();
       const double pm = mesh.size<"model">(), mbs = o.microbatches, groups = double(o.batch) / mbs;

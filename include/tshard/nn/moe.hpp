@@ -168,8 +168,10 @@ void top2_gating_backward(const T* dcombine, const T* probs, const Route* routes
 }  // namespace detail
 
 // y = sum over the token's (at most two) experts of gate * expert(x), for x [G, S, D]: groups
-// split over ExpertAxis, as are the experts' weights wi [E, D, H] and wo [E, H, D], whose hidden
-// dim is split over Model. The router [D, E] is replicated.
+// split over ExpertAxis, as are the experts' weights wi [D, H, E] and wo [H, D, E], whose hidden
+// dim is split over Model. The router [D, E] is replicated. The expert dim is the last (the
+// slowest in column-major order), so each expert's tokens and weights are one contiguous GEMM
+// operand: GShard's row-major [E, G, C, M] is [G, C, M, E] here.
 template <class T, class M, FixedString ExpertAxis = "data", FixedString Model = "model">
 class MoE : public Module {
   static_assert(std::is_floating_point_v<T>, "tshard: MoE's element type is float or double");
@@ -177,10 +179,10 @@ class MoE : public Module {
  public:
   using XSpec = Spec<S<ExpertAxis>, R, R>;                 // [G, S, D]
   using RouterSpec = Spec<R, R>;                           // [D, E]
-  using InSpec = Spec<S<ExpertAxis>, R, S<Model>>;         // wi [E, D, H]
-  using OutSpec = Spec<S<ExpertAxis>, S<Model>, R>;        // wo [E, H, D]
-  using GroupSplit = Spec<R, S<ExpertAxis>, R, R>;         // [E, G, C, D] as dispatched: groups split
-  using ExpertSplit = Spec<S<ExpertAxis>, R, R, R>;        // [E, G, C, D] after the all-to-all
+  using InSpec = Spec<R, S<Model>, S<ExpertAxis>>;         // wi [D, H, E]
+  using OutSpec = Spec<S<Model>, R, S<ExpertAxis>>;        // wo [H, D, E]
+  using GroupSplit = Spec<S<ExpertAxis>, R, R, R>;         // [G, C, D, E] as dispatched: groups split
+  using ExpertSplit = Spec<R, R, R, S<ExpertAxis>>;        // [G, C, D, E] after the all-to-all
   using X = ShardedTensor<T, M, XSpec>;
   using Router = ShardedTensor<T, M, RouterSpec>;
   using In = ShardedTensor<T, M, InSpec>;
@@ -190,13 +192,13 @@ class MoE : public Module {
       : mesh_(mesh), o_(o), hidden_(o.hidden > 0 ? o.hidden : 4 * o.dmodel),
         router_(detail::uniform_init<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)}, o.seed * 4 + 1,
                                                     1.0 / std::sqrt(double(o.dmodel)))),
-        wi_(detail::uniform_init<T, InSpec>(mesh, {Eigen::Index(o.experts), o.dmodel, hidden_}, o.seed * 4 + 2,
+        wi_(detail::uniform_init<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)}, o.seed * 4 + 2,
                                             1.0 / std::sqrt(double(o.dmodel)))),
-        wo_(detail::uniform_init<T, OutSpec>(mesh, {Eigen::Index(o.experts), hidden_, o.dmodel}, o.seed * 4 + 3,
+        wo_(detail::uniform_init<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)}, o.seed * 4 + 3,
                                              1.0 / std::sqrt(double(hidden_)))),
         router_grad_(zeros<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)})),
-        wi_grad_(zeros<T, InSpec>(mesh, {Eigen::Index(o.experts), o.dmodel, hidden_})),
-        wo_grad_(zeros<T, OutSpec>(mesh, {Eigen::Index(o.experts), hidden_, o.dmodel})) {
+        wi_grad_(zeros<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)})),
+        wo_grad_(zeros<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)})) {
     if (o.experts < 1) throw ShapeError("tshard::nn::MoE: " + std::to_string(o.experts) + " experts; at least 1 is needed");
     if (!(o.capacity_factor > 0))
       throw ShapeError("tshard::nn::MoE: the capacity factor " + std::to_string(o.capacity_factor) + " is not positive");
@@ -219,10 +221,10 @@ class MoE : public Module {
   // The plans of the all-to-alls for an input of `groups` groups of `s` tokens: dispatch (the
   // expert dim from replicated to split, the groups from split to whole) and its way back.
   std::string explain(Eigen::Index groups, Eigen::Index s) const {
-    const std::array<Eigen::Index, 4> shape{Eigen::Index(o_.experts), groups, capacity(s), o_.dmodel};
+    const std::array<Eigen::Index, 4> shape{groups, capacity(s), o_.dmodel, Eigen::Index(o_.experts)};
     const ShardedTensor<T, M, GroupSplit> dispatched(mesh_, shape);
     const ShardedTensor<T, M, ExpertSplit> processed(mesh_, shape);
-    return "dispatch [E, G, C, D]: " + explain_reshard<ExpertSplit>(dispatched) + "\ncombine [E, G, C, D]: " +
+    return "dispatch [G, C, D, E]: " + explain_reshard<ExpertSplit>(dispatched) + "\ncombine [G, C, D, E]: " +
            explain_reshard<GroupSplit>(processed);
   }
 
@@ -277,13 +279,13 @@ class MoE : public Module {
     sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
     sv.aux_grad = o_.aux_weight / double(total_groups);
 
-    // Dispatch: [E, G, C, D] with groups split, then the all-to-all to experts split.
-    auto dispatched = einsum<"gsec,gsm->egcm">(dispatch, x);
+    // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split.
+    auto dispatched = einsum<"gsec,gsm->gcme">(dispatch, x);
     auto xe = reshard<ExpertSplit>(dispatched);
-    auto h = einsum<"egcm,emh->egch">(xe, wi_);  // [E, G, C, H], H split over Model
-    auto ye = einsum<"egch,ehm->egcm">(gelu(h), wo_);  // partial over Model
+    auto h = einsum<"gcme,mhe->gche">(xe, wi_);        // [G, C, H, E], H split over Model
+    auto ye = einsum<"gche,hme->gcme">(gelu(h), wo_);  // partial over Model
     auto yg = reshard<GroupSplit>(ye);  // the partial resolved, and back to groups split
-    X y = einsum<"gsec,egcm->gsm">(combine, yg);
+    X y = einsum<"gsec,gcme->gsm">(combine, yg);
     sv.x.emplace(std::move(x));
     sv.probs.emplace(std::move(probs));
     sv.combine.emplace(std::move(combine));
@@ -305,15 +307,15 @@ class MoE : public Module {
       throw ShapeError("tshard::nn::MoE::backward: the gradient " + dy.describe() + " does not match the last forward's input " +
                        sv.x->describe());
     // Combine's gradient: to the gates, and to the experts' outputs (back to experts split).
-    auto dcombine = einsum<"gsm,egcm->gsec">(dy, *sv.yg);
-    auto dye = reshard<ExpertSplit>(einsum<"gsec,gsm->egcm">(*sv.combine, dy));
+    auto dcombine = einsum<"gsm,gcme->gsec">(dy, *sv.yg);
+    auto dye = reshard<ExpertSplit>(einsum<"gsec,gsm->gcme">(*sv.combine, dy));
     // The experts' MLP.
-    auto da = einsum<"egcm,ehm->egch">(dye, wo_);
-    detail::accumulate_gradient(wo_grad_, einsum<"egch,egcm->ehm">(gelu(*sv.h), dye), deferred_, "moe_backward");
+    auto da = einsum<"gcme,hme->gche">(dye, wo_);
+    detail::accumulate_gradient(wo_grad_, einsum<"gche,gcme->hme">(gelu(*sv.h), dye), deferred_, "moe_backward");
     auto dh = gelu_backward(*sv.h, da);
-    detail::accumulate_gradient(wi_grad_, einsum<"egcm,egch->emh">(*sv.xe, dh), deferred_, "moe_backward");
-    auto dxg = reshard<GroupSplit>(einsum<"egch,emh->egcm">(dh, wi_));
-    X dx = einsum<"gsec,egcm->gsm">(*sv.dispatch, dxg);
+    detail::accumulate_gradient(wi_grad_, einsum<"gcme,gche->mhe">(*sv.xe, dh), deferred_, "moe_backward");
+    auto dxg = reshard<GroupSplit>(einsum<"gche,mhe->gcme">(dh, wi_));
+    X dx = einsum<"gsec,gcme->gsm">(*sv.dispatch, dxg);
     // The gate: through the normalised top-2 weights, the softmax and the load-balancing loss.
     const Eigen::Index groups = dy.extents()[0], s_len = dy.extents()[1], e = o_.experts;
     ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> dlogits(mesh_, {groups, s_len, e});
@@ -338,7 +340,7 @@ class MoE : public Module {
     std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>> probs;
     std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>> combine, dispatch;
     std::optional<ShardedTensor<T, M, ExpertSplit>> xe;
-    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, S<Model>>>> h;
+    std::optional<ShardedTensor<T, M, Spec<R, R, S<Model>, S<ExpertAxis>>>> h;
     std::optional<ShardedTensor<T, M, GroupSplit>> yg;
     std::vector<detail::Route> routes;
     std::vector<T> density;
