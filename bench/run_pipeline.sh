@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipelines and experts, measured by train_transformer on 2 ranks (float, a size where GEMMs
 # dominate):
-#  1. the bubble (1 - busy / step, per stage) on stage=2 for M = 1..8 micro-batches, GPipe and 1F1B,
+#  1. the bubble (1 - busy / step, per stage) on stage=2 for M = 1..8 micro-batches of two
+#     sequences (GPipe; 1F1B at 1, 2, 4, 8),
 #     next to GPipe's (K-1)/(M+K-1);
 #  2. peak activation memory per stage for GPipe, 1F1B and remat at M = 8, next to M*A,
 #     min(K-s, M)*A and M*input + A (A: one micro-batch's activations on the stage);
@@ -19,8 +20,9 @@ run() { mpirun -np 2 ./build-bench/examples/train_transformer "$@"; }
 size=(--dmodel 512 --heads 8 --batch 16 --seq 128 --vocab 64 --layers 4 --steps 4 --peak-n 2048)
 echo "== bubble on stage=2"
 for schedule in gpipe 1f1b; do
-  for m in 1 2 4 8; do
-    run --mesh stage=2 --microbatches "$m" --schedule "$schedule" "${size[@]}" "$@" | grep -E "^pipeline|^mesh" |
+  for m in $( [ "$schedule" = gpipe ] && echo 1 2 3 4 5 6 7 8 || echo 1 2 4 8 ); do
+    # two sequences per micro-batch, so every M divides the batch
+    run --mesh stage=2 --microbatches "$m" --schedule "$schedule" "${size[@]}" --batch $((2 * m)) "$@" | grep -E "^pipeline|^mesh" |
       sed -e 's/(sgemm.*//'
   done
 done
