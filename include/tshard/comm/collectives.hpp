@@ -413,7 +413,10 @@ class AsyncExchange {
 
   void wait() {
     if (reqs_.empty()) return;
-    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    {
+      WatchedCall watched(kind_, [] { return current_operator(); });
+      MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    }
     reqs_.clear();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin_).count();
     comm_stats().record(current_operator(), kind_, sent_, received_, s);

@@ -1,9 +1,24 @@
 // MPI up and down for a program: initialises MPI unless it already is, finalises only what it
 // initialised, and installs the terminate handler that aborts the job on an uncaught exception.
+//
+// No rank is left hanging by one that leaves early. Finalisation first agrees with every rank
+// (a non-blocking barrier) within a bounded wait: a rank that returns from main, or calls exit,
+// while the others still wait in a collective it will never join ends the job after the bound,
+// naming itself, instead of waiting in MPI_Finalize while they wait for it. The bound is
+// TSHARD_FINALIZE_TIMEOUT seconds (default 30; 0 waits forever, for programs whose ranks
+// legitimately finish far apart) or Environment::set_finalize_timeout(). A rank blocked inside
+// a collective is the watchdog's case (comm/watchdog.hpp, TSHARD_TIMEOUT).
 #pragma once
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
 #include "tshard/comm/failure.hpp"
+#include "tshard/comm/watchdog.hpp"
 
 namespace tshard {
 
@@ -12,9 +27,8 @@ class Environment {
   Environment() : Environment(nullptr, nullptr) {}
   Environment(int& argc, char**& argv) : Environment(&argc, &argv) {}
   ~Environment() {
-    int down = 0;
-    MPI_Finalized(&down);
-    if (owns_ && !down) MPI_Finalize();
+    finalize();
+    if (owner() == this) owner() = nullptr;
   }
   Environment(const Environment&) = delete;
   Environment& operator=(const Environment&) = delete;
@@ -32,6 +46,10 @@ class Environment {
   // The thread support level MPI granted.
   int thread_level() const { return provided_; }
 
+  // How long finalisation waits for the other ranks before it ends the job (seconds; 0 or
+  // less: forever).
+  static void set_finalize_timeout(double seconds) { finalize_timeout() = seconds; }
+
  private:
   Environment(int* argc, char*** argv) {
     int up = 0;
@@ -43,9 +61,69 @@ class Environment {
       MPI_Query_thread(&provided_);
     }
     install_terminate_handler();
+    detail::CollectiveWatch::instance();  // reads TSHARD_TIMEOUT
+    if (owns_) {
+      MPI_Comm_dup(MPI_COMM_WORLD, &end_);
+      if (const char* s = std::getenv("TSHARD_FINALIZE_TIMEOUT")) finalize_timeout() = std::atof(s);
+      owner() = this;
+      static const bool registered = [] { return std::atexit(&Environment::at_exit) == 0; }();
+      (void)registered;
+    }
   }
+
+  static double& finalize_timeout() {
+    static double seconds = 30;
+    return seconds;
+  }
+  static Environment*& owner() {
+    static Environment* e = nullptr;
+    return e;
+  }
+  // exit() runs no destructors of main's locals: finalise from here.
+  static void at_exit() {
+    if (owner()) owner()->finalize();
+  }
+
+  void finalize() {
+    if (!owns_ || finalized_) return;
+    finalized_ = true;
+    int down = 0;
+    MPI_Finalized(&down);
+    if (down) return;
+    wait_for_every_rank();
+    detail::CollectiveWatch::instance().stop();
+    MPI_Comm_free(&end_);
+    MPI_Finalize();
+  }
+
+  // Every rank has reached the end, or this one ends the job after the bound.
+  void wait_for_every_rank() {
+    if (world_size() == 1) return;
+    MPI_Request request;
+    MPI_Ibarrier(end_, &request);
+    const double bound = finalize_timeout();
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      int done = 0;
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (done) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (bound > 0 && waited > bound) {
+        const std::string why =
+            "it reached the end of the program (returned from main or called exit), but other ranks did not within " +
+            std::to_string(int(bound)) +
+            " s: they are most likely waiting in a collective this rank left. (TSHARD_FINALIZE_TIMEOUT=0 waits forever "
+            "where ranks legitimately finish far apart.)";
+        detail::abort_job(why.c_str());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // leave the core to ranks still computing
+    }
+  }
+
   bool owns_ = false;
+  bool finalized_ = false;
   int provided_ = 0;
+  MPI_Comm end_ = MPI_COMM_NULL;
 };
 
 }  // namespace tshard

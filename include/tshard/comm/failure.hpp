@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tshard/comm/collectives.hpp"
+#include "tshard/comm/watchdog.hpp"
 #include "tshard/core/error.hpp"
 
 namespace tshard {
@@ -27,17 +28,6 @@ namespace detail {
 template <class E>
 void throw_unless_all(bool ok, MPI_Comm comm, const std::string& message) {
   if (!agree(ok, comm)) throw E(message + (ok ? " (on another rank)" : ""));
-}
-
-[[noreturn]] inline void abort_job(const char* why) {
-  int rank = -1, up = 0, down = 0;
-  MPI_Initialized(&up);
-  MPI_Finalized(&down);
-  if (up && !down) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "tshard: rank %d ends the job: %s\n", rank, why);
-  std::fflush(stderr);
-  if (up && !down) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);
 }
 
 inline void terminate_with_abort() {

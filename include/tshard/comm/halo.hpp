@@ -346,7 +346,10 @@ class HaloExchange {
   void finish() {
     if (!active_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    {
+      WatchedCall watched("halo exchange (wait)", [] { return current_operator(); });
+      MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    }
     active_ = false;
     const int R = layout_.rank;
     const Extents zero{};

@@ -79,7 +79,10 @@ class PendingReduction {
   double wait() {
     if (!reqs_.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
-      MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+      {
+        WatchedCall watched("non-blocking reduction (wait)", [] { return current_operator(); });
+        MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+      }
       blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       finish(0.0);
     }

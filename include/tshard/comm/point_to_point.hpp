@@ -59,7 +59,10 @@ class PendingMessage {
   double wait() {
     if (reqs_.empty()) return 0;
     const auto t0 = std::chrono::steady_clock::now();
-    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    {
+      WatchedCall watched("point-to-point (wait)", [] { return current_operator(); });
+      MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+    }
     reqs_.clear();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tshard/comm/watchdog.hpp"
+
 namespace tshard {
 
 struct CollectiveStats {
@@ -135,7 +137,8 @@ class OperatorScope {
 class CollectiveTimer {
  public:
   CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received)
-      : kind_(kind), sent_(sent), received_(received), start_(std::chrono::steady_clock::now()) {}
+      : kind_(kind), sent_(sent), received_(received), start_(std::chrono::steady_clock::now()),
+        watched_(kind, [] { return current_operator(); }) {}
   ~CollectiveTimer() {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     comm_stats().record(current_operator(), kind_, sent_, received_, s);
@@ -147,6 +150,7 @@ class CollectiveTimer {
   const char* kind_;
   std::uint64_t sent_, received_;
   std::chrono::steady_clock::time_point start_;
+  WatchedCall watched_;  // the watchdog's view: this rank may block here
 };
 
 }  // namespace detail
