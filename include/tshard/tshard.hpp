@@ -23,3 +23,5 @@
 #include "tshard/nn/nn.hpp"
 
 #include "tshard/debug/visualize.hpp"
+
+#include "tshard/io/npy.hpp"

@@ -1,0 +1,171 @@
+// Parallel file access through MPI-IO: every rank reads and writes its own box of a global
+// array stored in a file, collectively, at the right offsets; nobody gathers. Counted in the
+// stats ("file_write", "file_read": this rank's bytes). Opening and closing are collective and
+// agreed on: a file that will not open on one rank is an IoError on every rank.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/failure.hpp"
+#include "tshard/comm/stats.hpp"
+#include "tshard/core/error.hpp"
+#include "tshard/core/shard.hpp"
+
+namespace tshard::detail {
+
+inline std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(code, text, &n);
+  return std::string(text, std::size_t(n));
+}
+
+// Where a box lies: its start and extent in a global array of `global` (in file order `fortran`
+// or C) and in the rank's column-major buffer of `buffer` extents (the box at its origin).
+struct FileBox {
+  int rank = 0;
+  Extents global{}, start{}, count{}, buffer{};
+  bool fortran = true;
+  Index elements() const { return volume(count, rank); }
+};
+
+class ParallelFile {
+ public:
+  enum class Mode { Read, Write };
+
+  // Collective over comm. Write creates the file or truncates it.
+  ParallelFile(MPI_Comm comm, const std::string& path, Mode mode, const std::string& op) : comm_(comm), path_(path), op_(op) {
+    MPI_Info info = MPI_INFO_NULL;
+    const int amode = mode == Mode::Read ? MPI_MODE_RDONLY : (MPI_MODE_CREATE | MPI_MODE_WRONLY);
+    const int rc = MPI_File_open(comm, path.c_str(), amode, info, &file_);
+    const bool ok = rc == MPI_SUCCESS;
+    if (!agree(ok, comm)) {
+      if (ok) MPI_File_close(&file_);
+      throw IoError(op + ": cannot open '" + path + "' for " + (mode == Mode::Read ? "reading" : "writing") + ": " +
+                    (ok ? std::string("failed on another rank") : mpi_error_string(rc)));
+    }
+    MPI_File_set_errhandler(file_, MPI_ERRORS_RETURN);
+  }
+  ~ParallelFile() {
+    if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
+  }
+  ParallelFile(const ParallelFile&) = delete;
+  ParallelFile& operator=(const ParallelFile&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // Collective; the same on every rank.
+  MPI_Offset size() {
+    MPI_Offset s = 0;
+    MPI_File_get_size(file_, &s);
+    return s;
+  }
+  void set_size(MPI_Offset s) { check(MPI_File_set_size(file_, s), "set its size"); }
+
+  // Rank-local: bytes at an offset (a header). Reads return the bytes actually there.
+  void write_at(MPI_Offset at, const void* data, Index bytes) {
+    CollectiveTimer t("file_write", std::uint64_t(bytes), 0);
+    local_ok_ &= MPI_File_write_at(file_, at, data, int(bytes), MPI_BYTE, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+  }
+  std::vector<char> read_at(MPI_Offset at, Index bytes) {
+    std::vector<char> out(static_cast<std::size_t>(bytes));
+    MPI_Status status;
+    CollectiveTimer t("file_read", 0, std::uint64_t(bytes));
+    if (MPI_File_read_at(file_, at, out.data(), int(bytes), MPI_BYTE, &status) != MPI_SUCCESS) local_ok_ = false;
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    out.resize(static_cast<std::size_t>(std::max(got, 0)));
+    return out;
+  }
+
+  // Collective: the bytes at an offset, read by the first rank of comm and broadcast, so every
+  // rank parses the same header and fails alike.
+  std::vector<char> read_everywhere(MPI_Offset at, Index max_bytes) {
+    std::vector<char> bytes;
+    std::int64_t n = 0;
+    if (comm_rank(comm_) == 0) {
+      bytes = read_at(at, max_bytes);
+      n = std::int64_t(bytes.size());
+    }
+    agree_or_throw("reading");
+    broadcast(comm_, &n, 1, 0);
+    bytes.resize(static_cast<std::size_t>(n));
+    CollectiveTimer t("broadcast", comm_rank(comm_) == 0 ? std::uint64_t(n) * std::uint64_t(comm_size(comm_) - 1) : 0,
+                      comm_rank(comm_) == 0 ? 0 : std::uint64_t(n));
+    MPI_Bcast(bytes.data(), int(n), MPI_BYTE, 0, comm_);
+    return bytes;
+  }
+
+  // Collective: every rank writes (or reads) its box of the array stored from byte `at`; a rank
+  // with `take_part` false (a replica, or an empty block) moves nothing.
+  template <class T>
+  void write_box(MPI_Offset at, const FileBox& box, const T* buffer, bool take_part) {
+    transfer<T>(at, box, const_cast<T*>(buffer), take_part, true);
+  }
+  template <class T>
+  void read_box(MPI_Offset at, const FileBox& box, T* buffer, bool take_part) {
+    transfer<T>(at, box, buffer, take_part, false);
+  }
+
+  // Collective: an IoError on every rank where any rank's I/O failed so far.
+  void agree_or_throw(const std::string& what) {
+    const bool ok = local_ok_;
+    if (!agree(ok, comm_))
+      throw IoError(op_ + ": " + what + " '" + path_ + "' failed" + (ok ? " on another rank" : ""));
+  }
+
+ private:
+  template <class T>
+  void transfer(MPI_Offset at, const FileBox& box, T* buffer, bool take_part, bool write) {
+    const MPI_Datatype etype = mpi_datatype<T>();
+    const Index n = take_part ? box.elements() : 0;
+    MPI_Datatype file_type = etype, memory_type = etype;
+    int count = 0;
+    if (n > 0) {
+      int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank], bsizes[kMaxRank], zero[kMaxRank] = {};
+      for (int d = 0; d < box.rank; ++d) {
+        sizes[d] = int(box.global[d]);
+        sub[d] = int(box.count[d]);
+        starts[d] = int(box.start[d]);
+        bsizes[d] = int(box.buffer[d]);
+      }
+      MPI_Type_create_subarray(box.rank, sizes, sub, starts, box.fortran ? MPI_ORDER_FORTRAN : MPI_ORDER_C, etype, &file_type);
+      MPI_Type_commit(&file_type);
+      // In memory the box is column-major; a C-order file is read into a contiguous C-order buffer.
+      if (box.fortran) {
+        MPI_Type_create_subarray(box.rank, bsizes, sub, zero, MPI_ORDER_FORTRAN, etype, &memory_type);
+        MPI_Type_commit(&memory_type);
+        count = 1;
+      } else {
+        count = int(n);
+      }
+    }
+    int rc = MPI_File_set_view(file_, at, etype, file_type, "native", MPI_INFO_NULL);
+    {
+      CollectiveTimer t(write ? "file_write" : "file_read", write ? std::uint64_t(n) * sizeof(T) : 0,
+                        write ? 0 : std::uint64_t(n) * sizeof(T));
+      if (rc == MPI_SUCCESS)
+        rc = write ? MPI_File_write_all(file_, buffer, count, memory_type, MPI_STATUS_IGNORE)
+                   : MPI_File_read_all(file_, buffer, count, memory_type, MPI_STATUS_IGNORE);
+    }
+    local_ok_ &= rc == MPI_SUCCESS;
+    MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
+    if (file_type != etype) MPI_Type_free(&file_type);
+    if (memory_type != etype) MPI_Type_free(&memory_type);
+  }
+
+  void check(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) local_ok_ = false;
+    agree_or_throw(what);
+  }
+
+  MPI_Comm comm_;
+  std::string path_, op_;
+  MPI_File file_ = MPI_FILE_NULL;
+  bool local_ok_ = true;
+};
+
+}  // namespace tshard::detail

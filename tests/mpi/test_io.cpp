@@ -1,0 +1,196 @@
+// Files through the typed API on every 2-D mesh: .npy written with one spec reads back bitwise
+// with another on any mesh, for every element type; C-order files (numpy's default) read on
+// any spec; numpy itself reads what we write where python3-numpy is installed; bad files are an
+// IoError on every rank. Shapes do not divide the mesh (7 x 5, dims smaller than an axis).
+#include "test_support.hpp"
+
+#include <complex>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+template <class S>
+std::string spec_name(const M2& mesh) {
+  return ts::ShardedTensor<double, M2, S>::spec_desc.to_string(mesh.shape());
+}
+
+// A per-test file name, the same on every rank.
+std::string scratch_file(const std::string& name) { return "tshard_test_io_" + name; }
+
+template <class T>
+T element(double v) {
+  if constexpr (std::is_integral_v<T>) return T(std::llround(v * 1000));
+  else if constexpr (ts::is_complex_v<T>) return T(v, -2 * v);
+  else return T(v);
+}
+
+template <class T>
+Eigen::Tensor<T, 2> typed_values(Eigen::Index r, Eigen::Index c, int salt) {
+  const Eigen::Tensor<double, 2> v = values(r, c, salt);
+  Eigen::Tensor<T, 2> out(r, c);
+  for (Eigen::Index i = 0; i < v.size(); ++i) out.data()[i] = element<T>(v.data()[i]);
+  return out;
+}
+
+template <class T>
+bool bitwise_equal(const Eigen::Tensor<T, 2>& a, const Eigen::Tensor<T, 2>& b) {
+  if (a.dimensions() != b.dimensions()) return false;
+  return std::memcmp(a.data(), b.data(), sizeof(T) * std::size_t(a.size())) == 0;
+}
+
+// Whether `f` throws an IoError whose message contains `words`.
+template <class F>
+bool io_error(F&& f, const std::string& words) {
+  try {
+    f();
+  } catch (const ts::IoError& e) {
+    return std::string(e.what()).find(words) != std::string::npos;
+  }
+  return false;
+}
+
+// A python3 that imports `module` (Debian's /usr/bin/python3 first: a pyenv one may lack it),
+// or "" where none does.
+inline std::string python_with(const std::string& module) {
+  for (std::string py : {"/usr/bin/python3", "python3"})
+    if (std::system((py + " -c 'import " + module + "' > /dev/null 2>&1").c_str()) == 0) return py;
+  return "";
+}
+
+void remove_on_rank0(const std::string& path) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::remove(path.c_str());
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+}  // namespace
+
+TEST_CASE("save_npy and load_npy round-trip bitwise across specs and meshes for every element type", "[io]") {
+  const std::string path = scratch_file("roundtrip.npy");
+  for (Eigen::Index rows : {Eigen::Index(7), Eigen::Index(1)}) {
+    auto check = [&]<class T>(T*) {
+      const Eigen::Tensor<T, 2> want = typed_values<T>(rows, 5, 3);
+      on_every_mesh([&](M2& mesh, auto sizes) {
+        for_each_pair(Specs2{}, Specs2{}, [&]<class A, class B>(A*, B*) {
+          INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<A>(mesh) << " -> "
+                       << spec_name<B>(mesh) << " rows " << rows);
+          ts::io::save_npy(path, ts::distribute<A>(mesh, want));
+          const auto back = ts::io::load_npy<T, B>(mesh, path);
+          TS_REQUIRE_ALL(bitwise_equal<T>(back.gather(), want));
+        });
+      });
+    };
+    check(static_cast<float*>(nullptr));
+    check(static_cast<double*>(nullptr));
+    check(static_cast<std::complex<float>*>(nullptr));
+    check(static_cast<std::complex<double>*>(nullptr));
+    check(static_cast<std::int32_t*>(nullptr));
+    check(static_cast<std::int64_t*>(nullptr));
+  }
+  // Written on the whole world, read on one rank alone (another rank count), and a rank-3 tensor.
+  M2 world({world_size(), 1});
+  Eigen::Tensor<double, 3> cube(4, 3, 5);
+  for (Eigen::Index i = 0; i < cube.size(); ++i) cube.data()[i] = 0.5 * double(i) - 3;
+  ts::io::save_npy(path, ts::distribute<ts::Spec<ts::R, ts::S<"x">, ts::R>>(world, cube));
+  M2 self(MPI_COMM_SELF, {1, 1});
+  const Eigen::Tensor<double, 3> alone = ts::io::load_npy<double, ts::Spec<ts::S<"x">, ts::R, ts::R>>(self, path).gather();
+  TS_REQUIRE_ALL(compare(alone, cube) == "");
+  // A partial is resolved before it is written.
+  const auto x = ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(world, values(3, 7, 1));
+  ts::io::save_npy(path, ts::sum<1>(x));
+  const Eigen::Tensor<double, 1> sums = ts::io::load_npy<double, ts::Spec<ts::R>>(world, path).gather();
+  const Eigen::Tensor<double, 1> want = values(3, 7, 1).sum(Eigen::array<int, 1>{1});
+  TS_REQUIRE_ALL(compare(sums, want, 1e-12) == "");
+  remove_on_rank0(path);
+}
+
+TEST_CASE("load_npy reads C-order files, numpy's default, on any spec", "[io]") {
+  const std::string path = scratch_file("c_order.npy");
+  const Eigen::Index r = 6, c = 5;
+  const Eigen::Tensor<double, 2> want = values(r, c, 9);
+  if (world_rank() == 0) {  // as numpy.save writes a C-contiguous array: row after row
+    std::ofstream f(path, std::ios::binary);
+    const std::string pre = ts::io::detail::npy_preamble("<f8", false, {r, c});
+    f.write(pre.data(), std::streamsize(pre.size()));
+    for (Eigen::Index i = 0; i < r; ++i)
+      for (Eigen::Index j = 0; j < c; ++j) f.write(reinterpret_cast<const char*>(&want(i, j)), sizeof(double));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    for_each_type(Specs2{}, [&]<class S>(S*) {
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<S>(mesh));
+      TS_REQUIRE_ALL(compare(ts::io::load_npy<double, S>(mesh, path).gather(), want) == "");
+    });
+  });
+  remove_on_rank0(path);
+}
+
+TEST_CASE("numpy reads what save_npy writes: a[i, j] == x(i, j)", "[io]") {
+  const std::string python = world_rank() == 0 ? python_with("numpy") : "";
+  int have = python.empty() ? 0 : 1;
+  MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!have) {
+    WARN("python3-numpy is not installed: numpy's reading is not checked");
+    return;
+  }
+  const std::string path = scratch_file("numpy.npy");
+  M2 mesh({world_size(), 1});
+  const Eigen::Tensor<double, 2> x = values(5, 3, 4);
+  ts::io::save_npy(path, ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, x));
+  int ok = 1;
+  if (world_rank() == 0) {
+    std::string expect = "[";
+    for (Eigen::Index i = 0; i < 5; ++i) {
+      expect += "[";
+      for (Eigen::Index j = 0; j < 3; ++j) expect += std::to_string(x(i, j)) + ",";
+      expect += "],";
+    }
+    expect += "]";
+    const std::string cmd = python + " -c \"import numpy as np, sys; a = np.load('" + path + "'); b = np.array(" + expect +
+                            "); sys.exit(0 if a.shape == (5, 3) and np.allclose(a, b, rtol=0, atol=1e-6) else 1)\"";
+    ok = std::system(cmd.c_str()) == 0 ? 1 : 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(ok == 1);
+  remove_on_rank0(path);
+}
+
+TEST_CASE("a missing, truncated, corrupt, mistyped or misshaped .npy file is an IoError on every rank", "[io]") {
+  M2 mesh({world_size(), 1});
+  using S = ts::Spec<ts::S<"x">, ts::R>;
+  const std::string good = scratch_file("good.npy"), bad = scratch_file("bad.npy");
+  ts::io::save_npy(good, ts::distribute<S>(mesh, values(4, 3, 2)));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, S>(mesh, scratch_file("missing.npy")); }, "cannot open"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<float, S>(mesh, good); }, "holds dtype '<f8'"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, ts::Spec<ts::S<"x">>>(mesh, good); }, "rank 2"));
+  auto write_bad = [&](const std::string& bytes) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::ofstream(bad, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  std::string whole;
+  {
+    std::ifstream f(good, std::ios::binary);
+    whole.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  write_bad(whole.substr(0, whole.size() - 8));  // one element short
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, S>(mesh, bad); }, "truncated"));
+  write_bad(whole.substr(0, 30));  // inside the header
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, S>(mesh, bad); }, "header"));
+  write_bad("PK\x03\x04 not numpy at all");
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, S>(mesh, bad); }, "not a .npy file"));
+  std::string big_endian = whole;
+  big_endian.replace(big_endian.find("<f8"), 3, ">f8");
+  write_bad(big_endian);
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_npy<double, S>(mesh, bad); }, "big-endian"));
+  // A directory where a file should be written.
+  TS_REQUIRE_ALL(io_error([&] { ts::io::save_npy("/proc/no/such/dir/x.npy", ts::distribute<S>(mesh, values(4, 3, 2))); },
+                          "cannot open"));
+  remove_on_rank0(good);
+  remove_on_rank0(bad);
+}
