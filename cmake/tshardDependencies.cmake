@@ -28,3 +28,24 @@ macro(tshard_find_blas)
     set(TSHARD_CBLAS_FOUND TRUE)
   endif()
 endmacro()
+
+# Parallel HDF5 for io/hdf5.hpp (Debian: libhdf5-openmpi-dev; elsewhere HDF5_ROOT). Sets
+# TSHARD_HDF5_FOUND and, where found, the imported target tshard_hdf5::hdf5. Found by its
+# headers and library (FindHDF5 would need the C language enabled) and checked to be parallel.
+macro(tshard_find_hdf5)
+  set(TSHARD_HDF5_FOUND FALSE)
+  find_path(TSHARD_HDF5_INCLUDE_DIR hdf5.h HINTS ${HDF5_ROOT} ENV HDF5_ROOT
+            PATH_SUFFIXES include/hdf5/openmpi hdf5/openmpi include)
+  find_library(TSHARD_HDF5_LIBRARY NAMES hdf5 HINTS ${HDF5_ROOT} ENV HDF5_ROOT PATH_SUFFIXES hdf5/openmpi lib)
+  if(TSHARD_HDF5_INCLUDE_DIR AND TSHARD_HDF5_LIBRARY AND EXISTS "${TSHARD_HDF5_INCLUDE_DIR}/H5pubconf.h")
+    file(STRINGS "${TSHARD_HDF5_INCLUDE_DIR}/H5pubconf.h" _tshard_hdf5_parallel REGEX "#define H5_HAVE_PARALLEL 1")
+    if(_tshard_hdf5_parallel)
+      if(NOT TARGET tshard_hdf5::hdf5)
+        add_library(tshard_hdf5::hdf5 INTERFACE IMPORTED)
+        set_target_properties(tshard_hdf5::hdf5 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TSHARD_HDF5_INCLUDE_DIR}"
+                                                           INTERFACE_LINK_LIBRARIES "${TSHARD_HDF5_LIBRARY}")
+      endif()
+      set(TSHARD_HDF5_FOUND TRUE)
+    endif()
+  endif()
+endmacro()

@@ -25,3 +25,6 @@
 #include "tshard/debug/visualize.hpp"
 
 #include "tshard/io/npy.hpp"
+#if defined(TSHARD_WITH_HDF5)  // the component tshard::hdf5
+#include "tshard/io/hdf5.hpp"
+#endif

@@ -2,7 +2,7 @@
 // with another on any mesh, for every element type; C-order files (numpy's default) read on
 // any spec; numpy itself reads what we write where python3-numpy is installed; bad files are an
 // IoError on every rank. Shapes do not divide the mesh (7 x 5, dims smaller than an axis).
-#include "test_support.hpp"
+#include "io_support.hpp"
 
 #include <complex>
 #include <cstdio>
@@ -11,64 +11,6 @@
 
 namespace ts = tshard;
 using namespace tshard_test;
-
-namespace {
-
-template <class S>
-std::string spec_name(const M2& mesh) {
-  return ts::ShardedTensor<double, M2, S>::spec_desc.to_string(mesh.shape());
-}
-
-// A per-test file name, the same on every rank.
-std::string scratch_file(const std::string& name) { return "tshard_test_io_" + name; }
-
-template <class T>
-T element(double v) {
-  if constexpr (std::is_integral_v<T>) return T(std::llround(v * 1000));
-  else if constexpr (ts::is_complex_v<T>) return T(v, -2 * v);
-  else return T(v);
-}
-
-template <class T>
-Eigen::Tensor<T, 2> typed_values(Eigen::Index r, Eigen::Index c, int salt) {
-  const Eigen::Tensor<double, 2> v = values(r, c, salt);
-  Eigen::Tensor<T, 2> out(r, c);
-  for (Eigen::Index i = 0; i < v.size(); ++i) out.data()[i] = element<T>(v.data()[i]);
-  return out;
-}
-
-template <class T>
-bool bitwise_equal(const Eigen::Tensor<T, 2>& a, const Eigen::Tensor<T, 2>& b) {
-  if (a.dimensions() != b.dimensions()) return false;
-  return std::memcmp(a.data(), b.data(), sizeof(T) * std::size_t(a.size())) == 0;
-}
-
-// Whether `f` throws an IoError whose message contains `words`.
-template <class F>
-bool io_error(F&& f, const std::string& words) {
-  try {
-    f();
-  } catch (const ts::IoError& e) {
-    return std::string(e.what()).find(words) != std::string::npos;
-  }
-  return false;
-}
-
-// A python3 that imports `module` (Debian's /usr/bin/python3 first: a pyenv one may lack it),
-// or "" where none does.
-inline std::string python_with(const std::string& module) {
-  for (std::string py : {"/usr/bin/python3", "python3"})
-    if (std::system((py + " -c 'import " + module + "' > /dev/null 2>&1").c_str()) == 0) return py;
-  return "";
-}
-
-void remove_on_rank0(const std::string& path) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() == 0) std::remove(path.c_str());
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
-}  // namespace
 
 TEST_CASE("save_npy and load_npy round-trip bitwise across specs and meshes for every element type", "[io]") {
   const std::string path = scratch_file("roundtrip.npy");
@@ -144,13 +86,7 @@ TEST_CASE("numpy reads what save_npy writes: a[i, j] == x(i, j)", "[io]") {
   ts::io::save_npy(path, ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, x));
   int ok = 1;
   if (world_rank() == 0) {
-    std::string expect = "[";
-    for (Eigen::Index i = 0; i < 5; ++i) {
-      expect += "[";
-      for (Eigen::Index j = 0; j < 3; ++j) expect += std::to_string(x(i, j)) + ",";
-      expect += "],";
-    }
-    expect += "]";
+    const std::string expect = python_list(x);
     const std::string cmd = python + " -c \"import numpy as np, sys; a = np.load('" + path + "'); b = np.array(" + expect +
                             "); sys.exit(0 if a.shape == (5, 3) and np.allclose(a, b, rtol=0, atol=1e-6) else 1)\"";
     ok = std::system(cmd.c_str()) == 0 ? 1 : 0;

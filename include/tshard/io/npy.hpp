@@ -15,6 +15,7 @@
 
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/file.hpp"
+#include "tshard/io/blocks.hpp"
 #include "tshard/io/npy_format.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
@@ -23,37 +24,6 @@ namespace detail {
 
 using tshard::detail::Extents;
 using tshard::detail::Index;
-
-// Whether this rank writes its block: it holds valid elements and is the first replica of
-// them (coordinate 0 on every axis the tensor is not split over).
-inline bool first_replica(const tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
-                          const tshard::detail::ShardLayout& layout) {
-  if (layout.valid_size() == 0) return false;
-  const std::uint32_t split = spec.split_axes();
-  for (int a = 0; a < mesh.shape().axes(); ++a)
-    if (!(split & (1u << a)) && mesh.coords()[a] != 0) return false;
-  return true;
-}
-
-// A C-order box (last index fastest) into the column-major padded buffer of `layout`.
-template <class T>
-void place_c_order(const T* box, const tshard::detail::ShardLayout& layout, T* out) {
-  const int r = layout.rank;
-  Extents i{};
-  const Index n = layout.valid_size();
-  for (Index k = 0; k < n; ++k) {
-    Index dest = 0, stride = 1;
-    for (int d = 0; d < r; ++d) {
-      dest += i[d] * stride;
-      stride *= layout.padded[d];
-    }
-    out[dest] = box[k];
-    for (int d = r - 1; d >= 0; --d) {  // C order: the last index moves fastest
-      if (++i[d] < layout.valid[d]) break;
-      i[d] = 0;
-    }
-  }
-}
 
 // Reads the header on the first rank, and every rank parses the same bytes: a bad header is the
 // same IoError everywhere.
