@@ -2,6 +2,8 @@
 // our column-major padded buffer and C order (last index fastest), the order of C-order .npy
 // files and of HDF5 datasets.
 #pragma once
+#include <algorithm>
+
 #include "tshard/comm/mesh.hpp"
 #include "tshard/core/shard.hpp"
 
@@ -18,34 +20,70 @@ inline bool first_replica(const tshard::detail::MeshState& mesh, const tshard::d
   return true;
 }
 
-// f(column-major padded index, C-order index in the box) for every valid element.
-template <class F>
-void for_each_c_order(const tshard::detail::ShardLayout& layout, F&& f) {
+// Moves a rank's valid box between its column-major padded buffer and a contiguous C-order box
+// (last index fastest): a reversal of the axes, done as cache-blocked 2-D transposes of the first
+// and last dims for each index of the dims between.
+template <class T, bool ToCOrder>
+void c_order_copy(const tshard::detail::ShardLayout& layout, const T* from, T* to) {
   const int r = layout.rank;
-  tshard::detail::Extents i{};
-  const tshard::detail::Index n = layout.valid_size();
-  for (tshard::detail::Index k = 0; k < n; ++k) {
-    tshard::detail::Index at = 0, stride = 1;
-    for (int d = 0; d < r; ++d) {
-      at += i[d] * stride;
-      stride *= layout.padded[d];
+  if (layout.valid_size() == 0) return;
+  if (r == 1) {
+    std::copy(from, from + layout.valid[0], to);
+    return;
+  }
+  const tshard::detail::Index n0 = layout.valid[0], nl = layout.valid[r - 1];
+  // Strides of dims 0 and r-1 in both layouts, and of the middle dims.
+  tshard::detail::Index col_stride[tshard::detail::kMaxRank], c_stride[tshard::detail::kMaxRank];
+  col_stride[0] = 1;
+  for (int d = 1; d < r; ++d) col_stride[d] = col_stride[d - 1] * layout.padded[d - 1];
+  c_stride[r - 1] = 1;
+  for (int d = r - 2; d >= 0; --d) c_stride[d] = c_stride[d + 1] * layout.valid[d + 1];
+  tshard::detail::Extents mid{};
+  constexpr tshard::detail::Index B = 64;
+  for (;;) {
+    tshard::detail::Index col = 0, c = 0;
+    for (int d = 1; d < r - 1; ++d) {
+      col += mid[d] * col_stride[d];
+      c += mid[d] * c_stride[d];
     }
-    f(at, k);
-    for (int d = r - 1; d >= 0; --d) {  // C order: the last index moves fastest
-      if (++i[d] < layout.valid[d]) break;
-      i[d] = 0;
+    const tshard::detail::Index ls = col_stride[r - 1], fs = c_stride[0];
+    for (tshard::detail::Index i0 = 0; i0 < n0; i0 += B) {
+      const tshard::detail::Index a_end = std::min(n0, i0 + B);
+      for (tshard::detail::Index il = 0; il < nl; il += B) {
+        const tshard::detail::Index b_end = std::min(nl, il + B);
+        // The inner loop writes contiguously: along the last dim in C order, the first in ours.
+        if constexpr (ToCOrder) {
+          for (tshard::detail::Index a = i0; a < a_end; ++a) {
+            T* __restrict__ dst = to + c + a * fs;
+            const T* __restrict__ src = from + col + a;
+            for (tshard::detail::Index b = il; b < b_end; ++b) dst[b] = src[b * ls];
+          }
+        } else {
+          for (tshard::detail::Index b = il; b < b_end; ++b) {
+            T* __restrict__ dst = to + col + b * ls;
+            const T* __restrict__ src = from + c + b;
+            for (tshard::detail::Index a = i0; a < a_end; ++a) dst[a] = src[a * fs];
+          }
+        }
+      }
     }
+    int d = 1;
+    for (; d < r - 1; ++d) {
+      if (++mid[d] < layout.valid[d]) break;
+      mid[d] = 0;
+    }
+    if (d >= r - 1) break;
   }
 }
 
 template <class T>
 void place_c_order(const T* box, const tshard::detail::ShardLayout& layout, T* out) {
-  for_each_c_order(layout, [&](tshard::detail::Index at, tshard::detail::Index k) { out[at] = box[k]; });
+  c_order_copy<T, false>(layout, box, out);
 }
 
 template <class T>
 void pack_c_order(const T* in, const tshard::detail::ShardLayout& layout, T* box) {
-  for_each_c_order(layout, [&](tshard::detail::Index at, tshard::detail::Index k) { box[k] = in[at]; });
+  c_order_copy<T, true>(layout, in, box);
 }
 
 }  // namespace tshard::io::detail

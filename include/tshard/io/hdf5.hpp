@@ -4,6 +4,7 @@
 //   ts::io::save("ckpt.h5", "w1", w1);    // creates the file if missing, adds or replaces "w1"
 //   auto w = ts::io::load<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, "ckpt.h5", "w1");
 //
+// A dataset of the same dtype and shape is overwritten in place, another is replaced.
 // A dataset holds the global tensor in HDF5's C order with the tensor's dims as they are, so
 // h5py reads f["w1"][i, j] == w1(i, j); complex values are h5py's compound {r, i}. The spec,
 // the mesh's shape and the dtype go in as string attributes (tshard_spec, tshard_mesh,
@@ -15,6 +16,7 @@
 
 #include <complex>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -193,15 +195,36 @@ void save(const std::string& file, const std::string& dataset, const X& x_in) {
   const auto& layout = x.layout();
   detail::H5Handle f = detail::open_file(comm, file, true, op);
   bool ok = true;
-  if (H5Lexists(f.get(), dataset.c_str(), H5P_DEFAULT) > 0) ok &= H5Ldelete(f.get(), dataset.c_str(), H5P_DEFAULT) >= 0;
   hsize_t dims[tshard::detail::kMaxRank];
   for (int d = 0; d < X::rank; ++d) dims[d] = hsize_t(x.extents()[d]);
   detail::H5Handle space(H5Screate_simple(X::rank, dims, nullptr), H5Sclose);
-  detail::H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(lcpl.get(), 1);
   const detail::H5Handle type = detail::H5Element<T>::type();
-  detail::H5Handle set(H5Dcreate2(f.get(), dataset.c_str(), type.get(), space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
-                       H5Dclose);
+  detail::H5Handle set;
+  if (H5Lexists(f.get(), dataset.c_str(), H5P_DEFAULT) > 0) {
+    // A dataset of the same dtype and shape is overwritten in place (HDF5 does not reuse the
+    // space of a deleted one: the file would grow by the tensor at every save); else replaced.
+    set = detail::H5Handle(H5Dopen2(f.get(), dataset.c_str(), H5P_DEFAULT), H5Dclose);
+    bool same = set.ok();
+    if (same) {
+      const detail::H5Handle old_type(H5Dget_type(set.get()), H5Tclose);
+      const detail::H5Handle old_space(H5Dget_space(set.get()), H5Sclose);
+      same = H5Tequal(old_type.get(), type.get()) > 0 && H5Sextent_equal(old_space.get(), space.get()) > 0;
+    }
+    if (!same) {
+      set = detail::H5Handle();
+      ok &= H5Ldelete(f.get(), dataset.c_str(), H5P_DEFAULT) >= 0;
+    }
+  }
+  if (!set.ok()) {
+    detail::H5Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(lcpl.get(), 1);
+    // Every element is written next: no fill values first (parallel HDF5 allocates early and
+    // would write the whole dataset twice).
+    detail::H5Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+    set = detail::H5Handle(H5Dcreate2(f.get(), dataset.c_str(), type.get(), space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT),
+                           H5Dclose);
+  }
   if (!tshard::agree(set.ok(), comm))
     throw IoError(op + ": cannot create the dataset '" + dataset + "' in '" + file + "'");
   const bool mine = detail::first_replica(mesh, X::spec_desc, layout);
@@ -217,8 +240,7 @@ void save(const std::string& file, const std::string& dataset, const X& x_in) {
   detail::write_string_attribute(set.get(), "tshard_spec", X::spec_desc.to_string(mesh.shape()));
   detail::write_string_attribute(set.get(), "tshard_mesh", detail::mesh_string(mesh.shape()));
   detail::write_string_attribute(set.get(), "tshard_dtype", detail::H5Element<T>::name);
-  set = detail::H5Handle();
-  ok &= H5Fflush(f.get(), H5F_SCOPE_GLOBAL) >= 0;
+  set = detail::H5Handle();  // (no fsync: durability is the checkpoint's business, as for MPI-IO)
   tshard::detail::throw_unless_all<IoError>(ok, comm, op + ": writing the dataset '" + dataset + "' of '" + file + "' failed");
 }
 
@@ -255,7 +277,7 @@ ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& file, const st
   const detail::H5Handle memory = detail::select_box(space.get(), layout, mine);
   tshard::detail::Scratch<T> box(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
   detail::H5Handle xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(xfer.get(), std::getenv("TSHARD_H5_INDEPENDENT") ? H5FD_MPIO_INDEPENDENT : H5FD_MPIO_COLLECTIVE);
   bool ok = true;
   {
     tshard::detail::CollectiveTimer t("file_read", 0, mine ? std::uint64_t(layout.valid_size()) * sizeof(T) : 0);
