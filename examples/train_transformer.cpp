@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -56,6 +57,7 @@ struct Options {
   bool remat = false;
   int experts = 0;
   double capacity_factor = 1.25, aux_weight = 0.01;
+  std::string save, resume;  // checkpoint directories
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -113,6 +115,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--microbatches") o.microbatches = int(integer());
     else if (a == "--remat") o.remat = true;
     else if (a == "--experts") o.experts = int(integer());
+    else if (a == "--save") o.save = value();
+    else if (a == "--resume") o.resume = value();
     else if (a == "--capacity-factor") o.capacity_factor = std::atof(value().c_str());
     else if (a == "--aux-weight") o.aux_weight = std::atof(value().c_str());
     else if (a == "--schedule") {
@@ -162,6 +166,7 @@ class LanguageModel {
       positions_.emplace(sub_, o.seq, o.dmodel, std::uint64_t(o.seed) * 1000 + 2);
     }
     const auto [begin, end] = pipe.partition(o.layers);
+    first_block_ = begin;
     for (int l = begin; l < end; ++l)
       blocks_.push_back(std::make_unique<Block>(
           sub_, ts::nn::BlockOptions{.dmodel = o.dmodel, .heads = o.heads, .hidden = o.hidden, .dropout = o.dropout,
@@ -184,6 +189,29 @@ class LanguageModel {
       opt.add(*norm_);
       opt.add(*head_);
     }
+  }
+
+  // f(name, parameter) for this stage's parameters in the order register_with gives them to the
+  // optimizer; names use the global layer index, so any pipeline cut finds them.
+  template <class F>
+  void for_each_named_parameter(F&& f) {
+    auto layer = [&](const std::string& name, auto& l) {
+      int i = 0;
+      l.for_each_parameter([&](auto& p, auto&) { f(name + "/" + std::to_string(i++), p); });
+    };
+    if (first_) {
+      layer("tokens", *tokens_);
+      layer("positions", *positions_);
+    }
+    for (std::size_t b = 0; b < blocks_.size(); ++b) layer("block" + std::to_string(first_block_ + int(b)), *blocks_[b]);
+    if (last_) {
+      layer("norm", *norm_);
+      layer("head", *head_);
+    }
+  }
+  // The steps seen by the layers whose masks and routing depend on it (a resumed run).
+  void resume(long steps) {
+    for (auto& b : blocks_) b->resume(std::uint64_t(steps));
   }
 
   // This stage's parameters that the 6N FLOP rule counts (not the embeddings); of the experts'
@@ -310,6 +338,7 @@ class LanguageModel {
   Sub sub_;
   Options o_;
   bool first_, last_;
+  int first_block_ = 0;
   long step_ = 0;
   T loss_ = 0;
   std::int64_t assignments_ = 0, dropped_ = 0;
@@ -347,7 +376,71 @@ struct Run {
   double moe_bytes = 0;                    // bytes sent by the experts' layers, all ranks, per step
   double moe_all_to_all_bytes = 0;         // of those, by the all-to-alls
   std::int64_t assignments = 0, dropped = 0;  // all stages, all steps
+  int first_step = 0;                          // > 0 where the run resumed
 };
+
+// What a checkpoint must agree on with the run that resumes it: the model and the data.
+const char* const kCheckpointKeys[] = {"seed", "layers", "dmodel", "heads", "vocab", "hidden", "experts", "seq", "batch"};
+std::string option_value(const Options& o, const std::string& key) {
+  if (key == "seed") return std::to_string(o.seed);
+  if (key == "layers") return std::to_string(o.layers);
+  if (key == "dmodel") return std::to_string(o.dmodel);
+  if (key == "heads") return std::to_string(o.heads);
+  if (key == "vocab") return std::to_string(o.vocab);
+  if (key == "hidden") return std::to_string(o.hidden);
+  if (key == "experts") return std::to_string(o.experts);
+  if (key == "seq") return std::to_string(o.seq);
+  return std::to_string(o.batch);
+}
+
+// The whole training state: parameters, AdamW's m and v (ZeRO chunks gathered into each
+// parameter's layout), the step (which is also the data position: batches and dropout masks
+// are functions of (seed, step)), and what the model and data are. Each stage writes its own
+// layers; every tensor is the global one, so any mesh and ZeRO stage can load it.
+template <class T, class Optimizer>
+void save_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, Optimizer& opt, long step) {
+  opt.gather_parameters();  // ZeRO-3: every parameter present
+  ts::io::CheckpointWriter ck(mesh.comm(), o.save);
+  int i = 0, written = 0;
+  const char* kill = std::getenv("TRAIN_TRANSFORMER_KILL_DURING_SAVE");  // the atomicity test
+  model.for_each_named_parameter([&](const std::string& name, auto& p) {
+    ck.add(name, p);
+    for (int k = 0; k < opt.state_count(); ++k) {
+      auto state = p;  // the parameter's type and layout
+      opt.read_state(i, k, state.data());
+      ck.add(name + "/adam" + std::to_string(k), state);
+    }
+    ++i;
+    if (kill && ++written == std::atoi(kill)) std::raise(SIGKILL);
+  });
+  ck.set("step", std::to_string(step));
+  for (const char* key : kCheckpointKeys) ck.set(key, option_value(o, key));
+  ck.commit();
+}
+
+// Returns the step to go on from.
+template <class T, class Optimizer>
+long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, Optimizer& opt) {
+  ts::io::CheckpointReader in(mesh.comm(), o.resume);
+  for (const char* key : kCheckpointKeys)
+    if (in.get(key) != option_value(o, key))
+      throw ts::IoError("train_transformer: the checkpoint '" + o.resume + "' was written with --" + key + " " +
+                        in.get(key) + ", this run has " + option_value(o, key));
+  opt.gather_parameters();
+  int i = 0;
+  model.for_each_named_parameter([&](const std::string& name, auto& p) {
+    using P = std::remove_cvref_t<decltype(p)>;
+    p = in.load<typename P::Scalar, typename P::SpecType>(p.mesh(), name);
+    for (int k = 0; k < opt.state_count(); ++k)
+      opt.write_state(i, k, in.load<typename P::Scalar, typename P::SpecType>(p.mesh(), name + "/adam" + std::to_string(k)).data());
+    ++i;
+  });
+  opt.reload_parameters();
+  const long step = std::stol(in.get("step"));
+  opt.set_steps(step);
+  model.resume(step);
+  return step;
+}
 
 template <class T>
 Run train(const M& mesh, const Options& o, int zero, int microbatches) {
@@ -360,8 +453,10 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   Run run;
   const double dense = model.dense_parameters();
   ts::detail::all_reduce(pipe.stage_comm(), &dense, &run.dense, 1, ts::ReduceOp::Sum);
+  const bool checkpoints = mesh.size() == ts::Environment::world_size();  // not the --check run
+  if (checkpoints && !o.resume.empty()) run.first_step = int(load_checkpoint(mesh, o, model, opt));
   ts::reset_comm_stats();
-  for (int step = 0; step < o.steps; ++step) {
+  for (int step = run.first_step; step < o.steps; ++step) {
     MPI_Barrier(mesh.comm());
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
@@ -376,7 +471,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.pool_now = ts::pool_stats().bytes_in_use;
     run.pool_peak = ts::pool_stats().peak_bytes_in_use;
     opt.step();
-    if (step > 0 || o.steps == 1) {
+    if (step > run.first_step || o.steps == run.first_step + 1) {
       run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       run.pipeline.seconds += ps.seconds;
       run.pipeline.idle_seconds += ps.idle_seconds;
@@ -390,6 +485,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.blocked += opt.last_reduction().blocked_seconds;
     run.losses.push_back(loss);
   }
+  if (checkpoints && !o.save.empty()) save_checkpoint(mesh, o, model, opt, std::max(run.first_step, o.steps));
   double mine[4] = {0, 0, double(model.assignments()), double(model.dropped())}, all[4] = {0, 0, 0, 0};
   for (const auto& [name, op] : ts::comm_stats().operators()) {
     if (name.find("moe") == std::string::npos) continue;
@@ -450,15 +546,18 @@ int run_all(const M& mesh, const Options& o) {
   if (o.check) {  // the single-rank curve, unpipelined, on every rank alone
     M self(MPI_COMM_SELF, {1, 1, 1});
     const Run serial = train<T>(self, o, 0, 1);
-    for (std::size_t s = 0; s < run.losses.size(); ++s)
-      worst = std::max(worst, std::abs(run.losses[s] - serial.losses[s]) / std::abs(serial.losses[s]));
+    for (std::size_t s = 0; s < run.losses.size(); ++s) {
+      const double want = serial.losses[s + std::size_t(run.first_step)];
+      worst = std::max(worst, std::abs(run.losses[s] - want) / std::abs(want));
+    }
     ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4);
   }
   ok = ts::agree(ok);
   if (mesh.size<"stage">() > 1 || o.microbatches > 1) report_pipeline(mesh, o, run);
   if (mesh.rank() == 0) {
-    for (std::size_t s = 0; s < run.losses.size(); ++s) std::printf("step %zu loss %.17g\n", s, run.losses[s]);
-    const int timed = std::max(1, o.steps - 1);
+    for (std::size_t s = 0; s < run.losses.size(); ++s)
+      std::printf("step %zu loss %.17g\n", s + std::size_t(run.first_step), run.losses[s]);
+    const int timed = std::max(1, o.steps - run.first_step - 1);
     const double tokens = double(o.batch * o.seq);
     // 6 N per token for the dense weights, plus attention's scores and context (12 L T D).
     const double flops = tokens * (6 * run.dense + 12.0 * o.layers * double(o.seq) * double(o.dmodel));

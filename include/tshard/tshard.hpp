@@ -24,6 +24,7 @@
 
 #include "tshard/debug/visualize.hpp"
 
+#include "tshard/io/checkpoint.hpp"
 #include "tshard/io/npy.hpp"
 #if defined(TSHARD_WITH_HDF5)  // the component tshard::hdf5
 #include "tshard/io/hdf5.hpp"

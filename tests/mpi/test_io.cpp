@@ -6,6 +6,7 @@
 
 #include <complex>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -129,4 +130,45 @@ TEST_CASE("a missing, truncated, corrupt, mistyped or misshaped .npy file is an 
                           "cannot open"));
   remove_on_rank0(good);
   remove_on_rank0(bad);
+}
+
+TEST_CASE("a checkpoint reloads with other specs and meshes, verifies checksums, and is all or nothing", "[io]") {
+  const std::string dir = scratch_file("checkpoint");
+  using A = ts::Spec<ts::S<"x">, ts::R>;
+  using B = ts::Spec<ts::R, ts::S<"y">>;
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    const Eigen::Tensor<double, 2> w = values(5, 7, 1);
+    const Eigen::Tensor<std::int64_t, 2> ids = typed_values<std::int64_t>(3, 2, 2);
+    {
+      ts::io::CheckpointWriter ck(mesh.comm(), dir);
+      ck.add("layer/w", ts::distribute<A>(mesh, w));
+      ck.add("ids", ts::distribute<B>(mesh, ids));
+      ck.set("step", "42");
+      ck.commit();
+    }
+    M2 self(MPI_COMM_SELF, {1, 1});
+    ts::io::CheckpointReader in(mesh.comm(), dir);
+    TS_REQUIRE_ALL(in.get("step") == "42");
+    TS_REQUIRE_ALL(compare(in.load<double, B>(mesh, "layer/w").gather(), w) == "");
+    TS_REQUIRE_ALL(bitwise_equal<std::int64_t>(in.load<std::int64_t, A>(mesh, "ids").gather(), ids));
+    TS_REQUIRE_ALL(io_error([&] { in.load<double, A>(mesh, "missing"); }, "has no tensor 'missing'"));
+    TS_REQUIRE_ALL(io_error([&] { (void)in.get("seed"); }, "has no 'seed'"));
+    // The checksum does not depend on the layout.
+    TS_REQUIRE_ALL(ts::io::checksum(ts::distribute<A>(mesh, w)) == ts::io::checksum(ts::distribute<B>(mesh, w)));
+    // An unfinished save (no commit) leaves the last checkpoint as it was.
+    {
+      ts::io::CheckpointWriter ck(mesh.comm(), dir);
+      ck.add("layer/w", ts::distribute<A>(mesh, values(5, 7, 9)));
+    }
+    ts::io::CheckpointReader again(mesh.comm(), dir);
+    TS_REQUIRE_ALL(compare(again.load<double, A>(mesh, "layer/w").gather(), w) == "");
+  });
+  TS_REQUIRE_ALL(io_error([&] { ts::io::CheckpointReader(MPI_COMM_WORLD, scratch_file("no_checkpoint")); }, "no manifest"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(dir + ".tmp");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }

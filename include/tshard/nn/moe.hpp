@@ -238,6 +238,8 @@ class MoE : public Module {
   // The term the last forward added to the objective: aux_weight * l_aux * (its groups' share of
   // the whole batch's groups). The same on every rank.
   T auxiliary_loss() { return saved_.current().aux_term; }
+  // Steps seen (the random routing depends on it); a resumed run sets it.
+  void resume(std::uint64_t steps) { calls_ = steps; }
   // The last forward's routing, over all its groups.
   const RoutingStats& routing() { return saved_.current().routing; }
 

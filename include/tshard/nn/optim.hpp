@@ -154,6 +154,33 @@ class Optimizer {
   }
 
   long steps() const { return steps_; }
+
+  // ---- checkpoints ----
+  // Parameters in registration order (each layer's for_each_parameter order); per parameter,
+  // state_count() arrays of its local block's size (AdamW: m and v).
+  static constexpr int state_count() { return Rule::states; }
+  int parameter_count() const {
+    int n = 0;
+    for (auto& b : buckets_) n += b->slot_count();
+    return n;
+  }
+  // State k of parameter i as its whole local block (padded, like the parameter's buffer):
+  // ZeRO's chunks are gathered over the data axis (collective over it).
+  void read_state(int i, int k, void* block) {
+    auto [b, j] = locate(i);
+    b->read_state(j, k, block);
+  }
+  void write_state(int i, int k, const void* block) {
+    auto [b, j] = locate(i);
+    b->write_state(j, k, block);
+  }
+  // After parameters were loaded (with gather_parameters() before, under ZeRO-3): stage 3's
+  // master chunks are taken from them again.
+  void reload_parameters() {
+    for (auto& b : buckets_) b->reload_parameters();
+  }
+  // The number of updates done, for the bias correction; a resumed run sets it.
+  void set_steps(long n) { steps_ = n; }
   Options& options() { return options_; }
   const Options& options() const { return options_; }
   int zero_stage() const { return options_.zero_stage; }
@@ -172,6 +199,14 @@ class Optimizer {
   const GradientReductionStats& last_reduction() const { return reduction_; }
 
  private:
+  std::pair<BucketBase*, int> locate(int i) {
+    for (auto& b : buckets_) {
+      if (i < b->slot_count()) return {b.get(), i};
+      i -= b->slot_count();
+    }
+    throw SpecError("tshard::nn::Optimizer: no parameter " + std::to_string(i) + " to read or write the state of");
+  }
+
   template <class M>
   std::uint32_t data_mask(const M&) const {
     for (std::size_t a = 0; a < M::axis_names.size(); ++a)

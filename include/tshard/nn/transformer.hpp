@@ -138,6 +138,12 @@ class TransformerBlock : public Module {
   FeedForward& mlp() { return *mlp_; }  // without experts
   Experts& moe() { return *moe_; }      // with experts
   bool has_experts() const { return moe_.has_value(); }
+  // Steps seen (dropout masks and expert routing depend on it); a resumed run sets it.
+  std::uint64_t steps_seen() const { return calls_; }
+  void resume(std::uint64_t steps) {
+    calls_ = steps;
+    if (moe_) moe_->resume(steps);
+  }
   // What the last forward's experts added to the objective (0 without experts).
   T auxiliary_loss() { return moe_ ? moe_->auxiliary_loss() : T(0); }
 

@@ -94,6 +94,13 @@ class BucketBase {
   virtual void gather_parameters(bool streamed) = 0;
   virtual void release_parameters() = 0;  // stage 3
   virtual OptimizerMemory memory() const = 0;
+  // Checkpoints: state k of slot i as the parameter's whole local block (ZeRO chunks gathered
+  // over the data axis: collective over it), and back (each rank keeps its chunk).
+  virtual int slot_count() const = 0;
+  virtual void read_state(int slot, int k, void* block) = 0;
+  virtual void write_state(int slot, int k, const void* block) = 0;
+  // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
+  virtual void reload_parameters() = 0;
   bool started = false;
 };
 
@@ -253,6 +260,36 @@ class Bucket : public BucketBase {
   void release_parameters() override {
     for (auto& s : slots)
       if (s.streamed) s.release_param();
+  }
+
+  int slot_count() const override { return int(slots.size()); }
+  void read_state(int i, int k, void* block) override {
+    Slot<T>& s = slots[std::size_t(i)];
+    T* out = static_cast<T*>(block);
+    const T* st = s.state[std::size_t(k)].get();
+    if (!s.sharded) {
+      std::copy(st, st + s.size, out);
+      return;
+    }
+    tshard::detail::OperatorScope scope("optimizer_state_gather");
+    auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(s.chunk * n_));
+    tshard::detail::all_gather(data_, st, s.chunk, all.get());
+    std::copy(all.get(), all.get() + s.size, out);
+  }
+  void write_state(int i, int k, const void* block) override {
+    Slot<T>& s = slots[std::size_t(i)];
+    const T* in = static_cast<const T*>(block);
+    T* st = s.state[std::size_t(k)].get();
+    const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+    std::copy(in + b, in + e, st);
+    std::fill(st + (e - b), st + s.state_size(), T(0));
+  }
+  void reload_parameters() override {
+    for (auto& s : slots)
+      if (s.streamed) {
+        const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+        std::copy(s.param() + b, s.param() + e, s.master.get());
+      }
   }
 
   OptimizerMemory memory() const override {

@@ -1,0 +1,270 @@
+// Checkpoints: a directory of .npy files (one per tensor, the global tensor, so a checkpoint
+// saved on N ranks with some specs loads on M ranks with others) and a manifest with each
+// tensor's checksum and the run's metadata (step, seed, ...).
+//
+//   ts::io::CheckpointWriter ck(mesh.comm(), "ckpt");
+//   ck.add("w1", w1);  ck.set("step", "100");
+//   ck.commit();                                   // atomic: all or nothing
+//   ts::io::CheckpointReader in(mesh.comm(), "ckpt");
+//   auto w = in.load<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, "w1");   // checksum verified
+//
+// Atomic: everything is written into DIR.tmp; commit() fsyncs every file and the directory,
+// then swaps DIR.tmp in for DIR by renames. A run killed during a save (even kill -9) leaves the
+// previous DIR loadable; killed between the two renames, the reader takes DIR.old. The directory
+// operations are done by the first rank: the checkpoint directory must be on a filesystem every
+// rank sees (as MPI-IO needs anyway).
+//
+// Verifiable: a checksum of each tensor's global values (independent of the layout) is stored
+// and checked on load. A missing or incomplete checkpoint, a missing tensor or a mismatch is an
+// IoError on every rank.
+#pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/failure.hpp"
+#include "tshard/io/blocks.hpp"
+#include "tshard/io/npy.hpp"
+
+namespace tshard::io {
+
+// A checksum of x's global values that does not depend on its layout or mesh: the sum over
+// elements of a hash of (global index, bits), each element counted once (first replicas).
+// Collective over x's mesh.
+template <ShardedTensorType X>
+std::uint64_t checksum(const X& x_in) {
+  using T = typename X::Scalar;
+  const auto& x = tshard::detail::resolved(x_in, "io::checksum");
+  auto& mesh = *x.mesh().state();
+  const auto shape = x.extents();
+  std::uint64_t local = 0;
+  if (detail::first_replica(mesh, X::spec_desc, x.layout())) {
+    const T* data = x.data();
+    tshard::detail::for_each_local<X::rank>(x.layout(), [&](const auto& g, tshard::detail::Index at) {
+      std::uint64_t index = 0, stride = 1;
+      for (int d = 0; d < X::rank; ++d) {
+        index += std::uint64_t(g[d]) * stride;
+        stride *= std::uint64_t(shape[d]);
+      }
+      std::uint64_t words[2] = {0, 0};
+      std::memcpy(words, &data[at], sizeof(T));
+      local += tshard::detail::splitmix64(index * 0x9E3779B97F4A7C15ull ^ words[0]) ^ tshard::detail::splitmix64(words[1] + index);
+    });
+  }
+  // Wrapping sums: gathered, then added here (an MPI_SUM of signed words could overflow).
+  const int p = tshard::detail::comm_size(mesh.comm());
+  std::vector<std::int64_t> all(static_cast<std::size_t>(p));
+  std::int64_t mine = 0;
+  std::memcpy(&mine, &local, sizeof mine);
+  tshard::detail::all_gather(mesh.comm(), &mine, 1, all.data());
+  std::uint64_t sum = 0;
+  for (auto v : all) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof u);
+    sum += u;
+  }
+  return sum;
+}
+
+namespace detail {
+
+inline std::string file_name(const std::string& tensor) {
+  std::string f = tensor;
+  for (char& c : f)
+    if (c == '/' || c == '\\' || c == ' ') c = '_';
+  return f + ".npy";
+}
+
+// Flushes a file or directory to disk (POSIX fsync).
+inline bool sync_path(const std::filesystem::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The first rank's text on every rank.
+inline std::string broadcast_text(MPI_Comm comm, std::string text) {
+  std::int64_t n = std::int64_t(text.size());
+  tshard::detail::broadcast(comm, &n, 1, 0);
+  std::vector<std::int64_t> words(static_cast<std::size_t>((n + 7) / 8));
+  if (tshard::detail::comm_rank(comm) == 0) std::memcpy(words.data(), text.data(), text.size());
+  tshard::detail::broadcast(comm, words.data(), tshard::detail::Index(words.size()), 0);
+  return std::string(reinterpret_cast<const char*>(words.data()), static_cast<std::size_t>(n));
+}
+
+// Runs f on the first rank; where it failed, every rank throws an IoError with its message.
+template <class F>
+void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
+  std::string error;
+  if (tshard::detail::comm_rank(comm) == 0) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "failed";
+    }
+  }
+  error = broadcast_text(comm, error);
+  if (!error.empty()) throw IoError("tshard::io: " + what + ": " + error);
+}
+
+// Every rank's text, concatenated in rank order on every rank (ranks of different pipeline
+// stages add different tensors).
+inline std::string gather_text(MPI_Comm comm, const std::string& mine) {
+  const int p = tshard::detail::comm_size(comm);
+  std::vector<std::int64_t> words(static_cast<std::size_t>((mine.size() + 7) / 8) + 1, 0);
+  words[0] = std::int64_t(mine.size());
+  std::memcpy(words.data() + 1, mine.data(), mine.size());
+  const std::int64_t n = std::int64_t(words.size());
+  std::vector<std::int64_t> counts64(static_cast<std::size_t>(p));
+  tshard::detail::all_gather(comm, &n, 1, counts64.data());
+  std::vector<int> counts(counts64.begin(), counts64.end()), displs(static_cast<std::size_t>(p), 0);
+  for (int r = 1; r < p; ++r) displs[std::size_t(r)] = displs[std::size_t(r - 1)] + counts[std::size_t(r - 1)];
+  std::vector<std::int64_t> all(static_cast<std::size_t>(displs.back() + counts.back()));
+  tshard::detail::all_gather_counts(comm, words.data(), all.data(), counts, displs);
+  std::string out;
+  std::size_t at = 0;
+  for (int r = 0; r < p; ++r) {
+    const auto len = static_cast<std::size_t>(all[at]);
+    out.append(reinterpret_cast<const char*>(all.data() + at + 1), len);
+    at += static_cast<std::size_t>(counts[std::size_t(r)]);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+class CheckpointWriter {
+ public:
+  // Collective over comm: starts a checkpoint into DIR.tmp (removing a stale one).
+  CheckpointWriter(MPI_Comm comm, std::string dir) : comm_(comm), dir_(std::move(dir)), tmp_(dir_ + ".tmp") {
+    detail::on_first_rank(comm_, "preparing the checkpoint '" + dir_ + "'", [&] {
+      std::filesystem::remove_all(tmp_);
+      std::filesystem::create_directories(tmp_);
+    });
+  }
+
+  // Writes the global tensor (collective over its mesh, which must span comm's ranks).
+  template <ShardedTensorType X>
+  void add(const std::string& name, const X& x) {
+    if (tensors_.count(name)) throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice");
+    save_npy((tmp_ / detail::file_name(name)).string(), x);
+    tensors_[name] = checksum(x);
+  }
+  // Metadata: the step, the seed, the data position... (no newlines).
+  void set(const std::string& key, const std::string& value) { meta_[key] = value; }
+
+  // Collective: makes the checkpoint DIR, atomically.
+  void commit() {
+    std::string mine;
+    for (auto& [k, v] : tensors_) mine += k + " " + std::to_string(v) + "\n";
+    std::istringstream all(detail::gather_text(comm_, mine));
+    for (std::string name, sum; all >> name >> sum;) tensors_[name] = std::stoull(sum);
+    detail::on_first_rank(comm_, "committing the checkpoint '" + dir_ + "'", [&] {
+      {
+        std::ofstream m(tmp_ / "manifest.txt");
+        m << "tshard-checkpoint 1\n";
+        for (auto& [k, v] : meta_) m << "meta " << k << " " << v << "\n";
+        for (auto& [k, v] : tensors_) m << "tensor " << k << " " << v << "\n";
+        m << "end\n";
+        if (!m) throw std::runtime_error("cannot write the manifest");
+      }
+      for (auto& entry : std::filesystem::directory_iterator(tmp_))
+        if (!detail::sync_path(entry.path(), false)) throw std::runtime_error("cannot fsync " + entry.path().string());
+      detail::sync_path(tmp_, true);
+      const std::filesystem::path dir(dir_), old(dir_ + ".old");
+      std::filesystem::remove_all(old);
+      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
+      std::filesystem::rename(tmp_, dir);
+      detail::sync_path(std::filesystem::absolute(dir).parent_path(), true);
+      std::filesystem::remove_all(old);
+    });
+  }
+
+ private:
+  MPI_Comm comm_;
+  std::string dir_;
+  std::filesystem::path tmp_;
+  std::map<std::string, std::uint64_t> tensors_;
+  std::map<std::string, std::string> meta_;
+};
+
+class CheckpointReader {
+ public:
+  // Collective over comm: reads the manifest (on the first rank, shared with all).
+  CheckpointReader(MPI_Comm comm, std::string dir) : comm_(comm), dir_(std::move(dir)) {
+    std::string text;
+    detail::on_first_rank(comm_, "opening the checkpoint '" + dir_ + "'", [&] {
+      // Killed between the two renames of a commit, the previous checkpoint is DIR.old.
+      std::filesystem::path at(dir_);
+      if (!std::filesystem::exists(at / "manifest.txt") && std::filesystem::exists(dir_ + ".old/manifest.txt"))
+        at = dir_ + ".old";
+      std::ifstream m(at / "manifest.txt");
+      if (!m) throw std::runtime_error("it has no manifest (missing or incomplete)");
+      std::stringstream ss;
+      ss << m.rdbuf();
+      text = at.string() + "\n" + ss.str();
+    });
+    text = detail::broadcast_text(comm_, text);
+    parse(text);
+  }
+
+  const std::string& directory() const { return at_; }
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
+  std::string get(const std::string& key) const {
+    auto it = meta_.find(key);
+    if (it == meta_.end()) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has no '" + key + "'");
+    return it->second;
+  }
+
+  // The tensor `name` with any spec on any mesh (collective over it); its checksum is checked.
+  template <class T, class SpecT, MeshType M>
+  ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& name) const {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has no tensor '" + name + "'");
+    auto x = load_npy<T, SpecT>(mesh, at_ + "/" + detail::file_name(name));
+    if (checksum(x) != it->second)
+      throw IoError("tshard::io: the tensor '" + name + "' of the checkpoint '" + dir_ + "' does not match its checksum");
+    return x;
+  }
+
+ private:
+  void parse(const std::string& text) {
+    std::istringstream in(text);
+    std::getline(in, at_);
+    std::string line;
+    bool header = false, end = false;
+    while (std::getline(in, line)) {
+      std::istringstream l(line);
+      std::string kind, key;
+      l >> kind >> key;
+      if (kind == "tshard-checkpoint") header = true;
+      else if (kind == "end") end = true;
+      else if (kind == "tensor") l >> tensors_[key];
+      else if (kind == "meta") {
+        std::string value;
+        std::getline(l, value);
+        meta_[key] = value.empty() ? value : value.substr(1);
+      }
+    }
+    if (!header || !end) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has a malformed or incomplete manifest");
+  }
+
+  MPI_Comm comm_;
+  std::string dir_, at_;
+  std::map<std::string, std::uint64_t> tensors_;
+  std::map<std::string, std::string> meta_;
+};
+
+}  // namespace tshard::io
