@@ -58,6 +58,8 @@ struct Options {
   int experts = 0;
   double capacity_factor = 1.25, aux_weight = 0.01;
   std::string save, resume;  // checkpoint directories
+  std::string trace;         // a Chrome trace JSON of the training steps
+  bool report = false;       // the per-step cost report: collectives, bytes and time per operator
 };
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -116,6 +118,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--remat") o.remat = true;
     else if (a == "--experts") o.experts = int(integer());
     else if (a == "--save") o.save = value();
+    else if (a == "--trace") o.trace = value();
+    else if (a == "--report") o.report = true;
     else if (a == "--resume") o.resume = value();
     else if (a == "--capacity-factor") o.capacity_factor = std::atof(value().c_str());
     else if (a == "--aux-weight") o.aux_weight = std::atof(value().c_str());
@@ -456,6 +460,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   const bool checkpoints = mesh.size() == ts::Environment::world_size();  // not the --check run
   if (checkpoints && !o.resume.empty()) run.first_step = int(load_checkpoint(mesh, o, model, opt));
   ts::reset_comm_stats();
+  if (checkpoints && !o.trace.empty()) ts::start_trace(mesh.comm());
   for (int step = run.first_step; step < o.steps; ++step) {
     MPI_Barrier(mesh.comm());
     const auto t0 = std::chrono::steady_clock::now();
@@ -484,6 +489,17 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.pipeline.in_flight = std::max(run.pipeline.in_flight, ps.in_flight);
     run.blocked += opt.last_reduction().blocked_seconds;
     run.losses.push_back(loss);
+  }
+  if (checkpoints && !o.trace.empty()) ts::write_trace(o.trace, mesh.comm());
+  if (checkpoints && o.report) {  // rank 0's collectives, per step
+    const double steps = std::max(1, o.steps - run.first_step);
+    if (mesh.rank() == 0) {
+      std::printf("cost per step on rank 0 (operator, collective: calls, bytes sent, ms):\n");
+      for (const auto& [name, op] : ts::comm_stats().operators())
+        for (const auto& [kind, c] : op.collectives)
+          std::printf("  %s, %s: %.1f calls, %.0f B, %.3f ms\n", name.c_str(), kind.c_str(), double(c.calls) / steps,
+                      double(c.bytes_sent) / steps, 1e3 * c.seconds / steps);
+    }
   }
   if (checkpoints && !o.save.empty()) save_checkpoint(mesh, o, model, opt, std::max(run.first_step, o.steps));
   double mine[4] = {0, 0, double(model.assignments()), double(model.dropped())}, all[4] = {0, 0, 0, 0};

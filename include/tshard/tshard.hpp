@@ -22,6 +22,7 @@
 
 #include "tshard/nn/nn.hpp"
 
+#include "tshard/debug/trace.hpp"
 #include "tshard/debug/visualize.hpp"
 
 #include "tshard/io/checkpoint.hpp"

@@ -172,3 +172,25 @@ TEST_CASE("a checkpoint reloads with other specs and meshes, verifies checksums,
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+TEST_CASE("a trace holds every rank's operators and collectives as Chrome trace JSON", "[io]") {
+  const std::string path = scratch_file("trace.json");
+  M2 mesh({world_size(), 1});
+  auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, values(6, 5, 1));
+  ts::start_trace();
+  auto y = ts::reshard<ts::Spec<ts::R, ts::R>>(x);
+  ts::write_trace(path);
+  int ok = 1;
+  if (world_rank() == 0) {
+    std::ifstream f(path);
+    const std::string text((std::istreambuf_iterator<char>(f)), {});
+    ok = text.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0) == 0 && text.find("\"name\":\"reshard\"") != std::string::npos &&
+         text.find("\"pid\":" + std::to_string(world_size() - 1)) != std::string::npos &&
+         (world_size() == 1 || text.find("\"cat\":\"collective\"") != std::string::npos);
+    const std::string python = python_with("json");
+    if (ok && !python.empty()) ok = std::system((python + " -c \"import json; json.load(open('" + path + "'))\"").c_str()) == 0;
+    std::remove(path.c_str());
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(ok == 1);
+}

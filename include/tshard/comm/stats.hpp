@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tshard/comm/trace.hpp"
 #include "tshard/comm/watchdog.hpp"
 
 namespace tshard {
@@ -121,16 +122,24 @@ class OperatorScope {
   explicit OperatorScope(std::string name) {
     auto& st = operator_stack();
     pushed_ = st.empty() || st.back() != name;
-    if (pushed_) st.push_back(std::move(name));
+    if (pushed_) {
+      if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
+      st.push_back(std::move(name));
+    }
   }
   ~OperatorScope() {
-    if (pushed_) operator_stack().pop_back();
+    if (!pushed_) return;
+    auto& trace = TraceRecorder::instance();
+    if (trace.on() && start_us_ >= 0)
+      trace.add({operator_stack().back(), "", start_us_, trace.now_us() - start_us_, 0, 0, false});
+    operator_stack().pop_back();
   }
   OperatorScope(const OperatorScope&) = delete;
   OperatorScope& operator=(const OperatorScope&) = delete;
 
  private:
   bool pushed_ = false;
+  double start_us_ = -1;
 };
 
 // Times one collective call and records it under the current operator.
@@ -141,6 +150,11 @@ class CollectiveTimer {
         watched_(kind, [] { return current_operator(); }) {}
   ~CollectiveTimer() {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    auto& trace = TraceRecorder::instance();
+    if (trace.on()) {
+      const double start = std::chrono::duration<double, std::micro>(start_ - trace.origin()).count();
+      trace.add({kind_, current_operator(), start, s * 1e6, sent_, received_, true});
+    }
     comm_stats().record(current_operator(), kind_, sent_, received_, s);
   }
   CollectiveTimer(const CollectiveTimer&) = delete;

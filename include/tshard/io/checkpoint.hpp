@@ -32,6 +32,7 @@
 
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/failure.hpp"
+#include "tshard/comm/text.hpp"
 #include "tshard/io/blocks.hpp"
 #include "tshard/io/npy.hpp"
 
@@ -93,16 +94,6 @@ inline bool sync_path(const std::filesystem::path& p, bool directory) {
   return ok;
 }
 
-// The first rank's text on every rank.
-inline std::string broadcast_text(MPI_Comm comm, std::string text) {
-  std::int64_t n = std::int64_t(text.size());
-  tshard::detail::broadcast(comm, &n, 1, 0);
-  std::vector<std::int64_t> words(static_cast<std::size_t>((n + 7) / 8));
-  if (tshard::detail::comm_rank(comm) == 0) std::memcpy(words.data(), text.data(), text.size());
-  tshard::detail::broadcast(comm, words.data(), tshard::detail::Index(words.size()), 0);
-  return std::string(reinterpret_cast<const char*>(words.data()), static_cast<std::size_t>(n));
-}
-
 // Runs f on the first rank; where it failed, every rank throws an IoError with its message.
 template <class F>
 void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
@@ -115,32 +106,8 @@ void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
       if (error.empty()) error = "failed";
     }
   }
-  error = broadcast_text(comm, error);
+  error = tshard::detail::broadcast_text(comm, error);
   if (!error.empty()) throw IoError("tshard::io: " + what + ": " + error);
-}
-
-// Every rank's text, concatenated in rank order on every rank (ranks of different pipeline
-// stages add different tensors).
-inline std::string gather_text(MPI_Comm comm, const std::string& mine) {
-  const int p = tshard::detail::comm_size(comm);
-  std::vector<std::int64_t> words(static_cast<std::size_t>((mine.size() + 7) / 8) + 1, 0);
-  words[0] = std::int64_t(mine.size());
-  std::memcpy(words.data() + 1, mine.data(), mine.size());
-  const std::int64_t n = std::int64_t(words.size());
-  std::vector<std::int64_t> counts64(static_cast<std::size_t>(p));
-  tshard::detail::all_gather(comm, &n, 1, counts64.data());
-  std::vector<int> counts(counts64.begin(), counts64.end()), displs(static_cast<std::size_t>(p), 0);
-  for (int r = 1; r < p; ++r) displs[std::size_t(r)] = displs[std::size_t(r - 1)] + counts[std::size_t(r - 1)];
-  std::vector<std::int64_t> all(static_cast<std::size_t>(displs.back() + counts.back()));
-  tshard::detail::all_gather_counts(comm, words.data(), all.data(), counts, displs);
-  std::string out;
-  std::size_t at = 0;
-  for (int r = 0; r < p; ++r) {
-    const auto len = static_cast<std::size_t>(all[at]);
-    out.append(reinterpret_cast<const char*>(all.data() + at + 1), len);
-    at += static_cast<std::size_t>(counts[std::size_t(r)]);
-  }
-  return out;
 }
 
 }  // namespace detail
@@ -169,7 +136,7 @@ class CheckpointWriter {
   void commit() {
     std::string mine;
     for (auto& [k, v] : tensors_) mine += k + " " + std::to_string(v) + "\n";
-    std::istringstream all(detail::gather_text(comm_, mine));
+    std::istringstream all(tshard::detail::gather_text(comm_, mine));
     for (std::string name, sum; all >> name >> sum;) tensors_[name] = std::stoull(sum);
     detail::on_first_rank(comm_, "committing the checkpoint '" + dir_ + "'", [&] {
       {
@@ -216,7 +183,7 @@ class CheckpointReader {
       ss << m.rdbuf();
       text = at.string() + "\n" + ss.str();
     });
-    text = detail::broadcast_text(comm_, text);
+    text = tshard::detail::broadcast_text(comm_, text);
     parse(text);
   }
 
