@@ -25,6 +25,12 @@
 // Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
 // layer's gradient reduction during backward, non-blocking), --peak-n N (the peak's sgemm size),
 // --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01).
+// Files: --save DIR writes a checkpoint at the end (parameters, AdamW state, step, sizes; atomic,
+// checksummed), --resume DIR goes on from one, on any mesh and ZeRO stage, with the same curve;
+// --data FILE trains on a token file (.npy int32 [N, seq + 1], batch s = rows s*batch.. cycled,
+// each rank reading only its rows, the next micro-batch in the background); --write-data FILE
+// [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
+// of the steps; --report prints the collectives per step and operator.
 #include <tshard/tshard.hpp>
 
 #include <algorithm>
@@ -59,6 +65,9 @@ struct Options {
   double capacity_factor = 1.25, aux_weight = 0.01;
   std::string save, resume;  // checkpoint directories
   std::string trace;         // a Chrome trace JSON of the training steps
+  std::string data_file;     // a token file: .npy int32 [N, seq + 1], each rank reads its rows
+  std::string write_data;    // writes the synthetic task's first N sequences as such a file
+  long sequences = 0;
   bool report = false;       // the per-step cost report: collectives, bytes and time per operator
 };
 
@@ -119,6 +128,9 @@ Options parse(int argc, char** argv) {
     else if (a == "--experts") o.experts = int(integer());
     else if (a == "--save") o.save = value();
     else if (a == "--trace") o.trace = value();
+    else if (a == "--data") o.data_file = value();
+    else if (a == "--write-data") o.write_data = value();
+    else if (a == "--sequences") o.sequences = integer();
     else if (a == "--report") o.report = true;
     else if (a == "--resume") o.resume = value();
     else if (a == "--capacity-factor") o.capacity_factor = std::atof(value().c_str());
@@ -179,6 +191,12 @@ class LanguageModel {
     if (last_) {
       norm_.emplace(sub_, o.dmodel);
       head_.emplace(sub_, o.dmodel, o.vocab, std::uint64_t(o.seed) * 1000 + 3);
+    }
+    if (!o.data_file.empty() && (first_ || last_)) {  // the stages that need tokens read them
+      data_.emplace(sub_.comm(), o.data_file);
+      if (data_->shape().size() != 2 || data_->shape()[1] != o.seq + 1 || data_->rows() < o.batch)
+        throw ts::IoError("train_transformer: --data '" + o.data_file + "' must hold int32 [N >= batch, seq + 1 = " +
+                          std::to_string(o.seq + 1) + "] tokens");
     }
   }
 
@@ -325,11 +343,28 @@ class LanguageModel {
       return ts::reshard<ActivationSpec>(x);
   }
 
-  // The micro-batch's ids (shift 0) or labels (shift 1): rows [offset, offset + b) of the batch.
-  ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) const {
+  // The micro-batch's ids (shift 0) or labels (shift 1): rows [offset, offset + b) of the batch,
+  // from the synthetic task or from --data (each rank reads only its rows; the next micro-batch's
+  // are read in the background).
+  ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) {
     const long step = step_;
+    if (!data_)
+      return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
+        return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
+      });
+    if (block_step_ != step || block_index_ != mb.index) {
+      const Eigen::Index batches = data_->rows() / o_.batch;  // whole batches in the file, cycled
+      auto first = [&](long s, int m) { return (s % batches) * o_.batch + m * rows(mb); };
+      block_.emplace(data_->read<Rows>(sub_, first(step, mb.index), rows(mb)));
+      block_step_ = step;
+      block_index_ = mb.index;
+      const bool last_mb = mb.index + 1 == mb.count;
+      data_->prefetch<Rows>(sub_, first(last_mb ? step + 1 : step, last_mb ? 0 : mb.index + 1), rows(mb));
+    }
+    const auto& layout = block_->layout();
+    const std::int32_t* tokens = block_->data();
     return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
-      return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
+      return tokens[(i[0] - layout.offset[0]) + layout.padded[0] * (i[1] + shift)];
     });
   }
 
@@ -352,7 +387,23 @@ class LanguageModel {
   std::optional<ts::nn::LayerNorm<T, Sub>> norm_;
   std::optional<ts::nn::Linear<T, Sub, ts::Spec<ts::R, ts::S<"model">>>> head_;
   std::vector<std::optional<Saved>> saved_;
+  std::optional<ts::io::NpyRows<std::int32_t>> data_;
+  std::optional<ts::ShardedTensor<std::int32_t, Sub, Rows>> block_;  // the micro-batch's [b, seq + 1] tokens
+  long block_step_ = -1;
+  int block_index_ = -1;
 };
+
+// --write-data: the synthetic task's first N sequences (row step * batch + b) as int32
+// [N, seq + 1], written by every rank's block; training on it gives the synthetic curve.
+int write_data(const M& mesh, const Options& o) {
+  const long n = o.sequences > 0 ? o.sequences : long(o.steps) * o.batch;
+  auto tokens = ts::from_function<std::int32_t, ts::Spec<ts::S<"data", "stage", "model">, ts::R>>(
+      mesh, {Eigen::Index(n), o.seq + 1},
+      [&](const auto& i) { return token(o, long(i[0] / o.batch), i[0] % o.batch, i[1]); });
+  ts::io::save_npy(o.write_data, tokens);
+  if (mesh.rank() == 0) std::printf("wrote %ld sequences of %lld tokens to %s\n", n, (long long)(o.seq + 1), o.write_data.c_str());
+  return 0;
+}
 
 // The machine's GEMM rate: sgemm of n^3 on every rank at the same moment, summed over ranks.
 double gemm_peak(const M& mesh, int n) {
@@ -636,6 +687,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   M mesh({o.data > 0 ? o.data : p / (o.stage * o.model), o.stage, o.model});
+  if (!o.write_data.empty()) return write_data(mesh, o);
   ts::nn::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
   return o.use_double ? run_all<double>(mesh, o) : run_all<float>(mesh, o);
 }

@@ -50,6 +50,7 @@ class ParallelFile {
     MPI_File_set_errhandler(file_, MPI_ERRORS_RETURN);
   }
   ~ParallelFile() {
+    finish_read();
     if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
   }
   ParallelFile(const ParallelFile&) = delete;
@@ -110,6 +111,53 @@ class ParallelFile {
     transfer<T>(at, box, buffer, take_part, false);
   }
 
+  // Collective: starts reading this rank's box (MPI_File_iread_all); finish_read() completes it.
+  // One read in flight at a time; the buffer must live until then.
+  template <class T>
+  void start_read_box(MPI_Offset at, const FileBox& box, T* buffer, bool take_part) {
+    finish_read();
+    const MPI_Datatype etype = mpi_datatype<T>();
+    const Index n = take_part ? box.elements() : 0;
+    pending_file_ = etype;
+    pending_memory_ = etype;
+    int count = 0;
+    if (n > 0) {
+      int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank], bsizes[kMaxRank], zero[kMaxRank] = {};
+      for (int d = 0; d < box.rank; ++d) {
+        sizes[d] = int(box.global[d]);
+        sub[d] = int(box.count[d]);
+        starts[d] = int(box.start[d]);
+        bsizes[d] = int(box.buffer[d]);
+      }
+      MPI_Type_create_subarray(box.rank, sizes, sub, starts, box.fortran ? MPI_ORDER_FORTRAN : MPI_ORDER_C, etype, &pending_file_);
+      MPI_Type_commit(&pending_file_);
+      if (box.fortran) {
+        MPI_Type_create_subarray(box.rank, bsizes, sub, zero, MPI_ORDER_FORTRAN, etype, &pending_memory_);
+        MPI_Type_commit(&pending_memory_);
+        count = 1;
+      } else {
+        count = int(n);
+      }
+    }
+    pending_etype_ = etype;
+    pending_bytes_ = std::uint64_t(n) * sizeof(T);
+    int rc = MPI_File_set_view(file_, at, etype, pending_file_, "native", MPI_INFO_NULL);
+    if (rc == MPI_SUCCESS) rc = MPI_File_iread_all(file_, buffer, count, pending_memory_, &pending_);
+    local_ok_ &= rc == MPI_SUCCESS;
+    reading_ = rc == MPI_SUCCESS;
+  }
+  void finish_read() {
+    if (!reading_) return;
+    {
+      CollectiveTimer t("file_read", 0, pending_bytes_);
+      local_ok_ &= MPI_Wait(&pending_, MPI_STATUS_IGNORE) == MPI_SUCCESS;
+    }
+    reading_ = false;
+    MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
+    if (pending_file_ != pending_etype_) MPI_Type_free(&pending_file_);
+    if (pending_memory_ != pending_etype_) MPI_Type_free(&pending_memory_);
+  }
+
   // Collective: an IoError on every rank where any rank's I/O failed so far.
   void agree_or_throw(const std::string& what) {
     const bool ok = local_ok_;
@@ -166,6 +214,10 @@ class ParallelFile {
   std::string path_, op_;
   MPI_File file_ = MPI_FILE_NULL;
   bool local_ok_ = true;
+  bool reading_ = false;
+  MPI_Request pending_ = MPI_REQUEST_NULL;
+  MPI_Datatype pending_file_ = MPI_DATATYPE_NULL, pending_memory_ = MPI_DATATYPE_NULL, pending_etype_ = MPI_DATATYPE_NULL;
+  std::uint64_t pending_bytes_ = 0;
 };
 
 }  // namespace tshard::detail

@@ -10,6 +10,7 @@
 // A missing, truncated or malformed file, another dtype or another rank is an IoError on
 // every rank naming the file and what is wrong.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,96 @@ ShardedTensor<T, M, SpecT> load_npy(const M& mesh, const std::string& path) {
   file.agree_or_throw("reading");
   return out;
 }
+
+// Rows of a .npy file read again and again (the batches of a token file), each rank only its
+// block of each slice, with the next slice read in the background while a step computes:
+//
+//   ts::io::NpyRows<std::int32_t> data(mesh.comm(), "tokens.npy");   // [N, ...]
+//   auto batch = data.read<ts::Spec<ts::S<"data">, ts::R>>(mesh, first, rows);
+//   data.prefetch<ts::Spec<ts::S<"data">, ts::R>>(mesh, first + rows, rows);   // optional
+//
+// The file stays open; read() of what was prefetched only waits for it.
+template <class T>
+class NpyRows {
+ public:
+  NpyRows(MPI_Comm comm, const std::string& path)
+      : path_(path), file_(std::make_unique<tshard::detail::ParallelFile>(comm, path, tshard::detail::ParallelFile::Mode::Read,
+                                                                          "tshard::io::NpyRows")),
+        header_(detail::read_npy_header(*file_, path)) {
+    if (detail::little_endian_descr(header_.descr) != detail::npy_descr<T>())
+      throw IoError("tshard::io::NpyRows: '" + path + "' holds dtype '" + header_.descr + "', not '" + detail::npy_descr<T>() + "'");
+    if (header_.shape.empty()) throw IoError("tshard::io::NpyRows: '" + path + "' holds a scalar, not rows");
+  }
+  Eigen::Index rows() const { return Eigen::Index(header_.shape[0]); }
+  const std::vector<std::int64_t>& shape() const { return header_.shape; }
+
+  // Rows [first, first + count) as a tensor of the given spec (collective over mesh).
+  template <class SpecT, MeshType M>
+  ShardedTensor<T, M, SpecT> read(const M& mesh, Eigen::Index first, Eigen::Index count) {
+    if (pending_ && pending_first_ == first && pending_count_ == count && pending_desc_ == ShardedTensor<T, M, SpecT>::spec_desc) {
+      file_->finish_read();
+      file_->agree_or_throw("reading rows of");
+      auto* t = static_cast<ShardedTensor<T, M, SpecT>*>(pending_.get());
+      ShardedTensor<T, M, SpecT> out = std::move(*t);
+      if (!header_.fortran_order) reorder(out);
+      pending_.reset();
+      return out;
+    }
+    file_->finish_read();
+    pending_.reset();
+    prefetch<SpecT>(mesh, first, count);
+    return read<SpecT>(mesh, first, count);
+  }
+
+  // Starts reading rows [first, first + count) in the background (collective over mesh).
+  template <class SpecT, MeshType M>
+  void prefetch(const M& mesh, Eigen::Index first, Eigen::Index count) {
+    using Out = ShardedTensor<T, M, SpecT>;
+    static_assert(Out::rank >= 1, "tshard: NpyRows reads tensors of rank 1 or more");
+    if (int(header_.shape.size()) != Out::rank)
+      throw IoError("tshard::io::NpyRows: '" + path_ + "' holds rank " + std::to_string(header_.shape.size()) + ", not " +
+                    std::to_string(Out::rank));
+    if (first < 0 || count < 0 || first + count > rows())
+      throw IoError("tshard::io::NpyRows: rows [" + std::to_string(first) + ", " + std::to_string(first + count) + ") of '" +
+                    path_ + "', which has " + std::to_string(rows()));
+    file_->finish_read();
+    std::array<Eigen::Index, Out::rank> shape{};
+    shape[0] = count;
+    tshard::detail::Extents global{};
+    for (int d = 0; d < Out::rank; ++d) {
+      global[d] = Eigen::Index(header_.shape[std::size_t(d)]);
+      if (d > 0) shape[std::size_t(d)] = global[d];
+    }
+    auto out = std::make_shared<Out>(mesh, shape);
+    const auto& layout = out->layout();
+    tshard::detail::FileBox box{Out::rank, global, layout.offset, layout.valid, layout.padded, header_.fortran_order};
+    box.start[0] += first;
+    const bool mine = layout.valid_size() > 0;
+    T* into = out->data();
+    if (!header_.fortran_order) {  // read in C order into scratch, reordered on read()
+      c_order_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
+      into = c_order_.get();
+    }
+    file_->start_read_box(MPI_Offset(header_.data_offset), box, into, mine);
+    pending_ = out;
+    pending_first_ = first;
+    pending_count_ = count;
+    pending_desc_ = Out::spec_desc;
+  }
+
+ private:
+  template <class X>
+  void reorder(X& out) {
+    if (out.layout().valid_size() > 0) detail::place_c_order(c_order_.get(), out.layout(), out.data());
+  }
+
+  std::string path_;
+  std::unique_ptr<tshard::detail::ParallelFile> file_;
+  detail::NpyHeader header_;
+  std::shared_ptr<void> pending_;
+  Eigen::Index pending_first_ = -1, pending_count_ = -1;
+  tshard::detail::SpecDesc pending_desc_{};
+  std::shared_ptr<T> c_order_;
+};
 
 }  // namespace tshard::io

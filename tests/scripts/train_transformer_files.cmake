@@ -1,10 +1,12 @@
-# train_transformer's checkpoints, end to end (-DMPI_2, -DMPI_3: mpirun commands for 2 and 3
-# ranks; -DEXE; -DWORK):
+# train_transformer's files, end to end (-DMPI_2, -DMPI_3: mpirun commands for 2 and 3 ranks;
+# -DEXE; -DWORK). Checkpoints:
 #  1. 3 steps on data=2 with ZeRO-3 saves a checkpoint;
 #  2. a resumed run killed with SIGKILL in the middle of its save leaves that checkpoint whole;
 #  3. resumed on data=3 with ZeRO-2 and on stage=2 (pipelined), the curve goes on as the
 #     single-rank run's (--check);
 #  4. a corrupted tensor fails its checksum, another --layers is refused: both non-zero.
+# Sharded input: the synthetic task written as a token file (--write-data), then trained on
+# with --data on data=3 and pipelined on stage=2: the single-rank synthetic curve (--check).
 set(tiny --layers 2 --batch 4 --seq 5 --dmodel 12 --heads 3 --vocab 13 --dropout 0.1 --double --peak-n 64)
 set(dir ${WORK}/ckpt)
 file(REMOVE_RECURSE ${dir} ${dir}.tmp ${dir}.old)
@@ -47,3 +49,12 @@ if(NOT out MATCHES "does not match its checksum")
   message(FATAL_ERROR "a corrupted tensor was not caught:\n${out}")
 endif()
 file(REMOVE_RECURSE ${dir} ${dir}.tmp ${dir}.old)
+set(tokens ${WORK}/tokens.npy)
+run(TRUE ${MPI_3} ${EXE} --mesh data=3 --steps 4 --write-data ${tokens} ${tiny})
+run(TRUE ${MPI_3} ${EXE} --mesh data=3 --steps 4 --data ${tokens} --check ${tiny})
+run(TRUE ${MPI_2} ${EXE} --mesh stage=2 --microbatches 2 --steps 4 --data ${tokens} --check ${tiny})
+run(FALSE ${MPI_2} ${EXE} --steps 4 --data ${WORK}/no_such_tokens.npy ${tiny})
+if(NOT out MATCHES "cannot open")
+  message(FATAL_ERROR "a missing token file was not reported clearly:\n${out}")
+endif()
+file(REMOVE ${tokens})
