@@ -5,6 +5,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,42 @@ struct FileBox {
   Extents global{}, start{}, count{}, buffer{};
   bool fortran = true;
   Index elements() const { return volume(count, rank); }
+};
+
+// The file view and memory datatypes of a box: subarrays in the file's order and in the
+// rank's column-major buffer (a C-order box is moved as `count` contiguous elements).
+template <class T>
+struct BoxTypes {
+  MPI_Datatype etype = mpi_datatype<T>(), file = etype, memory = etype;
+  int count = 0;
+  std::uint64_t bytes = 0;
+  BoxTypes(const FileBox& box, bool take_part) {
+    const Index n = take_part ? box.elements() : 0;
+    bytes = std::uint64_t(n) * sizeof(T);
+    if (n == 0) return;
+    int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank], bsizes[kMaxRank], zero[kMaxRank] = {};
+    for (int d = 0; d < box.rank; ++d) {
+      sizes[d] = int(box.global[d]);
+      sub[d] = int(box.count[d]);
+      starts[d] = int(box.start[d]);
+      bsizes[d] = int(box.buffer[d]);
+    }
+    MPI_Type_create_subarray(box.rank, sizes, sub, starts, box.fortran ? MPI_ORDER_FORTRAN : MPI_ORDER_C, etype, &file);
+    MPI_Type_commit(&file);
+    if (box.fortran) {
+      MPI_Type_create_subarray(box.rank, bsizes, sub, zero, MPI_ORDER_FORTRAN, etype, &memory);
+      MPI_Type_commit(&memory);
+      count = 1;
+    } else {
+      count = int(n);
+    }
+  }
+  ~BoxTypes() {
+    if (file != etype) MPI_Type_free(&file);
+    if (memory != etype) MPI_Type_free(&memory);
+  }
+  BoxTypes(const BoxTypes&) = delete;
+  BoxTypes& operator=(const BoxTypes&) = delete;
 };
 
 class ParallelFile {
@@ -116,35 +153,13 @@ class ParallelFile {
   template <class T>
   void start_read_box(MPI_Offset at, const FileBox& box, T* buffer, bool take_part) {
     finish_read();
-    const MPI_Datatype etype = mpi_datatype<T>();
-    const Index n = take_part ? box.elements() : 0;
-    pending_file_ = etype;
-    pending_memory_ = etype;
-    int count = 0;
-    if (n > 0) {
-      int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank], bsizes[kMaxRank], zero[kMaxRank] = {};
-      for (int d = 0; d < box.rank; ++d) {
-        sizes[d] = int(box.global[d]);
-        sub[d] = int(box.count[d]);
-        starts[d] = int(box.start[d]);
-        bsizes[d] = int(box.buffer[d]);
-      }
-      MPI_Type_create_subarray(box.rank, sizes, sub, starts, box.fortran ? MPI_ORDER_FORTRAN : MPI_ORDER_C, etype, &pending_file_);
-      MPI_Type_commit(&pending_file_);
-      if (box.fortran) {
-        MPI_Type_create_subarray(box.rank, bsizes, sub, zero, MPI_ORDER_FORTRAN, etype, &pending_memory_);
-        MPI_Type_commit(&pending_memory_);
-        count = 1;
-      } else {
-        count = int(n);
-      }
-    }
-    pending_etype_ = etype;
-    pending_bytes_ = std::uint64_t(n) * sizeof(T);
-    int rc = MPI_File_set_view(file_, at, etype, pending_file_, "native", MPI_INFO_NULL);
-    if (rc == MPI_SUCCESS) rc = MPI_File_iread_all(file_, buffer, count, pending_memory_, &pending_);
+    auto types = std::make_shared<BoxTypes<T>>(box, take_part);
+    int rc = MPI_File_set_view(file_, at, types->etype, types->file, "native", MPI_INFO_NULL);
+    if (rc == MPI_SUCCESS) rc = MPI_File_iread_all(file_, buffer, types->count, types->memory, &pending_);
     local_ok_ &= rc == MPI_SUCCESS;
     reading_ = rc == MPI_SUCCESS;
+    pending_bytes_ = types->bytes;
+    pending_types_ = types;
   }
   void finish_read() {
     if (!reading_) return;
@@ -154,8 +169,7 @@ class ParallelFile {
     }
     reading_ = false;
     MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
-    if (pending_file_ != pending_etype_) MPI_Type_free(&pending_file_);
-    if (pending_memory_ != pending_etype_) MPI_Type_free(&pending_memory_);
+    pending_types_.reset();
   }
 
   // Collective: an IoError on every rank where any rank's I/O failed so far.
@@ -168,41 +182,16 @@ class ParallelFile {
  private:
   template <class T>
   void transfer(MPI_Offset at, const FileBox& box, T* buffer, bool take_part, bool write) {
-    const MPI_Datatype etype = mpi_datatype<T>();
-    const Index n = take_part ? box.elements() : 0;
-    MPI_Datatype file_type = etype, memory_type = etype;
-    int count = 0;
-    if (n > 0) {
-      int sizes[kMaxRank], sub[kMaxRank], starts[kMaxRank], bsizes[kMaxRank], zero[kMaxRank] = {};
-      for (int d = 0; d < box.rank; ++d) {
-        sizes[d] = int(box.global[d]);
-        sub[d] = int(box.count[d]);
-        starts[d] = int(box.start[d]);
-        bsizes[d] = int(box.buffer[d]);
-      }
-      MPI_Type_create_subarray(box.rank, sizes, sub, starts, box.fortran ? MPI_ORDER_FORTRAN : MPI_ORDER_C, etype, &file_type);
-      MPI_Type_commit(&file_type);
-      // In memory the box is column-major; a C-order file is read into a contiguous C-order buffer.
-      if (box.fortran) {
-        MPI_Type_create_subarray(box.rank, bsizes, sub, zero, MPI_ORDER_FORTRAN, etype, &memory_type);
-        MPI_Type_commit(&memory_type);
-        count = 1;
-      } else {
-        count = int(n);
-      }
-    }
-    int rc = MPI_File_set_view(file_, at, etype, file_type, "native", MPI_INFO_NULL);
+    const BoxTypes<T> types(box, take_part);
+    int rc = MPI_File_set_view(file_, at, types.etype, types.file, "native", MPI_INFO_NULL);
     {
-      CollectiveTimer t(write ? "file_write" : "file_read", write ? std::uint64_t(n) * sizeof(T) : 0,
-                        write ? 0 : std::uint64_t(n) * sizeof(T));
+      CollectiveTimer t(write ? "file_write" : "file_read", write ? types.bytes : 0, write ? 0 : types.bytes);
       if (rc == MPI_SUCCESS)
-        rc = write ? MPI_File_write_all(file_, buffer, count, memory_type, MPI_STATUS_IGNORE)
-                   : MPI_File_read_all(file_, buffer, count, memory_type, MPI_STATUS_IGNORE);
+        rc = write ? MPI_File_write_all(file_, buffer, types.count, types.memory, MPI_STATUS_IGNORE)
+                   : MPI_File_read_all(file_, buffer, types.count, types.memory, MPI_STATUS_IGNORE);
     }
     local_ok_ &= rc == MPI_SUCCESS;
     MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
-    if (file_type != etype) MPI_Type_free(&file_type);
-    if (memory_type != etype) MPI_Type_free(&memory_type);
   }
 
   void check(int rc, const char* what) {
@@ -216,7 +205,7 @@ class ParallelFile {
   bool local_ok_ = true;
   bool reading_ = false;
   MPI_Request pending_ = MPI_REQUEST_NULL;
-  MPI_Datatype pending_file_ = MPI_DATATYPE_NULL, pending_memory_ = MPI_DATATYPE_NULL, pending_etype_ = MPI_DATATYPE_NULL;
+  std::shared_ptr<void> pending_types_;  // the datatypes of the read in flight
   std::uint64_t pending_bytes_ = 0;
 };
 
