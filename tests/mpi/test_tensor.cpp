@@ -247,6 +247,25 @@ TEST_CASE("visualize shows which ranks hold which block") {
   }
 }
 
+TEST_CASE("visualize_svg draws each block to scale with its ranks, and lists empty blocks") {
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    auto t = ts::zeros<float, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {7, 2});
+    const std::string svg = ts::visualize_svg(t);
+    TS_REQUIRE_ALL(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0) == 0);
+    TS_REQUIRE_ALL(svg.find("</svg>") != std::string::npos);
+    // Every rank appears, in a block or among the empty ones (2 columns over y > 2 leaves some).
+    for (int r = 0; r < mesh.size(); ++r) TS_REQUIRE_ALL(svg.find("ranks " + std::to_string(r)) != std::string::npos);
+    std::size_t rects = 0;
+    for (std::size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
+    // Shards of ceil(n / k) elements: ceil(n / ceil(n / k)) of them are not empty.
+    auto filled = [](int n, int k) { return (n + (n + k - 1) / k - 1) / ((n + k - 1) / k); };
+    const int blocks = filled(7, sizes[0]) * filled(2, sizes[1]);
+    TS_REQUIRE_ALL(rects == std::size_t(blocks));
+    TS_REQUIRE_ALL((svg.find("empty blocks") != std::string::npos) == (blocks < sizes[0] * sizes[1]));
+  }
+}
+
 TEST_CASE("complex partial sums resolve exactly like real ones") {
   const int p = world_size();
   M2 mesh({p, 1});
