@@ -16,7 +16,6 @@
 
 #include <complex>
 #include <cstdio>
-#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -277,7 +276,7 @@ ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& file, const st
   const detail::H5Handle memory = detail::select_box(space.get(), layout, mine);
   tshard::detail::Scratch<T> box(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
   detail::H5Handle xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(xfer.get(), std::getenv("TSHARD_H5_INDEPENDENT") ? H5FD_MPIO_INDEPENDENT : H5FD_MPIO_COLLECTIVE);
+  H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
   bool ok = true;
   {
     tshard::detail::CollectiveTimer t("file_read", 0, mine ? std::uint64_t(layout.valid_size()) * sizeof(T) : 0);
