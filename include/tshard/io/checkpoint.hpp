@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -125,7 +126,8 @@ class CheckpointWriter {
   // Writes the global tensor (collective over its mesh, which must span comm's ranks).
   template <ShardedTensorType X>
   void add(const std::string& name, const X& x) {
-    if (tensors_.count(name)) throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice");
+    if (tensors_.count(name) || !files_.insert(detail::file_name(name)).second)
+      throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice, or under a name that differs only in '/', '\\' or ' '");
     save_npy((tmp_ / detail::file_name(name)).string(), x);
     tensors_[name] = checksum(x);
   }
@@ -165,6 +167,7 @@ class CheckpointWriter {
   std::filesystem::path tmp_;
   std::map<std::string, std::uint64_t> tensors_;
   std::map<std::string, std::string> meta_;
+  std::set<std::string> files_;
 };
 
 class CheckpointReader {

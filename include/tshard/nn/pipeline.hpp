@@ -86,7 +86,8 @@ struct PipelineStats {
   std::uint64_t kept_bytes = 0;              // still in use after the step, above its start: the gradients
   std::uint64_t boundary_bytes = 0;          // one stage input (a micro-batch's activation), this rank's block
   int in_flight = 0;                         // the most micro-batches holding activations at once
-  double bubble() const { return seconds > 0 ? idle_seconds / seconds : 0; }
+  // (The bubble is 1 - busy / step, with the step of the slowest stage: gather busy_seconds and
+  // seconds over the stages, as train_transformer does.)
 };
 
 // The pipeline over the mesh axis StageAxis of a mesh M.
