@@ -5,8 +5,12 @@
 //   auto w = ts::io::load<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, "ckpt.h5", "w1");
 //
 // A dataset of the same dtype and shape is overwritten in place, another is replaced.
-// A dataset holds the global tensor in HDF5's C order with the tensor's dims as they are, so
-// h5py reads f["w1"][i, j] == w1(i, j); complex values are h5py's compound {r, i}. The spec,
+// By default a dataset holds the global tensor in HDF5's C order with the tensor's dims as they
+// are, so h5py reads f["w1"][i, j] == w1(i, j); each rank transposes its block on the way.
+// io::Order::column_major stores the dims reversed, as HDF5's Fortran API does: h5py then reads
+// f["w1"][j, i] == w1(i, j), and every rank moves its block straight from its buffer, no copy
+// (the fast order for checkpoints: at file-system speed, see bench/run_io.sh). load reads
+// either, from the attribute tshard_order. Complex values are h5py's compound {r, i}. The spec,
 // the mesh's shape and the dtype go in as string attributes (tshard_spec, tshard_mesh,
 // tshard_dtype); load reads with any spec on any mesh and rank count. Dataset names may hold
 // groups ("model/layer0/w"). A missing file or dataset, a file that is not HDF5, another dtype or
@@ -27,6 +31,13 @@
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::io {
+
+// How a dataset lays out the global tensor's elements.
+enum class Order {
+  row_major,     // HDF5's C order over the tensor's dims: f[name][i, j] == x(i, j) in h5py
+  column_major,  // the dims reversed (HDF5's Fortran convention): f[name][j, i] == x(i, j); no transposition
+};
+
 namespace detail {
 
 // An HDF5 handle closed by the right function at scope exit.
@@ -153,23 +164,55 @@ inline void write_string_attribute(hid_t object, const char* name, const std::st
   H5Awrite(attr.get(), type.get(), value.c_str());
 }
 
-// Selects this rank's box in the dataset's space and its whole C-order scratch in memory (a
-// rank without a box selects nothing, and still takes part in the collective transfer).
-// Returns the memory space.
-inline H5Handle select_box(hid_t file_space, const tshard::detail::ShardLayout& layout, bool mine) {
-  hsize_t start[tshard::detail::kMaxRank], count[tshard::detail::kMaxRank];
-  for (int d = 0; d < layout.rank; ++d) {
-    start[d] = hsize_t(layout.offset[d]);
-    count[d] = hsize_t(layout.valid[d]);
+// Selects this rank's box in the dataset's space and returns the memory space it moves from or to
+// (a rank without a box selects nothing, and still takes part in the collective transfer).
+// row_major: the memory is a contiguous C-order scratch of the box. column_major: the file's dims
+// are ours reversed, and the memory is the rank's own padded buffer, seen in reversed dims, with
+// the valid box selected in it.
+inline H5Handle select_box(hid_t file_space, const tshard::detail::ShardLayout& layout, bool mine, Order order) {
+  const int r = layout.rank;
+  hsize_t start[tshard::detail::kMaxRank], count[tshard::detail::kMaxRank], padded[tshard::detail::kMaxRank];
+  for (int d = 0; d < r; ++d) {
+    const int f = order == Order::column_major ? r - 1 - d : d;
+    start[f] = hsize_t(layout.offset[d]);
+    count[f] = hsize_t(layout.valid[d]);
+    padded[f] = hsize_t(std::max<tshard::detail::Index>(layout.padded[d], 1));
   }
-  H5Handle memory(H5Screate_simple(layout.rank, count, nullptr), H5Sclose);
+  H5Handle memory(H5Screate_simple(r, order == Order::column_major ? padded : count, nullptr), H5Sclose);
   if (mine) {
     H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    if (order == Order::column_major) {
+      const hsize_t zero[tshard::detail::kMaxRank] = {};
+      H5Sselect_hyperslab(memory.get(), H5S_SELECT_SET, zero, nullptr, count, nullptr);
+    }
   } else {
     H5Sselect_none(file_space);
     H5Sselect_none(memory.get());
   }
   return memory;
+}
+
+inline hsize_t element_count(const hsize_t* dims, int rank) {
+  hsize_t n = 1;
+  for (int d = 0; d < rank; ++d) n *= dims[d];
+  return n;
+}
+
+inline const char* order_name(Order order) { return order == Order::column_major ? "column_major" : "row_major"; }
+
+// A dataset's order from its attribute tshard_order; datasets without it (written by others) are
+// row-major.
+inline bool read_order(hid_t set, Order& order) {
+  order = Order::row_major;
+  if (H5Aexists(set, "tshard_order") <= 0) return true;
+  H5Handle attr(H5Aopen(set, "tshard_order", H5P_DEFAULT), H5Aclose);
+  H5Handle type(H5Aget_type(attr.get()), H5Tclose);
+  if (!attr.ok() || !type.ok() || H5Tget_class(type.get()) != H5T_STRING) return false;
+  std::string value(H5Tget_size(type.get()), '\0');
+  if (H5Aread(attr.get(), type.get(), value.data()) < 0) return false;
+  value = value.c_str();
+  if (value == "column_major") order = Order::column_major;
+  return value == "column_major" || value == "row_major";
 }
 
 inline std::string mesh_string(const tshard::detail::MeshShape& mesh) {
@@ -183,7 +226,7 @@ inline std::string mesh_string(const tshard::detail::MeshShape& mesh) {
 // Writes the global tensor x (a partial is resolved first) as `dataset` of `file`, each rank its
 // hyperslab; creates the file where missing and replaces a dataset of that name.
 template <ShardedTensorType X>
-void save(const std::string& file, const std::string& dataset, const X& x_in) {
+void save(const std::string& file, const std::string& dataset, const X& x_in, Order order = Order::row_major) {
   using T = typename X::Scalar;
   static_assert(X::rank >= 1, "tshard: io::save writes tensors of rank 1 or more");
   const std::string op = "tshard::io::save";
@@ -195,7 +238,7 @@ void save(const std::string& file, const std::string& dataset, const X& x_in) {
   detail::H5Handle f = detail::open_file(comm, file, true, op);
   bool ok = true;
   hsize_t dims[tshard::detail::kMaxRank];
-  for (int d = 0; d < X::rank; ++d) dims[d] = hsize_t(x.extents()[d]);
+  for (int d = 0; d < X::rank; ++d) dims[order == Order::column_major ? X::rank - 1 - d : d] = hsize_t(x.extents()[d]);
   detail::H5Handle space(H5Screate_simple(X::rank, dims, nullptr), H5Sclose);
   const detail::H5Handle type = detail::H5Element<T>::type();
   detail::H5Handle set;
@@ -227,18 +270,23 @@ void save(const std::string& file, const std::string& dataset, const X& x_in) {
   if (!tshard::agree(set.ok(), comm))
     throw IoError(op + ": cannot create the dataset '" + dataset + "' in '" + file + "'");
   const bool mine = detail::first_replica(mesh, X::spec_desc, layout);
-  const detail::H5Handle memory = detail::select_box(space.get(), layout, mine);
-  tshard::detail::Scratch<T> box(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
-  if (mine) detail::pack_c_order(x.data(), layout, box.data());
+  const detail::H5Handle memory = detail::select_box(space.get(), layout, mine, order);
+  const bool transpose = order == Order::row_major && X::rank > 1;
+  tshard::detail::Scratch<T> box(transpose ? static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)) : 0);
+  if (mine && transpose) detail::pack_c_order(x.data(), layout, box.data());
   detail::H5Handle xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
   {
     tshard::detail::CollectiveTimer t("file_write", mine ? std::uint64_t(layout.valid_size()) * sizeof(T) : 0, 0);
-    ok &= H5Dwrite(set.get(), type.get(), memory.get(), space.get(), xfer.get(), box.data()) >= 0;
+    const T spare{};  // HDF5 wants a buffer where nothing is selected too
+    const T* from = transpose ? box.data() : x.data();
+    // (An empty dataset has no address, and HDF5 1.10 fails a collective write to it.)
+    if (detail::element_count(dims, X::rank) > 0) ok &= H5Dwrite(set.get(), type.get(), memory.get(), space.get(), xfer.get(), from ? from : &spare) >= 0;
   }
   detail::write_string_attribute(set.get(), "tshard_spec", X::spec_desc.to_string(mesh.shape()));
   detail::write_string_attribute(set.get(), "tshard_mesh", detail::mesh_string(mesh.shape()));
   detail::write_string_attribute(set.get(), "tshard_dtype", detail::H5Element<T>::name);
+  detail::write_string_attribute(set.get(), "tshard_order", detail::order_name(order));
   set = detail::H5Handle();  // (no fsync: durability is the checkpoint's business, as for MPI-IO)
   tshard::detail::throw_unless_all<IoError>(ok, comm, op + ": writing the dataset '" + dataset + "' of '" + file + "' failed");
 }
@@ -266,25 +314,31 @@ ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& file, const st
   if (ndims != Out::rank)
     throw IoError(op + ": the dataset '" + dataset + "' of '" + file + "' has rank " + std::to_string(ndims) +
                   ", not the rank " + std::to_string(Out::rank) + " asked for");
+  Order order;
+  if (!detail::read_order(set.get(), order))
+    throw IoError(op + ": the dataset '" + dataset + "' of '" + file + "' has a tshard_order attribute that is neither row_major nor column_major");
   hsize_t dims[tshard::detail::kMaxRank];
   H5Sget_simple_extent_dims(space.get(), dims, nullptr);
   std::array<Eigen::Index, Out::rank> shape{};
-  for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(dims[d]);
+  for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(dims[order == Order::column_major ? Out::rank - 1 - d : d]);
   Out out(mesh, shape);
   const auto& layout = out.layout();
   const bool mine = layout.valid_size() > 0;
-  const detail::H5Handle memory = detail::select_box(space.get(), layout, mine);
-  tshard::detail::Scratch<T> box(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
+  const detail::H5Handle memory = detail::select_box(space.get(), layout, mine, order);
+  const bool transpose = order == Order::row_major && Out::rank > 1;
+  tshard::detail::Scratch<T> box(transpose ? static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)) : 0);
   detail::H5Handle xfer(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
   H5Pset_dxpl_mpio(xfer.get(), H5FD_MPIO_COLLECTIVE);
   bool ok = true;
   {
     tshard::detail::CollectiveTimer t("file_read", 0, mine ? std::uint64_t(layout.valid_size()) * sizeof(T) : 0);
-    ok = H5Dread(set.get(), type.get(), memory.get(), space.get(), xfer.get(), box.data()) >= 0;
+    T spare{};
+    T* to = transpose ? box.data() : out.data();
+    if (detail::element_count(dims, Out::rank) > 0) ok = H5Dread(set.get(), type.get(), memory.get(), space.get(), xfer.get(), to ? to : &spare) >= 0;
   }
   tshard::detail::throw_unless_all<IoError>(ok, comm,
                                             op + ": reading the dataset '" + dataset + "' of '" + file + "' failed (truncated or corrupt?)");
-  if (mine) detail::place_c_order(box.data(), layout, out.data());
+  if (mine && transpose) detail::place_c_order(box.data(), layout, out.data());
   return out;
 }
 
