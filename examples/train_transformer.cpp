@@ -28,7 +28,10 @@
 // Files: --save DIR writes a checkpoint at the end (parameters, AdamW state, step, sizes; atomic,
 // checksummed), --resume DIR goes on from one, on any mesh and ZeRO stage, with the same curve;
 // --data FILE trains on a token file (.npy int32 [N, seq + 1], batch s = rows s*batch.. cycled,
-// each rank reading only its rows, the next micro-batch in the background); --write-data FILE
+// each rank reading only its rows, the next micro-batch in the background); --eval FILE prints
+// the loss and next-token accuracy over every row of a held-out file of that form at the end
+// (and every K steps with --eval-every K): forwards alone through the pipeline, without dropout
+// or random routing, summed by sharded reductions; --write-data FILE
 // [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
 // of the steps; --report prints the collectives per step and operator.
 #include <tshard/tshard.hpp>
@@ -66,6 +69,8 @@ struct Options {
   std::string save, resume;  // checkpoint directories
   std::string trace;         // a Chrome trace JSON of the training steps
   std::string data_file;     // a token file: .npy int32 [N, seq + 1], each rank reads its rows
+  std::string eval_file;     // a held-out token file of the same form: loss and accuracy over it
+  int eval_every = 0;        // evaluate every K steps too (0: at the end only)
   std::string write_data;    // writes the synthetic task's first N sequences as such a file
   long sequences = 0;
   bool report = false;       // the per-step cost report: collectives, bytes and time per operator
@@ -129,6 +134,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--save") o.save = value();
     else if (a == "--trace") o.trace = value();
     else if (a == "--data") o.data_file = value();
+    else if (a == "--eval") o.eval_file = value();
+    else if (a == "--eval-every") o.eval_every = int(integer());
     else if (a == "--write-data") o.write_data = value();
     else if (a == "--sequences") o.sequences = integer();
     else if (a == "--report") o.report = true;
@@ -148,6 +155,8 @@ Options parse(int argc, char** argv) {
     usage_error("sizes must be positive (and --vocab at least 2)");
   if (o.microbatches < 1) usage_error("--microbatches must be at least 1");
   if (o.experts < 0) usage_error("--experts takes 0 (a dense MLP) or more");
+  if (o.eval_every < 0) usage_error("--eval-every takes 0 (at the end only) or more steps");
+  if (o.eval_every > 0 && o.eval_file.empty()) usage_error("--eval-every needs --eval FILE");
   if (!(o.capacity_factor > 0)) usage_error("--capacity-factor must be positive");
   if (o.batch % o.microbatches != 0)
     usage_error("a batch of " + std::to_string(o.batch) + " sequences does not divide into " +
@@ -192,12 +201,41 @@ class LanguageModel {
       norm_.emplace(sub_, o.dmodel);
       head_.emplace(sub_, o.dmodel, o.vocab, std::uint64_t(o.seed) * 1000 + 3);
     }
-    if (!o.data_file.empty() && (first_ || last_)) {  // the stages that need tokens read them
-      data_.emplace(sub_.comm(), o.data_file);
-      if (data_->shape().size() != 2 || data_->shape()[1] != o.seq + 1 || data_->rows() < o.batch)
-        throw ts::IoError("train_transformer: --data '" + o.data_file + "' must hold int32 [N >= batch, seq + 1 = " +
-                          std::to_string(o.seq + 1) + "] tokens");
+    {  // the stages that need tokens read them (every stage knows the held-out file's rows)
+      auto open = [&](std::optional<ts::io::NpyRows<std::int32_t>>& rows, const std::string& file, const char* flag,
+                      Eigen::Index least) {
+        if (file.empty()) return;
+        rows.emplace(sub_.comm(), file);
+        if (rows->shape().size() != 2 || rows->shape()[1] != o.seq + 1 || rows->rows() < least)
+          throw ts::IoError(std::string("train_transformer: ") + flag + " '" + file + "' must hold int32 [N >= " +
+                            std::to_string(least) + ", seq + 1 = " + std::to_string(o.seq + 1) + "] tokens");
+      };
+      if (first_ || last_) open(data_, o.data_file, "--data", o.batch);
+      open(eval_, o.eval_file, "--eval", 1);
     }
+  }
+
+  // Loss and accuracy (the next token's argmax) over every position of the held-out file, in
+  // batches of --batch rows (the last one shorter), forwards alone through the pipeline. The
+  // sums are sharded reductions; the result is the same on every rank.
+  struct Evaluation {
+    double loss = 0, accuracy = 0, sequences = 0, seconds = 0;
+  };
+  Evaluation evaluate(ts::nn::Pipeline<M>& pipe) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Eigen::Index rows = eval_->rows();
+    eval_loss_ = eval_hits_ = 0;
+    for (Eigen::Index first = 0; first < rows; first += o_.batch) {
+      const Eigen::Index count = std::min(o_.batch, rows - first);
+      eval_first_ = first;
+      (void)pipe.evaluate(*this, count, count % o_.microbatches == 0 ? o_.microbatches : 1);
+    }
+    const double mine[2] = {eval_loss_, eval_hits_};  // the last stage's, 0 elsewhere
+    double all[2];
+    ts::detail::all_reduce(pipe.stage_comm(), mine, all, 2, ts::ReduceOp::Sum);
+    const double tokens = double(rows) * double(o_.seq);
+    return {all[0] / tokens, all[1] / tokens, double(rows),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
 
   template <class Optimizer>
@@ -286,7 +324,7 @@ class LanguageModel {
     for (auto& b : blocks_) {
       x.emplace(activation(b->forward(*cur)));
       cur = &*x;
-      if (b->has_experts() && !mb.recompute) {  // the load-balancing term, and what was dropped
+      if (b->has_experts() && !mb.recompute && !mb.inference) {  // the load-balancing term, and what was dropped
         loss_ += b->auxiliary_loss();
         assignments_ += b->moe().routing().assignments;
         dropped_ += b->moe().routing().dropped;
@@ -299,6 +337,12 @@ class LanguageModel {
     auto labels = ids(mb, 1);
     auto logits = head_->forward(norm_->forward(*cur));  // [b, T, V], V split over model
     const T loss = ts::nn::cross_entropy(logits, labels);
+    if (mb.inference) {  // sums over the held-out tokens
+      const double tokens = double(rows(mb)) * double(o_.seq);
+      eval_loss_ += double(loss) * tokens;
+      eval_hits_ += double(ts::nn::accuracy(logits, labels)) * tokens;
+      return std::nullopt;
+    }
     if (!mb.recompute) loss_ += loss * share(mb);  // the mean over the whole batch
     saved_.resize(std::size_t(mb.count));
     saved_[std::size_t(mb.index)] = Saved{std::move(logits), std::move(labels)};
@@ -332,7 +376,7 @@ class LanguageModel {
     ts::ShardedTensor<std::int32_t, Sub, Rows> labels;
   };
 
-  Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return o_.batch / mb.count; }
+  Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
   T share(const ts::nn::MicroBatch& mb) const { return mb.count > 1 ? T(1) / T(mb.count) : T(1); }
 
   template <class X>
@@ -344,28 +388,46 @@ class LanguageModel {
   }
 
   // The micro-batch's ids (shift 0) or labels (shift 1): rows [offset, offset + b) of the batch,
-  // from the synthetic task or from --data (each rank reads only its rows; the next micro-batch's
-  // are read in the background).
+  // from the synthetic task, from --data or, evaluating, from --eval (each rank reads only its
+  // rows; the next micro-batch's are read in the background).
   ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) {
     const long step = step_;
-    if (!data_)
+    if (!data_ && !mb.inference)
       return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
         return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
       });
-    if (block_step_ != step || block_index_ != mb.index) {
-      const Eigen::Index batches = data_->rows() / o_.batch;  // whole batches in the file, cycled
-      auto first = [&](long s, int m) { return (s % batches) * o_.batch + m * rows(mb); };
-      block_.emplace(data_->read<Rows>(sub_, first(step, mb.index), rows(mb)));
-      block_step_ = step;
-      block_index_ = mb.index;
-      const bool last_mb = mb.index + 1 == mb.count;
-      data_->prefetch<Rows>(sub_, first(last_mb ? step + 1 : step, last_mb ? 0 : mb.index + 1), rows(mb));
-    }
-    const auto& layout = block_->layout();
-    const std::int32_t* tokens = block_->data();
+    const auto& block = tokens(mb);
+    const auto& layout = block.layout();
+    const std::int32_t* tokens = block.data();
     return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
       return tokens[(i[0] - layout.offset[0]) + layout.padded[0] * (i[1] + shift)];
     });
+  }
+
+  // The micro-batch's [b, seq + 1] tokens, read once for its ids and labels; the next micro-batch's
+  // (or the next batch's first) are prefetched.
+  const ts::ShardedTensor<std::int32_t, Sub, Rows>& tokens(const ts::nn::MicroBatch& mb) {
+    auto& file = mb.inference ? *eval_ : *data_;
+    const Eigen::Index b = rows(mb);
+    Eigen::Index first = 0, next = 0, next_count = b;
+    if (mb.inference) {  // the held-out file in order; a shorter last batch
+      first = eval_first_ + mb.row_offset;
+      next = first + b;
+      next_count = std::min(o_.batch / std::max(1, mb.count), file.rows() - next);
+    } else {  // whole batches of the training file, cycled
+      const Eigen::Index batches = file.rows() / o_.batch;
+      auto at = [&](long s, int m) { return (s % batches) * o_.batch + m * b; };
+      const bool last_mb = mb.index + 1 == mb.count;
+      first = at(step_, mb.index);
+      next = at(last_mb ? step_ + 1 : step_, last_mb ? 0 : mb.index + 1);
+    }
+    const BlockKey key{mb.inference, first, b};
+    if (!block_ || !(block_key_ == key)) {
+      block_.emplace(file.read<Rows>(sub_, first, b));
+      block_key_ = key;
+      if (next_count > 0) file.prefetch<Rows>(sub_, next, next_count);
+    }
+    return *block_;
   }
 
   Activation embed(const ts::nn::MicroBatch& mb) {
@@ -387,10 +449,16 @@ class LanguageModel {
   std::optional<ts::nn::LayerNorm<T, Sub>> norm_;
   std::optional<ts::nn::Linear<T, Sub, ts::Spec<ts::R, ts::S<"model">>>> head_;
   std::vector<std::optional<Saved>> saved_;
-  std::optional<ts::io::NpyRows<std::int32_t>> data_;
+  std::optional<ts::io::NpyRows<std::int32_t>> data_, eval_;
+  struct BlockKey {
+    bool eval = false;
+    Eigen::Index first = -1, count = 0;
+    bool operator==(const BlockKey&) const = default;
+  };
   std::optional<ts::ShardedTensor<std::int32_t, Sub, Rows>> block_;  // the micro-batch's [b, seq + 1] tokens
-  long block_step_ = -1;
-  int block_index_ = -1;
+  BlockKey block_key_;
+  Eigen::Index eval_first_ = 0;   // the evaluated batch's first row in the held-out file
+  double eval_loss_ = 0, eval_hits_ = 0;  // summed over the held-out tokens (the last stage)
 };
 
 // --write-data: the synthetic task's first N sequences (row step * batch + b) as int32
@@ -432,6 +500,11 @@ struct Run {
   double moe_all_to_all_bytes = 0;         // of those, by the all-to-alls
   std::int64_t assignments = 0, dropped = 0;  // all stages, all steps
   int first_step = 0;                          // > 0 where the run resumed
+  struct Eval {
+    int step;  // after how many steps
+    double loss, accuracy, sequences, seconds;
+  };
+  std::vector<Eval> evals;  // --eval: over the held-out file
 };
 
 // What a checkpoint must agree on with the run that resumes it: the model and the data.
@@ -540,6 +613,14 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.pipeline.in_flight = std::max(run.pipeline.in_flight, ps.in_flight);
     run.blocked += opt.last_reduction().blocked_seconds;
     run.losses.push_back(loss);
+    if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
+      const auto e = model.evaluate(pipe);
+      run.evals.push_back({step + 1, e.loss, e.accuracy, e.sequences, e.seconds});
+    }
+  }
+  if (!o.eval_file.empty() && (run.evals.empty() || run.evals.back().step != o.steps)) {
+    const auto e = model.evaluate(pipe);
+    run.evals.push_back({std::max(run.first_step, o.steps), e.loss, e.accuracy, e.sequences, e.seconds});
   }
   if (checkpoints && !o.trace.empty()) ts::write_trace(o.trace, mesh.comm());
   if (checkpoints && o.report) {  // rank 0's collectives, per step
@@ -617,13 +698,24 @@ int run_all(const M& mesh, const Options& o) {
       const double want = serial.losses[s + std::size_t(run.first_step)];
       worst = std::max(worst, std::abs(run.losses[s] - want) / std::abs(want));
     }
-    ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4);
+    // The held-out loss alike; the accuracy to one token (an argmax tie broken by rounding).
+    bool same_accuracy = serial.evals.size() >= run.evals.size();
+    for (std::size_t e = 0; same_accuracy && e < run.evals.size(); ++e) {
+      const auto& want = serial.evals[serial.evals.size() - run.evals.size() + e];
+      worst = std::max(worst, std::abs(run.evals[e].loss - want.loss) / std::abs(want.loss));
+      same_accuracy = std::abs(run.evals[e].accuracy - want.accuracy) * want.sequences * double(o.seq) <= 1.0 + 1e-9;
+    }
+    ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4) && same_accuracy;
   }
   ok = ts::agree(ok);
   if (mesh.size<"stage">() > 1 || o.microbatches > 1) report_pipeline(mesh, o, run);
   if (mesh.rank() == 0) {
     for (std::size_t s = 0; s < run.losses.size(); ++s)
       std::printf("step %zu loss %.17g\n", s + std::size_t(run.first_step), run.losses[s]);
+    for (const auto& e : run.evals)
+      std::printf("eval after step %d: loss %.17g accuracy %.6f over %.0f held-out sequences (%.0f tokens, %.0f tokens/s)\n",
+                  e.step, e.loss, e.accuracy, e.sequences, e.sequences * double(o.seq),
+                  e.sequences * double(o.seq) / std::max(e.seconds, 1e-9));
     const int timed = std::max(1, o.steps - run.first_step - 1);
     const double tokens = double(o.batch * o.seq);
     // 6 N per token for the dense weights, plus attention's scores and context (12 L T D).

@@ -224,6 +224,7 @@ struct LinearStage {
       const Eigen::Tensor<double, 2> rg = r.gather();
       for (Eigen::Index i = 0; i < rg.size(); ++i) loss += 0.5 * rg.data()[i] * rg.data()[i];
     }
+    if (mb.inference) return std::nullopt;
     outputs.resize(std::size_t(mb.count));
     outputs[std::size_t(mb.index)] = std::move(r);
     return std::nullopt;
@@ -247,9 +248,19 @@ std::pair<double, std::vector<std::vector<double>>> pipelined(const DSM& mesh, i
   st.last = pipe.last();
   const auto [begin, end] = pipe.partition(n);
   for (int l = begin; l < end; ++l) st.layers.emplace_back(st.mesh, x.dimension(1), x.dimension(1), std::uint64_t(40 + l));
+  // Forwards alone first (with the pipeline's micro-batches and with one): the loss the step
+  // will have, and nothing the step then sees.
+  double evaluated[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    st.loss = 0;
+    pipe.evaluate(st, x.dimension(0), k == 0 ? 0 : 1);
+    ts::detail::all_reduce(pipe.stage_comm(), &st.loss, &evaluated[k], 1, ts::ReduceOp::Sum);
+  }
+  st.loss = 0;
   pipe.run(st, x.dimension(0));
   double loss = 0;
   ts::detail::all_reduce(pipe.stage_comm(), &st.loss, &loss, 1, ts::ReduceOp::Sum);
+  TS_REQUIRE_ALL(std::abs(evaluated[0] - loss) <= 1e-12 * loss && std::abs(evaluated[1] - loss) <= 1e-12 * loss);
   // Every layer's gradients, gathered onto every rank through the stage line, in layer order.
   std::vector<std::vector<double>> grads;
   for (int s = 0; s < pipe.stages(); ++s) {
@@ -273,7 +284,8 @@ std::pair<double, std::vector<std::vector<double>>> pipelined(const DSM& mesh, i
 
 }  // namespace
 
-TEST_CASE("a pipeline of Linear stages gives the unpipelined loss and gradients under GPipe, 1F1B and remat", "[pipeline]") {
+TEST_CASE("a pipeline of Linear stages gives the unpipelined loss and gradients under GPipe, 1F1B and remat; forwards alone, the loss",
+          "[pipeline]") {
   const Eigen::Index b = 4, d = 5;
   const auto x = random_tensor<2>({b, d}, 51), y = random_tensor<2>({b, d}, 52);
   DSM self(MPI_COMM_SELF, {1, 1, 1});

@@ -88,6 +88,39 @@ TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank v
               dims);
 }
 
+TEST_CASE("InferenceScope: forwards without dropout or a counted step, leaving a step in progress as it was", "[layers]") {
+  const T3 x = random_tensor<3>({5, 4, 6}, 21), other = random_tensor<3>({3, 4, 6}, 22), w = random_tensor<3>({5, 4, 6}, 23);
+  auto block = [](const DM& m, double dropout) {
+    return ts::nn::TransformerBlock<double, DM>(m, {.dmodel = 6, .heads = 3, .hidden = 7, .dropout = dropout, .seed = 2});
+  };
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    auto dropping = block(mesh, 0.3), plain = block(mesh, 0.0);
+    T3 evaluated;
+    {
+      ts::nn::InferenceScope eval;
+      evaluated = dropping.forward(ts::distribute<Acts>(mesh, x)).gather();
+    }
+    TS_REQUIRE_ALL(compare(evaluated, T3(plain.forward(ts::distribute<Acts>(mesh, x)).gather()), 1e-13) == "");
+    TS_REQUIRE_ALL(dropping.steps_seen() == 0);
+    // A training forward, an evaluation of other rows, then the backward: what the same block gives
+    // without the evaluation (the dropout mask of step 1, the saved activations of x).
+    auto reference = block(mesh, 0.3);
+    const auto [y0, dx0, g0] = run_layer(reference, mesh, x, w);
+    dropping.zero_grad();
+    const T3 y1 = dropping.forward(ts::distribute<Acts>(mesh, x)).gather();
+    {
+      ts::nn::InferenceScope eval;
+      (void)dropping.forward(ts::distribute<Acts>(mesh, other));
+    }
+    const T3 dx1 = dropping.backward(ts::distribute<Acts>(mesh, w)).gather();
+    TS_REQUIRE_ALL(compare(y1, y0, 1e-13) == "");
+    TS_REQUIRE_ALL(compare(dx1, dx0, 1e-13) == "");
+    TS_REQUIRE_ALL(close(parameters_of(dropping, true), g0, 1e-13));
+    TS_REQUIRE_ALL(dropping.steps_seen() == 1);
+  });
+}
+
 TEST_CASE("Embedding with a split vocabulary looks up and scatter-adds as the serial table does", "[layers]") {
   const Eigen::Index V = 13, D = 5, B = 3, T = 4;
   Eigen::Tensor<std::int32_t, 2> ids(B, T);

@@ -175,6 +175,51 @@ TEST_CASE("cross_entropy over a vocabulary split any way equals the serial loss 
   });
 }
 
+TEST_CASE("accuracy over a vocabulary split any way equals the serial fraction of argmax hits, ties to the lowest index",
+          "[nn]") {
+  const Eigen::Index B = 11, V = 23;
+  T2 z = values(B, V, 6);
+  for (Eigen::Index v = 0; v < V; ++v) z(4, v) = 1.0;  // a row of ties: argmax 0
+  z(7, 5) = z(7, 17) = 50.0;                          // a tie across blocks: 5
+  Eigen::Tensor<std::int32_t, 1> labels(B);
+  for (Eigen::Index b = 0; b < B; ++b) {
+    Eigen::Index best = 0;
+    for (Eigen::Index v = 1; v < V; ++v)
+      if (z(b, v) > z(b, best)) best = v;
+    labels(b) = std::int32_t(b % 3 == 0 ? (best + 1) % V : best);  // every third row wrong
+  }
+  labels(4) = 0;
+  labels(7) = 5;
+  double want = 0;
+  for (Eigen::Index b = 0; b < B; ++b) {
+    Eigen::Index best = 0;
+    for (Eigen::Index v = 1; v < V; ++v)
+      if (z(b, v) > z(b, best)) best = v;
+    want += best == labels(b) ? 1.0 / double(B) : 0.0;
+  }
+  REQUIRE(want > 0.5);
+  REQUIRE(want < 1.0);
+  const Eigen::Tensor<std::int64_t, 1> labels64 = labels.cast<std::int64_t>();
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    for_each_type(SpecsNN{}, [&]<class S>(S*) {
+      auto logits = ts::distribute<S>(mesh, z);
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", logits " << logits.describe());
+      TS_REQUIRE_ALL(std::abs(ts::nn::accuracy(logits, ts::distribute<ts::Spec<ts::S<"y">>>(mesh, labels)) - want) < 1e-15);
+      TS_REQUIRE_ALL(std::abs(ts::nn::accuracy(logits, ts::distribute<ts::Spec<ts::R>>(mesh, labels64)) - want) < 1e-15);
+    });
+    // A label outside [0, V) is an IndexError on every rank, as for cross_entropy.
+    Eigen::Tensor<std::int32_t, 1> bad = labels;
+    bad(2) = -1;
+    bool threw = false;
+    try {
+      (void)ts::nn::accuracy(ts::distribute<Cols>(mesh, z), ts::distribute<ts::Spec<ts::S<"x">>>(mesh, bad));
+    } catch (const ts::IndexError&) {
+      threw = true;
+    }
+    TS_REQUIRE_ALL(threw);
+  });
+}
+
 TEST_CASE("cross_entropy's gradient equals finite differences of the loss", "[nn]") {
   on_every_mesh([](M2& mesh, auto) {
     const T2 z = values(4, 9, 6);

@@ -6,7 +6,8 @@
 #     single-rank run's (--check);
 #  4. a corrupted tensor fails its checksum, another --layers is refused: both non-zero.
 # Sharded input: the synthetic task written as a token file (--write-data), then trained on
-# with --data on data=3 and pipelined on stage=2: the single-rank synthetic curve (--check).
+# with --data on data=3 and pipelined on stage=2: the single-rank synthetic curve (--check),
+# with the held-out loss and accuracy (--eval, 7 sequences: a shorter last batch) alike.
 set(tiny --layers 2 --batch 4 --seq 5 --dmodel 12 --heads 3 --vocab 13 --dropout 0.1 --double --peak-n 64)
 set(dir ${WORK}/ckpt)
 file(REMOVE_RECURSE ${dir} ${dir}.tmp ${dir}.old)
@@ -51,8 +52,19 @@ endif()
 file(REMOVE_RECURSE ${dir} ${dir}.tmp ${dir}.old)
 set(tokens ${WORK}/tokens.npy)
 run(TRUE ${MPI_3} ${EXE} --mesh data=3 --steps 4 --write-data ${tokens} ${tiny})
-run(TRUE ${MPI_3} ${EXE} --mesh data=3 --steps 4 --data ${tokens} --check ${tiny})
-run(TRUE ${MPI_2} ${EXE} --mesh stage=2 --microbatches 2 --steps 4 --data ${tokens} --check ${tiny})
+set(held_out ${WORK}/held_out.npy)
+run(TRUE ${MPI_2} ${EXE} --steps 1 --write-data ${held_out} --sequences 7 ${tiny} --seed 5)
+run(TRUE ${MPI_3} ${EXE} --mesh data=3 --steps 4 --data ${tokens} --eval ${held_out} --eval-every 2 --check ${tiny})
+if(NOT out MATCHES "eval after step 2: loss [0-9.]+ accuracy [0-9.]+ over 7 held-out sequences"
+   OR NOT out MATCHES "eval after step 4:")
+  message(FATAL_ERROR "--eval did not report the held-out loss and accuracy:\n${out}")
+endif()
+run(TRUE ${MPI_2} ${EXE} --mesh stage=2 --microbatches 2 --steps 4 --data ${tokens} --eval ${held_out} --check ${tiny})
+run(FALSE ${MPI_2} ${EXE} --steps 1 --eval ${tokens} ${tiny} --seq 6)
+if(NOT out MATCHES "--eval '.*' must hold int32")
+  message(FATAL_ERROR "a held-out file of another shape was not reported clearly:\n${out}")
+endif()
+file(REMOVE ${held_out})
 run(FALSE ${MPI_2} ${EXE} --steps 4 --data ${WORK}/no_such_tokens.npy ${tiny})
 if(NOT out MATCHES "cannot open")
   message(FATAL_ERROR "a missing token file was not reported clearly:\n${out}")

@@ -1,6 +1,7 @@
 // Cross-entropy of logits [B, V] (or [B, T, V]) against integer labels [B] (or [B, T]), and its gradient. V may be split:
 // the max, the sum of exponentials and the labels' logits are partials over V's axes, resolved
 // over B values each (Megatron's vocab-parallel cross-entropy): O(B) moves, never O(B V).
+// accuracy: the fraction of rows whose argmax is the label, with argmax's O(B) candidates.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "tshard/nn/softmax.hpp"
+#include "tshard/ops/reduce.hpp"
 #include "tshard/ops/take.hpp"
 
 namespace tshard::nn {
@@ -104,6 +106,32 @@ typename L::Scalar cross_entropy(const L& logits_in, const Labels& labels) {
   auto z = logits - max<V>(logits, keep_dims);
   auto nll = log(sum<V>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
   const Eigen::Tensor<T, 0> total = detail::sum_all(nll).gather();
+  return total() / T(detail::rows_of(logits));
+}
+
+// The fraction of rows whose largest logit is the label's (argmax's ties go to the lowest index,
+// as numpy's), for logits [..., V] (V may be split) and integer labels [...]: a sharded sum of
+// hits, the same value on every rank. Times the rows, it adds up over batches.
+template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
+typename L::Scalar accuracy(const L& logits_in, const Labels& labels) {
+  static_assert(L::rank >= 2, "tshard: accuracy takes logits [B, V] or [B, T, V]");
+  static_assert(detail::is_label_tensor_v<L, Labels>,
+                "tshard: accuracy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
+  using T = typename L::Scalar;
+  tshard::detail::OperatorScope scope("accuracy");
+  const auto& logits = tshard::detail::resolved(logits_in, "accuracy");
+  const auto lab = detail::aligned_labels(logits, labels, "accuracy");
+  const auto predicted = argmax<L::rank - 1>(logits);  // laid out as the labels: the logits' rows
+  using Hits = ShardedTensor<T, typename L::MeshT, typename decltype(predicted)::SpecType>;
+  Hits hits(logits.mesh(), predicted.global_shape());
+  T* h = hits.data();
+  std::fill(h, h + hits.local_size(), T(0));
+  const auto* want = std::as_const(lab).data();
+  const std::int64_t* got = predicted.data();
+  tshard::detail::for_each_valid_run(hits.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
+    for (tshard::detail::Index r = off; r < off + n; ++r) h[r] = got[r] == std::int64_t(want[r]) ? T(1) : T(0);
+  });
+  const Eigen::Tensor<T, 0> total = detail::sum_all(hits).gather();
   return total() / T(detail::rows_of(logits));
 }
 

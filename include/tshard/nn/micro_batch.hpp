@@ -19,6 +19,8 @@ struct MicroBatch {
   Eigen::Index row_offset = 0;   // global index of its first row (dim 0) in the whole batch
   Eigen::Index rows_total = 0;   // rows of the whole batch; 0: the tensor's own dim 0
   bool recompute = false;        // a re-materialising forward: the same step, the same masks
+  bool inference = false;        // an evaluation forward: no dropout, no random routing, no step
+                                 // counted; what layers keep for backward is released after it
 };
 
 namespace detail {
@@ -60,21 +62,28 @@ class MicroBatchStore {
   }
 };
 
+// The slot of inference forwards, apart from the training micro-batches': an evaluation between
+// a forward and its backward leaves what that backward needs alone.
+inline constexpr int kInferenceSlot = -1;
+
 // One State per micro-batch; current() is the current micro-batch's.
 template <class State>
 class PerMicroBatch : public MicroBatchStore {
  public:
   State& current() {
+    if (current_micro_batch().inference) return inference_;
     const auto i = static_cast<std::size_t>(std::max(0, current_micro_batch().index));
     if (slots_.size() <= i) slots_.resize(i + 1);
     return slots_[i];
   }
   void release(int index) override {
-    if (index >= 0 && std::size_t(index) < slots_.size()) slots_[std::size_t(index)] = State{};
+    if (index == kInferenceSlot) inference_ = State{};
+    else if (index >= 0 && std::size_t(index) < slots_.size()) slots_[std::size_t(index)] = State{};
   }
 
  private:
   std::vector<State> slots_;
+  State inference_;
 };
 
 }  // namespace detail
@@ -84,5 +93,20 @@ class PerMicroBatch : public MicroBatchStore {
 inline void release_micro_batch(int index) {
   for (auto* s : detail::MicroBatchStore::registry()) s->release(index);
 }
+
+// Evaluation outside a pipeline (PyTorch's eval() with no_grad()): forwards inside the scope
+// use no dropout and no random routing, count no step, and keep nothing for backward once the
+// scope ends; the training state of a step in progress is left as it is.
+//   { ts::nn::InferenceScope eval; loss = ts::nn::cross_entropy(model.forward(x), labels); }
+class InferenceScope {
+ public:
+  InferenceScope() : scope_(MicroBatch{.inference = true}) {}
+  ~InferenceScope() { release_micro_batch(detail::kInferenceSlot); }
+  InferenceScope(const InferenceScope&) = delete;
+  InferenceScope& operator=(const InferenceScope&) = delete;
+
+ private:
+  MicroBatchScope scope_;
+};
 
 }  // namespace tshard::nn

@@ -255,7 +255,7 @@ class MoE : public Module {
       throw ShapeError("tshard::nn::MoE::forward: the input " + x.describe() + " does not end in the router's " +
                        std::to_string(router_.extents()[0]) + " features");
     const MicroBatch& mb = current_micro_batch();
-    if (mb.index == 0 && !mb.recompute) ++calls_;
+    if (mb.index == 0 && !mb.recompute && !mb.inference) ++calls_;
     const Eigen::Index groups = x.extents()[0], s_len = x.extents()[1], e = o_.experts, c = capacity(s_len);
     const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
 
@@ -271,7 +271,7 @@ class MoE : public Module {
     sv.density.assign(std::size_t(gp * e), T(0));
     RoutingStats local;
     const double aux = detail::top2_gating<T>(
-        logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing,
+        logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing && !mb.inference,
         tshard::detail::splitmix64(o_.seed * 1000033 + calls_), lay.offset[0], mb.row_offset, total_groups,
         combine.data(), dispatch.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
     // The routing's counts and l_aux over every group (split over ExpertAxis).

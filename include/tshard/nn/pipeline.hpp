@@ -127,9 +127,7 @@ class Pipeline {
     using Activation = typename Stage::Activation;
     using T = typename Activation::Scalar;
     const int mbs = o_.microbatches;
-    if (rows % mbs != 0)
-      throw ShapeError("tshard::nn::Pipeline: a batch of " + std::to_string(rows) + " rows does not divide into " +
-                       std::to_string(mbs) + " micro-batches of equal size");
+    check_rows(rows, mbs);
     const Eigen::Index b = rows / mbs;
     PipelineStats st;
     const auto start = std::chrono::steady_clock::now();
@@ -206,8 +204,56 @@ class Pipeline {
     return st;
   }
 
+  // Forwards alone, for evaluation: `microbatches` micro-batches (0: the pipeline's) stream
+  // through the stages, each stage computing m while the next computes m - 1. Every forward runs
+  // with MicroBatch::inference (no dropout, no random routing, no step counted), and what the
+  // layers keep for backward is released after it; a training step in progress is untouched.
+  template <class Stage>
+  PipelineStats evaluate(Stage& stage, Eigen::Index rows, int microbatches = 0) {
+    using Activation = typename Stage::Activation;
+    const int mbs = microbatches > 0 ? microbatches : o_.microbatches;
+    check_rows(rows, mbs);
+    const Eigen::Index b = rows / mbs;
+    PipelineStats st;
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<Activation> input, sending;
+    tshard::detail::PendingMessage outgoing;
+    for (int m = 0; m < mbs; ++m) {
+      const MicroBatch mb{.index = m, .count = mbs, .row_offset = m * b, .rows_total = rows, .inference = true};
+      tshard::detail::PendingMessage incoming;
+      if (!first()) {
+        input = stage.boundary(mb);
+        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ - 1, input->data(), input->local_size(),
+                                                           tag(m, true));
+      }
+      st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
+      sending.reset();
+      std::optional<Activation> result;
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        MicroBatchScope scope(mb);
+        result = stage.forward(mb, first() ? nullptr : &*input);
+      }
+      release_micro_batch(detail::kInferenceSlot);
+      st.busy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      input.reset();
+      if (last()) continue;
+      if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
+      sending = std::move(result);
+      outgoing = tshard::detail::PendingMessage::send(stage_comm_, stage_ + 1, sending->data(), sending->local_size(), tag(m, true));
+    }
+    st.idle_seconds += outgoing.wait();
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return st;
+  }
+
  private:
   static int tag(int microbatch, bool forward) { return 8101 + 2 * microbatch + (forward ? 0 : 1); }
+  static void check_rows(Eigen::Index rows, int microbatches) {
+    if (microbatches < 1 || rows % microbatches != 0)
+      throw ShapeError("tshard::nn::Pipeline: a batch of " + std::to_string(rows) + " rows does not divide into " +
+                       std::to_string(microbatches) + " micro-batches of equal size");
+  }
 
   M mesh_;
   PipelineOptions o_;

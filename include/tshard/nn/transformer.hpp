@@ -171,7 +171,7 @@ class TransformerBlock : public Module {
     auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "transformer_block");
     const MicroBatch& mb = current_micro_batch();
-    if (mb.index == 0 && !mb.recompute) ++calls_;  // one count per step, whatever the micro-batching
+    if (mb.index == 0 && !mb.recompute && !mb.inference) ++calls_;  // one count per step, whatever the micro-batching
     auto h = x + drop(attention_.forward(ln1_.forward(x)), 0);
     using Y = decltype(h + drop(mlp_->forward(ln2_.forward(h)), 1));
     if (moe_)
@@ -210,7 +210,7 @@ class TransformerBlock : public Module {
   auto drop(const X& x, int site) const {
     const auto& r = tshard::detail::resolved(x, "dropout");
     using Out = ShardedTensor<T, M, typename X::SpecType>;
-    if (o_.dropout <= 0) return Out(tshard::detail::AdoptStorage{}, r.mesh(), r.global_shape(), tshard::detail::TensorAccess::storage(r));
+    if (o_.dropout <= 0 || current_micro_batch().inference) return Out(tshard::detail::AdoptStorage{}, r.mesh(), r.global_shape(), tshard::detail::TensorAccess::storage(r));
     const MicroBatch& mb = current_micro_batch();
     return Out(dropout(r, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
                        mb.row_offset, mb.rows_total > 0 ? mb.rows_total : r.global_shape()[0]));
