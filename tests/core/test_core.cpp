@@ -145,26 +145,26 @@ TEST_CASE("the planner picks GSPMD's collective for each kind of transition") {
   Extents shape{12, 18};
   using K = StepKind;
   // S -> R: all-gather; R -> S: local slice; a split moving dims: all-to-all.
-  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {}}), shape, m)) == std::vector<K>{K::AllGather});
-  REQUIRE(kinds(plan_reshard(spec({{}, {}}), spec({{1}, {0}}), shape, m)) == std::vector<K>{K::Local});
-  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {0}}), shape, m)) == std::vector<K>{K::AllToAll});
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {}}), shape, m, 8)) == std::vector<K>{K::AllGather});
+  REQUIRE(kinds(plan_reshard(spec({{}, {}}), spec({{1}, {0}}), shape, m, 8)) == std::vector<K>{K::Local});
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{}, {0}}), shape, m, 8)) == std::vector<K>{K::AllToAll});
   // S<x,y> -> R gathers both axes in one all-gather.
-  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{}, {}}), shape, m)) == std::vector<K>{K::AllGather});
+  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{}, {}}), shape, m, 8)) == std::vector<K>{K::AllGather});
   // Refining S<x> to S<x,y> is local when sizes divide...
-  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), shape, m)) == std::vector<K>{K::Local});
+  REQUIRE(kinds(plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), shape, m, 8)) == std::vector<K>{K::Local});
   // ...and moves data when they do not (N = 7: ceil(7/2) = 4 is not 3 * ceil(7/6) = 6).
   Extents uneven{7, 5};
-  auto p = plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), uneven, m);
+  auto p = plan_reshard(spec({{0}, {}}), spec({{0, 1}, {}}), uneven, m, 8);
   REQUIRE(p.steps.size() >= 1);
   REQUIRE(p.steps[0].kind != K::Local);
   // Partial sum -> S: reduce-scatter; partial -> R: all-reduce.
   SpecDesc part = spec({{}, {}});
   part.partial = PartialKind::Sum;
   part.partial_axes = 1u << 1;
-  REQUIRE(kinds(plan_reshard(part, spec({{}, {1}}), shape, m)) == std::vector<K>{K::ReduceScatter});
-  REQUIRE(kinds(plan_reshard(part, spec({{}, {}}), shape, m)) == std::vector<K>{K::AllReduce});
+  REQUIRE(kinds(plan_reshard(part, spec({{}, {1}}), shape, m, 8)) == std::vector<K>{K::ReduceScatter});
+  REQUIRE(kinds(plan_reshard(part, spec({{}, {}}), shape, m, 8)) == std::vector<K>{K::AllReduce});
   // Axis order swap S<x,y> -> S<y,x>: a permutation, one partner per rank.
-  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{1, 0}, {}}), shape, m)) == std::vector<K>{K::Direct});
+  REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{1, 0}, {}}), shape, m, 8)) == std::vector<K>{K::Direct});
 }
 
 // The .npy header parser takes whatever a file holds: seeded mutations of valid preambles

@@ -105,7 +105,7 @@ TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, un
           Case c{src, dst, shape};
           const std::string err = check_reshard(st, c);
           INFO(describe(c, st.shape()) << ": " << err << " (plan: "
-                                      << d::cached_plan(st, src, dst, shape)->describe(st.shape()) << ")");
+                                      << d::cached_plan(st, src, dst, shape, sizeof(double))->describe(st.shape()) << ")");
           TS_REQUIRE_ALL(err.empty());
         }
   }
@@ -129,7 +129,7 @@ TEST_CASE("partial sums, maxima and minima resolve to R or S on every 2-D mesh")
             Case c{src, dst, shape};
             const std::string err = check_reshard(st, c);
             INFO(describe(c, st.shape()) << ": " << err << " (plan: "
-                                        << d::cached_plan(st, src, dst, shape)->describe(st.shape()) << ")");
+                                        << d::cached_plan(st, src, dst, shape, sizeof(double))->describe(st.shape()) << ")");
             TS_REQUIRE_ALL(err.empty());
           }
         }
@@ -233,6 +233,64 @@ TEST_CASE("a typed partial sum resolves by reshard to R and by reshard to S") {
     TS_REQUIRE_ALL(compare(r.gather(), want) == "" && compare(s.gather(), want) == "");
     if (k > 1)
       TS_REQUIRE_ALL(ts::explain_reshard<ts::Spec<ts::S<"model">, ts::R>>(p).find("reduce-scatter") != std::string::npos);
+  }
+}
+
+namespace {
+// "" where what comm_stats() measured since the last reset is what was predicted (or, with
+// uneven shards, at most that), else both.
+std::string traffic_matches(const ts::Traffic& want, bool even) {
+  const auto got = ts::comm_stats().total();
+  const bool ok = even ? got.bytes_sent == want.sent && got.bytes_received == want.received
+                       : got.bytes_sent <= want.sent && got.bytes_received <= want.received;
+  if (ok) return "";
+  return "measured " + std::to_string(got.bytes_sent) + " sent, " + std::to_string(got.bytes_received) + " received; predicted " +
+         std::to_string(want.sent) + ", " + std::to_string(want.received);
+}
+}  // namespace
+
+TEST_CASE("the cost model predicts the bytes comm_stats measures for every reshard kind and einsum strategy") {
+  using M = ts::Mesh<"x", "y">;
+  using R2 = ts::Spec<ts::R, ts::R>;
+  using X0 = ts::Spec<ts::S<"x">, ts::R>;
+  using X1 = ts::Spec<ts::R, ts::S<"x">>;
+  using XY = ts::Spec<ts::S<"x">, ts::S<"y">>;
+  using XY0 = ts::Spec<ts::S<"x", "y">, ts::R>;
+  using YX0 = ts::Spec<ts::S<"y", "x">, ts::R>;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M mesh({sizes[0], sizes[1]});
+    // 12 divides by every mesh size up to 6 (every block even); 7 x 5 leaves uneven blocks.
+    for (const bool even : {true, false}) {
+      const Eigen::Index n0 = even ? 12 : 7, n1 = even ? 12 : 5;
+      const Eigen::Tensor<double, 2> v = values(n0, n1, 3);
+      auto check = [&](const char* what, const ts::Traffic& want, auto&& run) {
+        ts::reset_comm_stats();
+        run();
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", " << n0 << " x " << n1 << ": " << what);
+        TS_REQUIRE_ALL(traffic_matches(want, even) == "");
+      };
+      const auto x0 = ts::distribute<X0>(mesh, v);
+      const auto r2 = ts::distribute<R2>(mesh, v);
+      const auto xy0 = ts::distribute<XY0>(mesh, v);
+      check("all-gather", ts::predict_reshard<R2>(x0), [&] { (void)ts::reshard<R2>(x0); });
+      check("all-to-all", ts::predict_reshard<X1>(x0), [&] { (void)ts::reshard<X1>(x0); });
+      check("local slice", ts::predict_reshard<XY>(r2), [&] { (void)ts::reshard<XY>(r2); });
+      check("direct", ts::predict_reshard<YX0>(xy0), [&] { (void)ts::reshard<YX0>(xy0); });
+      Eigen::Tensor<double, 2> mine = v;
+      auto partial = ts::from_local<R2, ts::PartialSum<"x">>(mesh, {n0, n1}, std::move(mine));
+      check("reduce-scatter", ts::predict_reshard<X0>(partial), [&] { (void)ts::reshard<X0>(partial); });
+      check("all-reduce", ts::predict_reshard<R2>(partial), [&] { (void)ts::reshard<R2>(partial); });
+      // Einsums whose operands both split a free dim by x, in every strategy; and one whose
+      // contracted dim is split (a partial product, nothing moved).
+      const auto b = ts::distribute<X1>(mesh, values(n1, n0, 4));
+      for (auto st : {ts::EinsumStrategy::Auto, ts::EinsumStrategy::GatherRight, ts::EinsumStrategy::GatherLeft,
+                      ts::EinsumStrategy::Windowed})
+        check("einsum ij,jk->ik", ts::predict_einsum<"ij,jk->ik">(x0, b, st),
+              [&] { (void)ts::einsum<"ij,jk->ik">(x0, b, st); });
+      const auto bx = ts::distribute<X0>(mesh, values(n1, n0, 4));
+      const auto ax = ts::distribute<X1>(mesh, v);
+      check("einsum with a split contraction", ts::predict_einsum<"ij,jk->ik">(ax, bx), [&] { (void)ts::einsum<"ij,jk->ik">(ax, bx); });
+    }
   }
 }
 

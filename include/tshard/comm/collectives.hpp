@@ -1,6 +1,7 @@
 // Typed collectives on a communicator: every MPI call tshard makes goes through here, is
-// counted (stats.hpp) and is split into chunks when counts exceed the chunk limit (MPI counts
-// are int; the limit is settable so tests exercise chunking with small buffers).
+// counted (stats.hpp, with the bytes of cost.hpp's model) and is split into chunks when counts
+// exceed the chunk limit (MPI counts are int; the limit is settable so tests exercise chunking
+// with small buffers).
 #pragma once
 #include <mpi.h>
 
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/comm/cost.hpp"
 #include "tshard/comm/datatype.hpp"
 #include "tshard/comm/stats.hpp"
 #include "tshard/core/shard.hpp"
@@ -72,7 +74,8 @@ void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
   const Index limit = collective_chunk_limit();
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
-    CollectiveTimer t("all_gather", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    const Traffic tr = all_gather_traffic(bytes_of<T>(c), p);
+    CollectiveTimer t("all_gather", tr.sent, tr.received);
     if (c == n) {
       MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -93,8 +96,8 @@ void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   const Index limit = collective_chunk_limit();
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
-    const std::uint64_t moved = 2 * bytes_of<T>(c) * (p - 1) / p;
-    CollectiveTimer t("all_reduce", moved, moved);
+    const Traffic tr = all_reduce_traffic(bytes_of<T>(c), p);
+    CollectiveTimer t("all_reduce", tr.sent, tr.received);
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
                   mpi_datatype<T>(), mpi_op(op), comm);
   }
@@ -111,7 +114,8 @@ void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, Reduce
   const Index limit = collective_chunk_limit();
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
-    CollectiveTimer t("reduce_scatter", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    const Traffic tr = reduce_scatter_traffic(bytes_of<T>(c), p);
+    CollectiveTimer t("reduce_scatter", tr.sent, tr.received);
     if (c == n) {
       MPI_Reduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op(op), comm);
     } else {
@@ -132,7 +136,8 @@ void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
   const Index limit = collective_chunk_limit();
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
-    CollectiveTimer t("all_to_all", bytes_of<T>(c) * (p - 1), bytes_of<T>(c) * (p - 1));
+    const Traffic tr = all_to_all_traffic(bytes_of<T>(c), p);
+    CollectiveTimer t("all_to_all", tr.sent, tr.received);
     if (c == n) {
       MPI_Alltoall(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -150,7 +155,8 @@ void broadcast(MPI_Comm comm, T* data, Index n, int root) {
   const Index limit = collective_chunk_limit();
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
-    CollectiveTimer t("broadcast", is_root ? bytes_of<T>(c) * (p - 1) : 0, is_root ? 0 : bytes_of<T>(c));
+    const Traffic tr = broadcast_traffic(bytes_of<T>(c), p, is_root);
+    CollectiveTimer t("broadcast", tr.sent, tr.received);
     MPI_Bcast(data + off, int(c), mpi_datatype<T>(), root, comm);
   }
 }
@@ -228,7 +234,8 @@ inline bool fits_datatype(const Extents& dims, int rank) {
 template <class T>
 void all_gather_placed(MPI_Comm comm, const T* send, Index n, T* recv, MPI_Datatype placed) {
   const int p = comm_size(comm);
-  CollectiveTimer t("all_gather", bytes_of<T>(n) * (p - 1), bytes_of<T>(n) * (p - 1));
+  const Traffic tr = all_gather_traffic(bytes_of<T>(n), p);
+  CollectiveTimer t("all_gather", tr.sent, tr.received);
   MPI_Allgather(send, int(n), mpi_datatype<T>(), recv, 1, placed, comm);
 }
 

@@ -116,7 +116,8 @@ struct einsum_output<SA, SB, M, E, std::index_sequence<I...>> {
 // How an einsum handles a mesh axis that splits a free dim of both operands (GSPMD 3.5):
 // gather the right operand (the output keeps the left's split), gather the left one and
 // move the smaller output, or rotate the right operand's blocks around the axis ring while
-// multiplying (windowed einsum; rank-2 "ij,jk->ik" only). Auto picks the fewer bytes.
+// multiplying (windowed einsum; rank-2 "ij,jk->ik" only). Auto picks the cheaper of the two
+// gathers by the cost model of comm/cost.hpp (the same plans and model as reshard's).
 enum class EinsumStrategy { Auto, GatherRight, GatherLeft, Windowed };
 
 namespace detail {
@@ -126,6 +127,27 @@ struct EinsumPlan {
   SpecDesc wa, wb, wc;       // operand layouts for the local product, and its result's layout
   std::uint32_t conflict = 0;  // axes splitting a free dim of both operands
 };
+
+// What an einsum moves as planned, on rank r (r < 0: on the busiest rank of each move): the
+// operands' reshards to the plan's layouts, the windowed ring's k - 1 shifts of B's block, and
+// GatherLeft's move of the product to the output spec.
+inline Traffic einsum_traffic(const EinsumPlan& q, const SpecDesc& da, const Extents& sa, const SpecDesc& db,
+                              const Extents& sb, const SpecDesc& out_desc, const Extents& so, const MeshShape& mesh,
+                              std::size_t bytes, int r) {
+  Traffic t = reshard_traffic(mesh, da, q.wa, sa, bytes, r);
+  t += reshard_traffic(mesh, db, q.wb, sb, bytes, r);
+  if (q.strategy == EinsumStrategy::Windowed) {
+    const int k = split_parts(q.wb.dims[1], mesh);
+    const std::uint64_t block = std::uint64_t(shard_layout_of_rank(q.wb, sb, mesh, r < 0 ? 0 : r).padded_size()) * bytes;
+    for (int step = 0; step + 1 < k; ++step) t += messages_traffic(block, block, 1, 1);
+  } else if (q.conflict && !(q.wc == out_desc)) {
+    SpecDesc wc = q.wc;
+    wc.partial = out_desc.partial;
+    wc.partial_axes = out_desc.partial_axes;
+    t += reshard_traffic(mesh, wc, out_desc, so, bytes, r);
+  }
+  return t;
+}
 
 inline std::string strategy_name(EinsumStrategy s, std::uint32_t conflict) {
   if (!conflict) return "aligned operands, local product";
@@ -140,7 +162,7 @@ inline std::string strategy_name(EinsumStrategy s, std::uint32_t conflict) {
 // axes that split a free dim of both operands.
 inline EinsumPlan plan_einsum(const EinsumLabels& e, const EinsumDecision& decision, const SpecDesc& da,
                               const Extents& sa, const SpecDesc& db, const Extents& sb, const SpecDesc& out_desc,
-                              const MeshShape& mesh, EinsumStrategy wanted) {
+                              const Extents& so, const MeshShape& mesh, EinsumStrategy wanted, std::size_t element_bytes) {
   EinsumPlan p;
   auto aligned = [&](const std::array<char, kMaxRank>& labels, int n) {
     SpecDesc w;
@@ -168,43 +190,42 @@ inline EinsumPlan plan_einsum(const EinsumLabels& e, const EinsumDecision& decis
   for (int i = 0; i < e.nb; ++i)
     if (free_in_b(e.b[i]) && (db.dims[i].mask() & p.conflict))
       whole &= db.dims[i].mask() == (db.dims[i].mask() & p.conflict);
-  EinsumStrategy s = wanted;
   const bool windowable = whole && e.na == 2 && e.nb == 2 && e.no == 2 && e.in_b(e.a[0]) < 0 && e.a[1] == e.b[0] &&
                           e.in_a(e.b[1]) < 0 && e.o[0] == e.a[0] && e.o[1] == e.b[1] &&
                           p.wa.dims[0] == db.dims[1] && p.wb.dims[0] == p.wa.dims[1];
+  // The layouts each strategy multiplies in (GatherRight: the aligned ones).
+  auto with_strategy = [&](EinsumStrategy s) {
+    EinsumPlan q = p;
+    q.strategy = s;
+    if (s == EinsumStrategy::GatherLeft) {
+      // The left operand drops the conflicting axes; the right keeps its free splits; the
+      // product comes out split like the right operand and is then moved to the output spec.
+      for (int i = 0; i < e.na; ++i)
+        if (free_in_a(e.a[i]) && (q.wa.dims[i].mask() & q.conflict)) q.wa.dims[i] = DimSplit{};
+      for (int i = 0; i < e.nb; ++i)
+        if (free_in_b(e.b[i]) && (db.dims[i].mask() & q.conflict)) q.wb.dims[i] = db.dims[i];
+      for (int i = 0; i < e.no; ++i) {
+        const int ia = e.in_a(e.o[i]), ib = e.in_b(e.o[i]);
+        q.wc.dims[i] = ia >= 0 ? q.wa.dims[ia] : q.wb.dims[ib];
+      }
+    }
+    if (s == EinsumStrategy::Windowed) q.wb.dims[1] = db.dims[1];  // B keeps its column blocks
+    return q;
+  };
+  EinsumStrategy s = wanted;
   if (s == EinsumStrategy::Windowed && !windowable) s = EinsumStrategy::GatherRight;
   if (s == EinsumStrategy::GatherLeft && !whole) s = EinsumStrategy::GatherRight;
   if (s == EinsumStrategy::Auto) {
-    // Elements each rank receives: the gathered operand, plus the output move for GatherLeft.
-    DimSplit g;
-    for (int x = 0; x < mesh.axes(); ++x)
-      if (p.conflict & (1u << x)) g.push(x);
-    const double k = double(split_parts(g, mesh)), ranks = double(mesh.size());
-    const auto a_local = double(shard_layout_of_rank(da, sa, mesh, 0).padded_size());
-    const auto b_local = double(shard_layout_of_rank(db, sb, mesh, 0).padded_size());
-    double c_size = 1;
-    for (int i = 0; i < e.no; ++i) {
-      const int ia = e.in_a(e.o[i]);
-      c_size *= double(ia >= 0 ? sa[ia] : sb[e.in_b(e.o[i])]);
-    }
-    const double right = b_local * (k - 1), left = a_local * (k - 1) + c_size / ranks * (k - 1) / k;
-    s = whole && left < right ? EinsumStrategy::GatherLeft : EinsumStrategy::GatherRight;
-  }
-  p.strategy = s;
-  if (s == EinsumStrategy::GatherLeft) {
-    // The left operand drops the conflicting axes; the right keeps its free splits; the
-    // product comes out split like the right operand and is then moved to the output spec.
-    for (int i = 0; i < e.na; ++i)
-      if (free_in_a(e.a[i]) && (p.wa.dims[i].mask() & p.conflict)) p.wa.dims[i] = DimSplit{};
-    for (int i = 0; i < e.nb; ++i)
-      if (free_in_b(e.b[i]) && (db.dims[i].mask() & p.conflict)) p.wb.dims[i] = db.dims[i];
-    for (int i = 0; i < e.no; ++i) {
-      const int ia = e.in_a(e.o[i]), ib = e.in_b(e.o[i]);
-      p.wc.dims[i] = ia >= 0 ? p.wa.dims[ia] : p.wb.dims[ib];
+    s = EinsumStrategy::GatherRight;
+    if (whole) {
+      auto seconds = [&](const EinsumPlan& q) {
+        return einsum_traffic(q, da, sa, db, sb, out_desc, so, mesh, element_bytes, -1).seconds();
+      };
+      if (seconds(with_strategy(EinsumStrategy::GatherLeft)) < seconds(with_strategy(EinsumStrategy::GatherRight)))
+        s = EinsumStrategy::GatherLeft;
     }
   }
-  if (s == EinsumStrategy::Windowed) p.wb.dims[1] = db.dims[1];  // B keeps its column blocks
-  return p;
+  return with_strategy(s);
 }
 
 // C (rows split over the ring, all columns) = A (rows split) x B (columns split), B's blocks
@@ -242,7 +263,7 @@ template <class T>
 void einsum_run(MeshState& mesh, const EinsumLabels& e, const EinsumDecision& decision, const SpecDesc& da,
                 const Extents& sa, const T* a, const SpecDesc& db, const Extents& sb, const T* b,
                 const SpecDesc& dout, const Extents& sout, T* out, EinsumStrategy strategy) {
-  const EinsumPlan plan = plan_einsum(e, decision, da, sa, db, sb, dout, mesh.shape(), strategy);
+  const EinsumPlan plan = plan_einsum(e, decision, da, sa, db, sb, dout, sout, mesh.shape(), strategy, sizeof(T));
   auto al = implicit_reshard(mesh, da, plan.wa, sa, a, "einsum");
   auto bl = implicit_reshard(mesh, db, plan.wb, sb, b, "einsum");
   const auto la = shard_layout(plan.wa, sa, mesh.shape(), mesh.coords());
@@ -333,9 +354,11 @@ std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = Ein
   using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, typename A::MeshT, e>;
   const detail::SpecDesc out = detail::einsum_output_desc(e, O::decision, O::da, O::db);
   auto& mesh = *a.mesh().state();
-  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, mesh.shape(), strategy);
+  const auto c_out = detail::einsum_output_shape(e, a.extents(), b.extents());
+  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh.shape(), strategy,
+                                     sizeof(typename A::Scalar));
   auto moves = [&](const auto& x, const detail::SpecDesc& w) {
-    return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents())->describe(mesh.shape());
+    return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents(), sizeof(typename A::Scalar))->describe(mesh.shape());
   };
   std::string local = "a ring of GEMMs on column blocks";
   if (p.strategy != EinsumStrategy::Windowed) {
@@ -349,6 +372,22 @@ std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = Ein
   }
   return detail::strategy_name(p.strategy, p.conflict) + "; a: " + moves(a, p.wa) + "; b: " + moves(b, p.wb) +
          "; output " + out.to_string(mesh.shape()) + "; local: " + local;
+}
+
+// What einsum<Eq>(a, b, strategy) will send and receive on this rank, by the cost model's
+// plans (the bytes comm_stats() counts; where shards are uneven the executor may move less).
+template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
+Traffic predict_einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
+  static_assert(!A::is_partial && !B::is_partial, "tshard: predict_einsum takes resolved operands");
+  constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
+  using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, typename A::MeshT, e>;
+  const detail::SpecDesc out = detail::einsum_output_desc(e, O::decision, O::da, O::db);
+  const auto& mesh = a.mesh().state()->shape();
+  const auto c_out = detail::einsum_output_shape(e, a.extents(), b.extents());
+  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh, strategy,
+                                     sizeof(typename A::Scalar));
+  return detail::einsum_traffic(p, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh, sizeof(typename A::Scalar),
+                                a.mesh().rank());
 }
 
 // The einsum with its output spec pinned (the annotation users give): the natural result

@@ -195,27 +195,41 @@ class StepRunner {
   Extents shape_;
 };
 
-// Plans are cached per (mesh shape, global shape, specs): repeated reshards in a loop plan once.
-inline std::shared_ptr<const ReshardPlan> cached_plan(MeshState& mesh, const SpecDesc& src, const SpecDesc& dst,
-                                                      const Extents& shape) {
-  using Key = std::tuple<std::string, std::string, std::string, Extents>;
+// Plans are cached per (mesh shape, global shape, specs, element size): repeated reshards in a
+// loop plan once.
+inline std::shared_ptr<const ReshardPlan> cached_plan(const MeshShape& mesh, const SpecDesc& src, const SpecDesc& dst,
+                                                      const Extents& shape, std::size_t element_bytes) {
+  using Key = std::tuple<std::string, std::string, std::string, Extents, std::size_t>;
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<const ReshardPlan>> cache;
-  Key key{mesh.shape().describe(), src.to_string(mesh.shape()), dst.to_string(mesh.shape()), shape};
+  Key key{mesh.describe(), src.to_string(mesh), dst.to_string(mesh), shape, element_bytes};
   std::lock_guard<std::mutex> lock(mutex);
   auto it = cache.find(key);
   if (it != cache.end() && it->second) return it->second;
   if (cache.size() > 4096) cache.clear();
-  auto p = std::make_shared<const ReshardPlan>(plan_reshard(src, dst, shape, mesh.shape()));
+  auto p = std::make_shared<const ReshardPlan>(plan_reshard(src, dst, shape, mesh, element_bytes));
   cache[key] = p;
   return p;
+}
+inline std::shared_ptr<const ReshardPlan> cached_plan(MeshState& mesh, const SpecDesc& src, const SpecDesc& dst,
+                                                      const Extents& shape, std::size_t element_bytes) {
+  return cached_plan(mesh.shape(), src, dst, shape, element_bytes);
+}
+
+// The seconds and traffic of moving a tensor between two layouts by its cached plan (nothing
+// where they are one).
+inline Traffic reshard_traffic(const MeshShape& mesh, const SpecDesc& src, const SpecDesc& dst, const Extents& shape,
+                               std::size_t element_bytes, int rank = -1) {
+  if (src == dst) return {};
+  const auto plan = cached_plan(mesh, src, dst, shape, element_bytes);
+  return rank < 0 ? plan->traffic : predicted_traffic(*plan, shape, mesh, element_bytes, rank);
 }
 
 // dst (laid out for `dst_spec`) = src (laid out for `src_spec`), by the cached plan.
 template <class T>
 void execute_reshard(MeshState& mesh, const SpecDesc& src_spec, const SpecDesc& dst_spec, const Extents& shape,
                      const T* src, T* dst) {
-  auto plan = cached_plan(mesh, src_spec, dst_spec, shape);
+  auto plan = cached_plan(mesh, src_spec, dst_spec, shape, sizeof(T));
   StepRunner<T> runner(mesh, shape);
   std::unique_ptr<Scratch<T>> held[2];
   const T* cur = src;

@@ -11,8 +11,8 @@
 // With ceil padding a step is only taken where every rank's new block lies inside what the
 // step gives it (refining S<x> to S<x,y> slices locally only when sizes divide). The staged
 // plan is compared with a direct redistribution (each rank receives exactly the elements it
-// lacks from one owner, point to point: a permute where each rank has one partner) by a
-// cost of bytes plus a per-message latency, and the cheaper one runs.
+// lacks from one owner, point to point: a permute where each rank has one partner) by the
+// cost model of comm/cost.hpp (latency rounds, bytes of the busiest rank), and the cheaper runs.
 #pragma once
 #include <algorithm>
 #include <map>
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tshard/comm/cost.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 
@@ -44,11 +45,19 @@ struct ReshardStep {
   int dim = -1;           // AllGather, ReduceScatter: the dim; AllToAll: the dim the axis leaves
   int dim2 = -1;          // AllToAll: the dim the axis joins
   std::vector<int> axes;  // the group's axes, in the order that makes group rank = shard coordinate
+  Traffic traffic;        // this step on the busiest rank (a collective's: on every rank)
 };
 
 struct ReshardPlan {
   std::vector<ReshardStep> steps;
-  double cost = 0;  // elements received by the busiest rank plus latency, summed over steps
+  Traffic traffic;   // summed over the steps (each on its busiest rank)
+  double cost = 0;   // seconds by the cost model, summed over the steps
+
+  void add(const ReshardStep& st) {
+    steps.push_back(st);
+    traffic += st.traffic;
+    cost += st.traffic.seconds();
+  }
 
   std::string describe(const MeshShape& mesh) const {
     std::string s;
@@ -60,16 +69,8 @@ struct ReshardPlan {
   }
 };
 
-// Elements a message's latency is worth in the cost model (~16 KiB of floats).
-inline constexpr double kLatencyElements = 4096;
 // How much cheaper a direct redistribution must be to replace the staged collectives.
 inline constexpr double kStagedPreference = 2.0;
-
-inline int log2_ceil(int p) {
-  int l = 0;
-  while ((1 << l) < p) ++l;
-  return l;
-}
 
 inline Index box_overlap(const ShardLayout& a, const ShardLayout& b) {
   Index v = 1;
@@ -105,7 +106,9 @@ inline std::vector<int> direct_senders(const SpecDesc& from, const MeshShape& me
 
 class Planner {
  public:
-  Planner(const Extents& shape, const MeshShape& mesh) : shape_(shape), mesh_(mesh) {}
+  // `element_bytes`: the size of one element, so costs are in bytes and seconds.
+  Planner(const Extents& shape, const MeshShape& mesh, std::size_t element_bytes)
+      : shape_(shape), mesh_(mesh), bytes_(element_bytes) {}
 
   ReshardPlan plan(const SpecDesc& src, const SpecDesc& dst) const {
     // Partial values moved as they are (operators aligning partial operands): the partial axes
@@ -117,19 +120,42 @@ class Planner {
     if (cur.partial != PartialKind::None) resolve_partial(cur, dst, p);
     std::optional<ReshardPlan> staged = staged_plan(cur, dst);
     ReshardPlan direct;
-    if (!(cur == dst)) {
-      ReshardStep st{StepKind::Direct, cur, dst};
-      direct.steps.push_back(st);
-      direct.cost = direct_cost(cur, dst);
-    }
+    if (!(cur == dst)) direct.add(ReshardStep{StepKind::Direct, cur, dst, -1, -1, {}, busiest_direct_traffic(cur, dst)});
     // Regular collectives are bandwidth-optimal and better tuned than point-to-point: the staged
     // plan wins unless the direct one is cheaper by more than kStagedPreference.
     const ReshardPlan& best =
         (staged && (staged->cost <= kStagedPreference * direct.cost || cur == dst)) ? *staged : direct;
-    for (auto& st : best.steps) p.steps.push_back(st);
-    p.cost += best.cost;
+    for (auto& st : best.steps) p.add(st);
     if (p.steps.empty()) p.steps.push_back({StepKind::Local, cur, dst});  // a plain copy
     return p;
+  }
+
+  // What rank r sends and receives in a direct redistribution from `from` to `to`: the boxes
+  // it owns that others lack, and those it lacks (O(P) layouts; the planner's busiest rank
+  // takes O(P^2), once per cached plan).
+  Traffic direct_traffic(const SpecDesc& from, const SpecDesc& to, int r) const {
+    const ShardLayout mine_from = layout(from, r), mine_to = layout(to, r);
+    std::uint64_t sent = 0, received = 0;
+    int sends = 0, receives = 0;
+    const std::uint32_t split = from.split_axes();
+    const auto cr = mesh_.coords_of(r);
+    for (int q = 0; q < mesh_.size(); ++q) {
+      if (q == r) continue;
+      const auto cq = mesh_.coords_of(q);
+      bool same = true;  // r and q are each other's senders exactly when they agree off `from`'s axes
+      for (int a = 0; a < mesh_.axes(); ++a)
+        if (!(split & (1u << a)) && cq[a] != cr[a]) same = false;
+      if (!same) continue;
+      if (const Index o = box_overlap(mine_from, layout(to, q))) {
+        sent += std::uint64_t(o) * bytes_;
+        ++sends;
+      }
+      if (const Index o = box_overlap(layout(from, q), mine_to)) {
+        received += std::uint64_t(o) * bytes_;
+        ++receives;
+      }
+    }
+    return messages_traffic(sent, received, sends, receives);
   }
 
  private:
@@ -205,9 +231,8 @@ class Planner {
         next.partial_axes &= ~(1u << a);
       }
       if (next.partial_axes == 0) next.partial = PartialKind::None;
-      const Index n = max_padded(cur);
-      p.steps.push_back({StepKind::ReduceScatter, cur, next, best_dim, -1, best_axes});
-      p.cost += double(n) * double(best_k - 1) / double(best_k) + kLatencyElements * log2_ceil(int(best_k));
+      p.add({StepKind::ReduceScatter, cur, next, best_dim, -1, best_axes,
+             reduce_scatter_traffic(std::uint64_t(max_padded(next)) * bytes_, int(best_k))});
       cur = next;
     }
     if (cur.partial != PartialKind::None) {
@@ -215,9 +240,7 @@ class Planner {
       std::vector<int> axes;
       for (int a = 0; a < mesh_.axes(); ++a)
         if (cur.partial_axes & (1u << a)) axes.push_back(a);
-      const Index k = axes_size(axes);
-      p.steps.push_back({StepKind::AllReduce, cur, next, -1, -1, axes});
-      p.cost += 2.0 * double(max_padded(cur)) * double(k - 1) / double(k) + kLatencyElements * log2_ceil(int(k));
+      p.add({StepKind::AllReduce, cur, next, -1, -1, axes, all_reduce_traffic(std::uint64_t(max_padded(cur)) * bytes_, int(axes_size(axes)))});
       cur = next;
     }
   }
@@ -237,7 +260,7 @@ class Planner {
     const std::string key = cur.to_string(mesh_);
     if (auto it = memo.find(key); it != memo.end()) return it->second;
     memo[key] = std::nullopt;  // cuts cycles while this state is open
-    std::vector<std::pair<ReshardStep, double>> options;
+    std::vector<ReshardStep> options;
     if (auto s = slice_option(cur, dst)) {
       options.push_back(*s);
     } else {
@@ -245,14 +268,16 @@ class Planner {
       all_gather_options(cur, dst, options);
     }
     std::optional<ReshardPlan> best;
-    for (auto& [st, cost] : options) {
+    for (auto& st : options) {
       auto rest = search(st.to, dst, depth - 1, memo);
       if (!rest) continue;
-      if (!best || cost + rest->cost < best->cost) {
+      // The cheaper plan; within rounding, the one of fewer steps (fewer copies, one call).
+      const double c = st.traffic.seconds() + rest->cost;
+      if (!best || c < best->cost * (1 - 1e-9) ||
+          (c <= best->cost * (1 + 1e-9) && rest->steps.size() + 1 < best->steps.size())) {
         ReshardPlan p;
-        p.steps.push_back(st);
-        p.steps.insert(p.steps.end(), rest->steps.begin(), rest->steps.end());
-        p.cost = cost + rest->cost;
+        p.add(st);
+        for (auto& r : rest->steps) p.add(r);
         best = p;
       }
     }
@@ -261,7 +286,7 @@ class Planner {
   }
 
   // Adds free target axes to every dim whose split is a prefix of its target's.
-  std::optional<std::pair<ReshardStep, double>> slice_option(const SpecDesc& cur, const SpecDesc& dst) const {
+  std::optional<ReshardStep> slice_option(const SpecDesc& cur, const SpecDesc& dst) const {
     SpecDesc next = cur;
     bool any = false;
     for (int d = 0; d < cur.rank; ++d) {
@@ -279,13 +304,12 @@ class Planner {
       }
     }
     if (!any) return std::nullopt;
-    return std::pair{ReshardStep{StepKind::Local, cur, next}, 0.0};
+    return ReshardStep{StepKind::Local, cur, next};
   }
 
   // Moves trailing axes of a dim that must shed them (one, or several together over their
   // group) to a dim whose target continues with exactly those axes.
-  void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst,
-                          std::vector<std::pair<ReshardStep, double>>& out) const {
+  void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const {
     for (int d1 = 0; d1 < cur.rank; ++d1) {
       if (cur.dims[d1].count == 0 || cur.dims[d1].is_prefix_of(dst.dims[d1])) continue;
       for (int len = 1; len <= cur.dims[d1].count; ++len) {
@@ -305,16 +329,14 @@ class Planner {
           const Index k = axes_size(axes);
           const Index chunk =
               max_padded(cur) / std::max<Index>(1, layout(cur, 0).padded[d2]) * layout(next, 0).padded[d2];
-          out.push_back({ReshardStep{StepKind::AllToAll, cur, next, d1, d2, axes},
-                         double(chunk) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
+          out.push_back({StepKind::AllToAll, cur, next, d1, d2, axes, all_to_all_traffic(std::uint64_t(chunk) * bytes_, int(k))});
         }
       }
     }
   }
 
   // Drops trailing axes of a dim that are not in its target: every suffix the padding allows.
-  void all_gather_options(const SpecDesc& cur, const SpecDesc& dst,
-                          std::vector<std::pair<ReshardStep, double>>& out) const {
+  void all_gather_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const {
     for (int d = 0; d < cur.rank; ++d) {
       if (cur.dims[d].is_prefix_of(dst.dims[d])) continue;
       int keep = 0;
@@ -326,27 +348,17 @@ class Planner {
         next.dims[d].count = first;
         if (!gathers(cur, next, d, axes)) continue;
         const Index k = axes_size(axes);
-        out.push_back({ReshardStep{StepKind::AllGather, cur, next, d, -1, axes},
-                       double(max_padded(cur)) * double(k - 1) + kLatencyElements * log2_ceil(int(k))});
+        out.push_back({StepKind::AllGather, cur, next, d, -1, axes, all_gather_traffic(std::uint64_t(max_padded(cur)) * bytes_, int(k))});
       }
     }
   }
 
-  // The busiest rank's received elements and messages in a direct redistribution.
-  double direct_cost(const SpecDesc& from, const SpecDesc& to) const {
-    double worst = 0;
+  // The direct redistribution's traffic on its busiest rank (by the cost model's seconds).
+  Traffic busiest_direct_traffic(const SpecDesc& from, const SpecDesc& to) const {
+    Traffic worst;
     for (int r = 0; r < mesh_.size(); ++r) {
-      ShardLayout t = layout(to, r);
-      Index elems = 0, messages = 0;
-      for (int s : direct_senders(from, mesh_, r)) {
-        if (s == r) continue;
-        Index o = box_overlap(layout(from, s), t);
-        if (o) {
-          elems += o;
-          ++messages;
-        }
-      }
-      worst = std::max(worst, double(elems) + kLatencyElements * double(messages));
+      const Traffic t = direct_traffic(from, to, r);
+      if (t.seconds() > worst.seconds()) worst = t;
     }
     return worst;
   }
@@ -354,10 +366,23 @@ class Planner {
  private:
   Extents shape_;
   const MeshShape& mesh_;
+  std::uint64_t bytes_;
 };
 
-inline ReshardPlan plan_reshard(const SpecDesc& src, const SpecDesc& dst, const Extents& shape, const MeshShape& mesh) {
-  return Planner(shape, mesh).plan(src, dst);
+inline ReshardPlan plan_reshard(const SpecDesc& src, const SpecDesc& dst, const Extents& shape, const MeshShape& mesh,
+                                std::size_t element_bytes) {
+  return Planner(shape, mesh, element_bytes).plan(src, dst);
+}
+
+// What rank r sends and receives (bytes as comm_stats() counts them) when the plan runs: the
+// collectives' padded blocks (equal on every rank; the executor moves only valid elements where
+// shards are uneven, so it measures at most this), a direct step's exact boxes.
+inline Traffic predicted_traffic(const ReshardPlan& plan, const Extents& shape, const MeshShape& mesh,
+                                 std::size_t element_bytes, int r) {
+  Traffic t;
+  const Planner planner(shape, mesh, element_bytes);
+  for (const auto& st : plan.steps) t += st.kind == StepKind::Direct ? planner.direct_traffic(st.from, st.to, r) : st.traffic;
+  return t;
 }
 
 }  // namespace tshard::detail

@@ -3,6 +3,11 @@
 // windows of a tensor (slice, pad, concat): dst[i] = src[i + shift] wherever both exist.
 #pragma once
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "tshard/comm/buffer_pool.hpp"
@@ -25,6 +30,52 @@ inline bool redistribute_communicates(const SpecDesc& from, const Extents& from_
   return false;
 }
 
+// One rank's part in a direct redistribution: the overlaps it sends and receives (peer, box in
+// source coordinates). Found once per (mesh, rank, layouts, shift) and cached: a loop of the
+// same move costs O(peers) per call, not the O(P^2) search.
+struct DirectPeers {
+  ShardLayout mine_from, mine_to;
+  std::vector<std::pair<int, ShardLayout>> outgoing, incoming;
+  Index send_total = 0, recv_total = 0;
+};
+
+inline std::shared_ptr<const DirectPeers> direct_peers(const MeshState& mesh, const SpecDesc& from, const Extents& from_shape,
+                                                       const SpecDesc& to, const Extents& to_shape, const Extents& shift) {
+  const MeshShape& m = mesh.shape();
+  const int me = mesh.rank();
+  using Key = std::tuple<std::string, int, std::string, Extents, std::string, Extents, Extents>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const DirectPeers>> cache;
+  Key key{m.describe(), me, from.to_string(m), from_shape, to.to_string(m), to_shape, shift};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto d = std::make_shared<DirectPeers>();
+  d->mine_from = shard_layout(from, from_shape, m, mesh.coords());
+  d->mine_to = shifted(shard_layout(to, to_shape, m, mesh.coords()), shift);  // in source coordinates
+  for (int r = 0; r < m.size(); ++r) {
+    const auto senders = direct_senders(from, m, r);
+    if (std::find(senders.begin(), senders.end(), me) == senders.end()) continue;
+    ShardLayout ov = overlap_block(d->mine_from, shifted(shard_layout_of_rank(to, to_shape, m, r), shift));
+    if (ov.valid_size()) {
+      d->outgoing.emplace_back(r, ov);
+      if (r != me) d->send_total += ov.valid_size();
+    }
+  }
+  for (int s : direct_senders(from, m, me)) {
+    ShardLayout ov = overlap_block(shard_layout_of_rank(from, from_shape, m, s), d->mine_to);
+    if (ov.valid_size()) {
+      d->incoming.emplace_back(s, ov);
+      if (s != me) d->recv_total += ov.valid_size();
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (cache.size() > 4096) cache.clear();
+  cache[key] = d;
+  return d;
+}
+
 // dst (laid out for `to` over `to_shape`) gets src (laid out for `from`, a plain spec, over
 // `from_shape`) at dst index i = src index i + shift; dst elements with no source are untouched.
 template <class T>
@@ -32,26 +83,12 @@ void redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_sha
                   const Extents& to_shape, T* dst, const Extents& shift) {
   const MeshShape& m = mesh.shape();
   const int me = mesh.rank();
-  const ShardLayout mine_from = shard_layout(from, from_shape, m, mesh.coords());
-  const ShardLayout mine_to = shifted(shard_layout(to, to_shape, m, mesh.coords()), shift);  // in source coordinates
-  std::vector<std::pair<int, ShardLayout>> outgoing, incoming;  // (peer, overlap in source coordinates)
-  Index send_total = 0, recv_total = 0;
-  for (int r = 0; r < m.size(); ++r) {
-    const auto senders = direct_senders(from, m, r);
-    if (std::find(senders.begin(), senders.end(), me) == senders.end()) continue;
-    ShardLayout ov = overlap_block(mine_from, shifted(shard_layout_of_rank(to, to_shape, m, r), shift));
-    if (ov.valid_size()) {
-      outgoing.emplace_back(r, ov);
-      if (r != me) send_total += ov.valid_size();
-    }
-  }
-  for (int s : direct_senders(from, m, me)) {
-    ShardLayout ov = overlap_block(shard_layout_of_rank(from, from_shape, m, s), mine_to);
-    if (ov.valid_size()) {
-      incoming.emplace_back(s, ov);
-      if (s != me) recv_total += ov.valid_size();
-    }
-  }
+  const auto peers = direct_peers(mesh, from, from_shape, to, to_shape, shift);
+  const ShardLayout& mine_from = peers->mine_from;
+  const ShardLayout& mine_to = peers->mine_to;
+  const auto& outgoing = peers->outgoing;
+  const auto& incoming = peers->incoming;
+  const Index send_total = peers->send_total, recv_total = peers->recv_total;
   // Every message is a box of the source or destination buffer, described by a datatype:
   // nothing is packed (past MPI's int-sized datatypes, boxes are packed into scratch).
   const ShardLayout dst_layout = shard_layout(to, to_shape, m, mesh.coords());

@@ -34,11 +34,21 @@ void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>&
   detail::execute_reshard(*t.mesh().state(), t.spec_desc, dst.spec_desc, t.extents(), t.data(), dst.data());
 }
 
+// What reshard<NewSpec>(t) will send and receive on this rank, by its plan and the cost model
+// of comm/cost.hpp (the bytes comm_stats() counts; with uneven shards the executor moves only
+// valid elements, so it measures at most this), and the seconds that model gives it.
+template <class NewSpec, class T, class M, class S, class P>
+Traffic predict_reshard(const ShardedTensor<T, M, S, P>& t) {
+  using Out = ShardedTensor<T, M, NewSpec>;
+  return detail::reshard_traffic(t.mesh().state()->shape(), t.spec_desc, Out::spec_desc, t.extents(), sizeof(T),
+                                 t.mesh().rank());
+}
+
 // The steps reshard<NewSpec>(t) would take, e.g. "all-gather {x, R} -> {R, R}".
 template <class NewSpec, class T, class M, class S, class P>
 std::string explain_reshard(const ShardedTensor<T, M, S, P>& t) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  return detail::cached_plan(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents())->describe(t.mesh().shape());
+  return detail::cached_plan(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), sizeof(T))->describe(t.mesh().shape());
 }
 
 // Whether operators may insert communication the user did not write.
@@ -70,7 +80,8 @@ inline void refuse_implicit(MeshState& mesh, const SpecDesc& have, const SpecDes
 inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                      const char* op) {
   if (implicit_communication() != ImplicitCommunication::Forbid) return;
-  for (const ReshardStep& st : cached_plan(mesh, have, want, shape)->steps)
+  // (A local-only plan costs nothing and wins for any element size: the size does not matter.)
+  for (const ReshardStep& st : cached_plan(mesh, have, want, shape, sizeof(double))->steps)
     if (st.kind != StepKind::Local) refuse_implicit(mesh, have, want, shape, op);
 }
 
