@@ -8,7 +8,8 @@
 // each collective, and the line that makes tshard use it:
 //   mpirun -np 16 ./tshard_bench_cost_model [--max-bytes 16777216] [--reps 5] [--project]
 // --project then projects train_transformer's step to 64..2048 ranks with the fitted model
-// (docs/scaling.md; one rank: with TSHARD_COST_MODEL or the defaults, nothing fitted).
+// (docs/scaling.md; one rank: with TSHARD_COST_MODEL or the defaults, nothing fitted);
+// --inter alpha,beta,gamma gives the data axis, between nodes, other coefficients.
 #include <tshard/tshard.hpp>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,8 +90,9 @@ ts::CostModel fit(const std::vector<Sample>& samples) {
 // = {P / m, m}, weak scaling (8 sequences per data rank), float: the compute at `rate` FLOP/s
 // per rank, Megatron's four activation all-reduces per block (two forward, two backward) over
 // model, the vocab-split embedding and loss (an all-reduce of the embedding's [b, T, D] partial
-// forward and backward), and the gradients' all-reduce over data, all by the cost model.
-void project(const ts::CostModel& m, double rate) {
+// forward and backward), and the gradients' all-reduce over data, all by the cost model: `m`
+// within a node (the model axis), `inter` between nodes (the data axis).
+void project(const ts::CostModel& m, const ts::CostModel& inter, double rate) {
   const double D = 1024, T = 256, b = 8, V = 1024, L = 2, H = 4 * D, bytes = 4;
   const double block_params = 4 * D * D + 2 * D * H + 9 * D + H;  // qkv, out, MLP, norms and biases
   const double params = L * block_params + V * D + T * D + 2 * D + D * V + V;
@@ -107,11 +110,11 @@ void project(const ts::CostModel& m, double rate) {
       const std::uint64_t act = std::uint64_t(b * T * D * bytes);
       for (int l = 0; l < int(L) * 4 + 2; ++l) tp += d::all_reduce_traffic(act, model);
       const ts::Traffic dp = d::all_reduce_traffic(std::uint64_t(params / model * bytes), data);
-      const double step = compute + tp.seconds(m) + dp.seconds(m);
+      const double step = compute + tp.seconds(m) + dp.seconds(inter);
       // With the gradient reduction overlapped with backward (--overlap): hidden up to backward's 2/3.
-      const double overlapped = compute + tp.seconds(m) + std::max(0.0, dp.seconds(m) - compute * 2 / 3);
+      const double overlapped = compute + tp.seconds(m) + std::max(0.0, dp.seconds(inter) - compute * 2 / 3);
       std::printf("  %6d %5d,%-4d %10.4f %10.4f %10.4f %10.4f %10.4f %7.0f%%\n", p, data, model, compute, tp.seconds(m),
-                  dp.seconds(m), step, overlapped, 100 * compute / step);
+                  dp.seconds(inter), step, overlapped, 100 * compute / step);
     }
   }
 }
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
   std::uint64_t max_bytes = 16u << 20;
   int reps = 5;
   bool projection = false;
+  std::optional<ts::CostModel> inter;  // --inter alpha,beta,gamma: between nodes (default: as within)
   double rate = 145e9;  // train_transformer's step at this size: ~70 % of a core's 207 GFLOP/s sgemm (FACTS.md)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -130,6 +134,10 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc && a == "--max-bytes") max_bytes = std::strtoull(argv[++i], nullptr, 10);
     else if (i + 1 < argc && a == "--reps") reps = std::atoi(argv[++i]);
     else if (i + 1 < argc && a == "--rate") rate = std::atof(argv[++i]);
+    else if (i + 1 < argc && a == "--inter") {
+      ts::CostModel c;
+      if (std::sscanf(argv[++i], "%lf,%lf,%lf", &c.alpha, &c.beta, &c.gamma) == 3) inter = c;
+    }
   }
   const int world = ts::Environment::world_size(), rank = ts::Environment::world_rank();
   std::vector<Sample> samples;
@@ -171,7 +179,7 @@ int main(int argc, char** argv) {
   if (world < 2) {
     if (rank == 0) std::printf("the cost model needs at least 2 ranks to fit; the model in use: alpha %.3g, beta %.3g, gamma %.3g\n",
                                ts::cost_model().alpha, ts::cost_model().beta, ts::cost_model().gamma);
-    if (rank == 0 && projection) project(ts::cost_model(), rate);
+    if (rank == 0 && projection) project(ts::cost_model(), inter.value_or(ts::cost_model()), rate);
     return 0;
   }
   const ts::CostModel m = fit(samples);
@@ -192,7 +200,7 @@ int main(int argc, char** argv) {
     std::printf("  geometric mean error %.0f%%, worst factor %.1f over all %zu timings\n",
                 100 * (std::exp(sum / double(samples.size())) - 1), worst, samples.size());
     std::printf("export TSHARD_COST_MODEL=%.3g,%.3g,%.3g\n", m.alpha, m.beta, m.gamma);
-    if (projection) project(m, rate);
+    if (projection) project(m, inter.value_or(m), rate);
   }
   return 0;
 }
