@@ -24,7 +24,7 @@ cmake --build build-asan -j "${jobs:-2}" --target $targets
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
 export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-export TSHARD_TIMEOUT=300
+export TSHARD_TIMEOUT=300 TSHARD_TEST_WATCHDOG=3000  # sanitized runs are slow: the test main's 100 s is too short
 status=0
 run() {  # run NAME COMMAND...: its last lines, and the status kept
   echo "== $1"
@@ -36,7 +36,7 @@ run() {  # run NAME COMMAND...: its last lines, and the status kept
     tail -2 build-asan/last.log | head -1
   fi
 }
-mpi() { mpirun -np "$1" --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS -x TSHARD_TIMEOUT "${@:2}"; }
+mpi() { mpirun -np "$1" --oversubscribe -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS -x TSHARD_TIMEOUT -x TSHARD_TEST_WATCHDOG "${@:2}"; }
 run "core tests (no MPI)" build-asan/tests/tshard_core_tests
 for np in $ranks; do
   run "tshard_tests on $np ranks" mpi "$np" build-asan/tests/tshard_tests
