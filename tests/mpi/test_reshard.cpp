@@ -259,9 +259,10 @@ TEST_CASE("the cost model predicts the bytes comm_stats measures for every resha
   using YX0 = ts::Spec<ts::S<"y", "x">, ts::R>;
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     M mesh({sizes[0], sizes[1]});
-    // 12 divides by every mesh size up to 6 (every block even); 7 x 5 leaves uneven blocks.
+    // 2p divides by every axis and pair of axes of a p-rank mesh (every block even); 7 x 5
+    // leaves uneven blocks.
     for (const bool even : {true, false}) {
-      const Eigen::Index n0 = even ? 12 : 7, n1 = even ? 12 : 5;
+      const Eigen::Index n0 = even ? 2 * world_size() : 7, n1 = even ? 2 * world_size() : 5;
       const Eigen::Tensor<double, 2> v = values(n0, n1, 3);
       auto check = [&](const char* what, const ts::Traffic& want, auto&& run) {
         ts::reset_comm_stats();
