@@ -14,6 +14,7 @@ namespace tshard::detail {
 inline std::string broadcast_text(MPI_Comm comm, std::string text) {
   std::int64_t n = std::int64_t(text.size());
   broadcast(comm, &n, 1, 0);
+  if (n == 0) return {};  // (and no memcpy from an empty vector's null data: UBSan)
   std::vector<std::int64_t> words(static_cast<std::size_t>((n + 7) / 8));
   if (comm_rank(comm) == 0) std::memcpy(words.data(), text.data(), text.size());
   broadcast(comm, words.data(), Index(words.size()), 0);
