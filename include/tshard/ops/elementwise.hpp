@@ -413,13 +413,15 @@ void where_run(MeshState& mesh, const SpecDesc& dm, const Extents& sm, const boo
   const auto al = align_input(mesh, da, sa, a, dout, sout, "where");
   const auto bl = align_input(mesh, db, sb, b, dout, sout, "where");
   const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
-  const bool* mk = ml.buffer.data;
+  // The runs cover the padded box, where an aligned mask's padding was never written: its bytes
+  // are read as unsigned char, not as bool (an unwritten bool is undefined behaviour; UBSan).
+  const auto* mk = reinterpret_cast<const unsigned char*>(ml.buffer.data);
   const T* x = al.buffer.data;
   const T* y = bl.buffer.data;
   for_each_broadcast_run<3>(lo.padded, dout.rank, {ml.padded, al.padded, bl.padded},
                             [&](Index o, const auto& off, const auto& inner, Index n) {
                               for (Index i = 0; i < n; ++i)
-                                out[o + i] = mk[off[0] + i * inner[0]] ? x[off[1] + i * inner[1]] : y[off[2] + i * inner[2]];
+                                out[o + i] = mk[off[0] + i * inner[0]] != 0 ? x[off[1] + i * inner[1]] : y[off[2] + i * inner[2]];
                             });
 }
 
