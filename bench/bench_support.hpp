@@ -1,6 +1,8 @@
-// Timing helpers shared by the benchmarks: one sample is the slowest rank's time after a barrier
-// (what a step of an SPMD program costs), figures are medians of interleaved runs (A B A B ...,
-// so drift from the other load on the machine hits every variant alike).
+// What the benchmarks share, so that each has one copy: timing (one sample is the slowest rank's
+// time after a barrier, what a step of an SPMD program costs; figures are medians of interleaved
+// runs, A B A B ..., so drift from the other load on the machine hits every variant alike), the
+// agreement of all ranks on a figure or a check, and the shard rule the hand-written baselines
+// split by.
 #pragma once
 #include <mpi.h>
 
@@ -11,14 +13,38 @@
 
 namespace tshard_bench {
 
+// Rank and size in MPI_COMM_WORLD (what tshard::Environment::world_rank / world_size return).
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// The largest x over the ranks of comm: a figure as the slowest rank saw it.
+inline double max_over_ranks(double x, MPI_Comm comm = MPI_COMM_WORLD) {
+  double m = 0;
+  MPI_Allreduce(&x, &m, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return m;
+}
+
+// Whether ok holds on every rank of comm: a check passes or fails on all ranks alike.
+inline bool all_ranks(bool ok, MPI_Comm comm = MPI_COMM_WORLD) {
+  int v = ok ? 1 : 0, all = 0;
+  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, comm);
+  return all == 1;
+}
+
 // Wall time of f on the slowest rank of comm, all ranks starting together.
 inline double time_once(const std::function<void()>& f, MPI_Comm comm = MPI_COMM_WORLD) {
   MPI_Barrier(comm);
   const double t0 = MPI_Wtime();
   f();
-  double t = MPI_Wtime() - t0, worst = 0;
-  MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return worst;
+  return max_over_ranks(MPI_Wtime() - t0, comm);
 }
 
 inline double median(std::vector<double> v) {
@@ -46,5 +72,16 @@ inline std::vector<double> interleaved(const std::vector<std::function<void()>>&
   for (auto& v : t) m.push_back(median(v));
   return m;
 }
+
+// The hand-written baselines' own copy of tshard's shard rule (DESIGN "Shards"): n elements in
+// `parts` blocks of ceil(n / parts), the last ones shorter or empty. Kept apart from tshard's
+// code so that a baseline checks tshard's layout rather than sharing it.
+struct Split {
+  std::ptrdiff_t n = 0, parts = 1;  // std::ptrdiff_t is Eigen::Index, what the benchmarks index with
+  std::ptrdiff_t block() const { return parts <= 1 ? n : (n + parts - 1) / parts; }
+  std::ptrdiff_t offset(std::ptrdiff_t c) const { return std::min(c * block(), n); }
+  std::ptrdiff_t valid(std::ptrdiff_t c) const { return std::clamp<std::ptrdiff_t>(n - c * block(), 0, block()); }
+  bool even() const { return n % parts == 0; }
+};
 
 }  // namespace tshard_bench

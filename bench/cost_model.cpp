@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   bool projection = false;
   std::optional<ts::CostModel> inter;  // --inter alpha,beta,gamma: between nodes (default: as within)
-  double rate = 145e9;  // train_transformer's step at this size: ~70 % of a core's 207 GFLOP/s sgemm (FACTS.md)
+  double rate = 145e9;  // train_transformer's step at this size: ~70 % of a core's 207 GFLOP/s sgemm (OpenBLAS, SkylakeX kernels)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--project") projection = true;
@@ -164,11 +164,7 @@ int main(int argc, char** argv) {
       for (const auto& k : kinds) {
         std::vector<double> t;
         for (int r = 0; r < reps + 1; ++r) {
-          MPI_Barrier(MPI_COMM_WORLD);
-          const double t0 = MPI_Wtime();
-          k.run();
-          double mine = MPI_Wtime() - t0, slowest = 0;
-          MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          const double slowest = tshard_bench::time_once(k.run);
           if (r > 0) t.push_back(slowest);  // the first is a warm-up
         }
         samples.push_back({k.name, p, block, k.traffic, tshard_bench::median(t)});

@@ -8,7 +8,7 @@
 //           update, DMDAVecGetArray loops: PETSc's standard way.
 // Variants run interleaved, alternating which goes first; a sample is the slowest rank's time
 // per iteration over --iters iterations after a barrier; the figure is the median of --rounds
-// samples. Goal (issue 4): tshard <= 1.03x hand.
+// samples. Goal: tshard <= 1.03x hand.
 //
 //   mpirun -np 2 build/bench/tshard_bench_heat2d --n 4096 --iters 20 --rounds 7
 #include <mpi.h>
@@ -47,6 +47,7 @@ long arg(int argc, char** argv, const char* name, long fallback) {
   return fallback;
 }
 
+using tshard_bench::max_over_ranks;
 using tshard_bench::median;
 
 // ---- tshard ----
@@ -99,16 +100,17 @@ struct HandHeat {
     MPI_Comm_size(comm, &p);
     MPI_Comm_rank(comm, &r);
     // The same column split as tshard's (ceil(n/p) per rank, the last ones shorter).
-    const Index b = (n + p - 1) / p, off = std::min<Index>(r * b, n);
+    const tshard_bench::Split split{n, p};
     nx = n;
-    nyl = std::clamp<Index>(n - r * b, 0, b);
+    nyl = split.valid(r);
+    const Index off = split.offset(r);
     ld = nx + 2;
     u.assign(std::size_t(ld * (nyl + 2)), 0.0);
     v = u;
     for (Index j = 0; j < nyl; ++j)
       for (Index i = 0; i < nx; ++i) u[std::size_t(i + 1 + ld * (j + 1))] = initial(i, off + j, n);
     left = r > 0 && nyl > 0 ? r - 1 : MPI_PROC_NULL;
-    right = r + 1 < p && std::clamp<Index>(n - (r + 1) * b, 0, b) > 0 && nyl > 0 ? r + 1 : MPI_PROC_NULL;
+    right = r + 1 < p && split.valid(r + 1) > 0 && nyl > 0 ? r + 1 : MPI_PROC_NULL;
   }
   void step() {
     double* a = u.data();
@@ -204,18 +206,14 @@ double time_iters(F&& step, int iters) {
   MPI_Barrier(MPI_COMM_WORLD);
   const double t0 = MPI_Wtime();
   for (int k = 0; k < iters; ++k) step();
-  double t = (MPI_Wtime() - t0) / iters, worst = 0;
-  MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return worst;
+  return max_over_ranks((MPI_Wtime() - t0) / iters);
 }
 
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size()) return INFINITY;
   double m = 0;
   for (std::size_t k = 0; k < a.size(); ++k) m = std::max(m, std::abs(a[k] - b[k]));
-  double all = 0;
-  MPI_Allreduce(&m, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return all;
+  return max_over_ranks(m);
 }
 
 }  // namespace

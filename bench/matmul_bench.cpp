@@ -21,6 +21,8 @@
 
 namespace ts = tshard;
 using tshard_bench::interleaved;
+using tshard_bench::world_rank;
+using tshard_bench::world_size;
 
 // ScaLAPACK and BLACS, C interfaces as Debian's libscalapack-openmpi exports them.
 extern "C" {
@@ -47,9 +49,6 @@ int pilaenv_(int*, char*) { return g_pilaenv; }
 }
 
 namespace {
-
-int world_rank() { return ts::Environment::world_rank(); }
-int world_size() { return ts::Environment::world_size(); }
 
 template <class T>
 void blas_gemm(int m, int n, int k, const T* a, int lda, const T* b, int ldb, T* c, int ldc, T beta = T(0)) {

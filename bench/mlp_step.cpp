@@ -30,8 +30,11 @@
 #include "bench_support.hpp"
 
 namespace ts = tshard;
+using tshard_bench::all_ranks;
 using tshard_bench::interleaved;
 using tshard_bench::time_once;
+using tshard_bench::world_rank;
+using tshard_bench::world_size;
 
 namespace {
 
@@ -47,8 +50,6 @@ struct Options {
   float lr = 0.5f;
 };
 
-int world_rank() { return ts::Environment::world_rank(); }
-int world_size() { return ts::Environment::world_size(); }
 bool root() { return world_rank() == 0; }
 
 // Reproducible values in [-scale, scale) from (seed, i, j): the same on every rank and layout.
@@ -221,12 +222,6 @@ double rel_diff(const Eigen::Tensor<float, 2>& a, const Eigen::Tensor<float, 2>&
     den = std::max(den, double(std::abs(b.data()[i])));
   }
   return den > 0 ? num / den : num;
-}
-
-bool all_ranks(bool ok) {
-  int v = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&v, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
 }
 
 constexpr double kTolerance = 1e-3;
