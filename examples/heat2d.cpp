@@ -1,6 +1,6 @@
 // The explicit 2-D heat equation, u += r * (5-point Laplacian of u), zero outside the grid, on a
 // grid split over a 2-D mesh of ranks. The fields live in extended blocks (ghost cells), and a
-// HaloPlan exchanges their halos in place while the inner points are updated (start / finish).
+// HaloExchange exchanges their halos in place while the inner points are updated (start / finish).
 // The final checksum is summed in global column-major order, so it equals the single-rank
 // run's bit for bit: every point, inner or outer, goes through the one kernel heat_point.
 //
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   using Grid = ts::Spec<ts::S<"x">, ts::S<"y">>;
 
   auto u0 = ts::from_function<double, Grid>(mesh, {nx, ny}, [&](auto i) { return initial(i[0], i[1], nx, ny); });
-  ts::HaloPlan<double, 2> plan(u0, {1, 1}, ts::Boundary::Zero);
+  ts::HaloExchange<double, 2> plan(u0, {1, 1}, ts::Boundary::Zero);
   Eigen::Tensor<double, 2> u = plan.make_extended(), v = plan.make_extended();
   plan.load_interior(u0, u);
 

@@ -1,9 +1,11 @@
 // Core arithmetic without MPI: rank <-> coordinates, size inference, shard arithmetic,
-// descriptors and the reshard planner's choices.
+// descriptors, the box iterator, halo geometry and the reshard planner's choices.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "tshard/core/box_copy.hpp"
+#include "tshard/core/box_iterator.hpp"
+#include "tshard/core/halo_geometry.hpp"
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec.hpp"
@@ -211,4 +213,110 @@ TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
   }
   INFO(parsed << " parsed, " << rejected << " rejected");
   REQUIRE(parsed + rejected == iterations);
+}
+
+TEST_CASE("for_each_index walks a box column-major, merges whole leading dims, and stops on false") {
+  const Extents e{3, 2, 4};
+  std::vector<Index> seen;
+  for_each_index(e, 0, 3, [&](const Extents& i) { seen.push_back(i[0] + 3 * i[1] + 6 * i[2]); });
+  REQUIRE(seen.size() == 24);
+  for (std::size_t k = 0; k < seen.size(); ++k) REQUIRE(seen[k] == Index(k));
+  int calls = 0;
+  for_each_index(e, 1, 3, [&](const Extents& i) { calls += i[0] == 0; });
+  REQUIRE(calls == 8);  // dims 1 and 2 only
+  calls = 0;
+  for_each_index(e, 0, 0, [&](const Extents&) { ++calls; });
+  REQUIRE(calls == 1);  // a rank-0 box is one element
+  calls = 0;
+  for_each_index(Extents{3, 0, 4}, 0, 3, [&](const Extents&) { ++calls; });
+  REQUIRE(calls == 0);
+  calls = 0;
+  for_each_index(e, 0, 3, [&](const Extents&) { return ++calls < 5; });
+  REQUIRE(calls == 5);
+  // Dims 0 and 1 are whole in both buffers, so the box is one run of 12 elements.
+  REQUIRE(first_outer_dim(Extents{3, 2, 2}, 3, Extents{3, 2, 4}, Extents{3, 2, 5}) == 3);
+  // Dim 1 is not whole in the first buffer: runs of 6 (dims 0 and 1), one per index of dim 2.
+  REQUIRE(first_outer_dim(Extents{3, 2, 2}, 3, Extents{3, 3, 4}, Extents{3, 2, 5}) == 2);
+  REQUIRE(first_outer_dim(Extents{2, 2, 2}, 3, Extents{3, 2, 4}) == 1);
+  std::vector<int> buf(24, 0);
+  fill_box(buf.data(), e, Extents{1, 0, 1}, Extents{2, 2, 2}, 3, 7);
+  int sevens = 0;
+  for (int v : buf) sevens += v == 7;
+  REQUIRE(sevens == 8);
+  REQUIRE(buf[1 + 3 * 0 + 6 * 1] == 7);
+  REQUIRE(buf[0 + 3 * 0 + 6 * 1] == 0);
+}
+
+// Every window element is written once, by the rank that holds it (or zero beyond a Zero
+// boundary), and what rank a sends to rank b is exactly what b expects from a.
+TEST_CASE("halo geometry: every window element comes from its owner once, and both ends agree on every message") {
+  const Extents shape{7, 5};
+  for (auto sizes : std::vector<std::vector<int>>{{1, 1}, {2, 1}, {1, 3}, {2, 2}, {3, 2}, {2, 3}, {4, 1}}) {
+    const MeshShape m = mesh_of(sizes);
+    for (auto sp : {spec({{0}, {1}}), spec({{1}, {0}}), spec({{0, 1}, {}}), spec({{}, {1, 0}}), spec({{}, {}})}) {
+      for (auto boundary : {ts::Boundary::Zero, ts::Boundary::Periodic}) {
+        for (Index w : {1, 3, 9}) {  // 9: wider than any shard, and than the tensor
+          const Extents before{w, 1}, after{2, w};
+          std::vector<HaloLayout> plans;
+          for (int r = 0; r < m.size(); ++r) plans.push_back(plan_halo(sp, shape, m, r, before, after, boundary));
+          for (int r = 0; r < m.size(); ++r) {
+            const HaloLayout& h = plans[std::size_t(r)];
+            const ShardLayout mine = shard_layout_of_rank(sp, shape, m, r);
+            if (mine.valid_size() == 0) {
+              REQUIRE(volume(h.window, 2) == 0);
+              continue;
+            }
+            REQUIRE(h.window[0] == mine.valid[0] + w + 2);
+            REQUIRE(h.window[1] == mine.valid[1] + 1 + w);
+            // Where each window element comes from: its global index, or -1 for a zero.
+            std::vector<Index> got(std::size_t(volume(h.window, 2)), -2);
+            auto place = [&](const HaloBox& b, int source) {
+              const ShardLayout sl = source >= 0 ? shard_layout_of_rank(sp, shape, m, source) : ShardLayout{};
+              for_each_index(b.extent, 0, 2, [&](const Extents& i) {
+                Index& slot = got[std::size_t(b.dst[0] + i[0] + h.window[0] * (b.dst[1] + i[1]))];
+                REQUIRE(slot == -2);  // written once
+                slot = source < 0 ? -1
+                                  : (sl.offset[0] + b.src[0] + i[0]) + shape[0] * (sl.offset[1] + b.src[1] + i[1]);
+                if (source >= 0) {
+                  REQUIRE(b.src[0] + i[0] < sl.valid[0]);
+                  REQUIRE(b.src[1] + i[1] < sl.valid[1]);
+                }
+              });
+            };
+            for (auto& b : h.self) place(b, r);
+            for (auto& b : h.zeros) place(b, -1);
+            for (auto& msg : h.recvs)
+              for (auto& b : msg.boxes) place(b, msg.peer);
+            for (Index j = 0; j < h.window[1]; ++j)
+              for (Index i = 0; i < h.window[0]; ++i) {
+                Index g[2] = {mine.offset[0] - before[0] + i, mine.offset[1] - before[1] + j};
+                bool outside = false;
+                for (int d = 0; d < 2; ++d) {
+                  outside |= g[d] < 0 || g[d] >= shape[d];
+                  g[d] = ((g[d] % shape[d]) + shape[d]) % shape[d];
+                }
+                const Index want = outside && boundary == ts::Boundary::Zero ? -1 : g[0] + shape[0] * g[1];
+                REQUIRE(got[std::size_t(i + h.window[0] * j)] == want);
+              }
+            // Both ends of every message agree on its boxes.
+            for (auto& msg : h.sends) {
+              const HaloLayout& peer = plans[std::size_t(msg.peer)];
+              auto it = std::find_if(peer.recvs.begin(), peer.recvs.end(), [&](auto& x) { return x.peer == r; });
+              REQUIRE(it != peer.recvs.end());
+              REQUIRE(it->count == msg.count);
+              REQUIRE(it->boxes.size() == msg.boxes.size());
+              for (std::size_t k = 0; k < msg.boxes.size(); ++k) {
+                REQUIRE(it->boxes[k].src == msg.boxes[k].src);
+                REQUIRE(it->boxes[k].extent == msg.boxes[k].extent);
+              }
+            }
+            std::size_t expected_from = 0;
+            for (int q = 0; q < m.size(); ++q)
+              for (auto& msg : plans[std::size_t(q)].sends) expected_from += msg.peer == r;
+            REQUIRE(h.recvs.size() == expected_from);
+          }
+        }
+      }
+    }
+  }
 }

@@ -355,8 +355,8 @@ TEST_CASE("a Megatron block moves the analytic bytes: 2 activation all-reduces f
       // (stage 2: each chunk of ceil(n/d) once to each other rank) and the parameters all-gathered.
       std::uint64_t elements = 0, chunks = 0;
       block.for_each_parameter([&](auto& p, auto&) {
-        elements += std::uint64_t(p.local_size());
-        chunks += std::uint64_t((p.local_size() + d - 1) / d);
+        elements += std::uint64_t(p.padded_size());
+        chunks += std::uint64_t((p.padded_size() + d - 1) / d);
       });
       if (zero == 0)
         TS_REQUIRE_ALL(grads == 2 * elements * sizeof(double) * std::uint64_t(d - 1) / std::uint64_t(d));

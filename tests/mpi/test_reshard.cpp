@@ -93,6 +93,14 @@ std::string check_reshard(d::MeshState& mesh, const Case& c) {
 
 }  // namespace
 
+// One transition checked against the serial value on every rank, its plan named on failure.
+static void require_reshard_matches(d::MeshState& st, const Case& c) {
+  const std::string err = check_reshard(st, c);
+  INFO(describe(c, st.shape()) << ": " << err << " (plan: "
+                              << d::cached_plan(st, c.src, c.dst, c.shape, sizeof(double))->describe(st.shape()) << ")");
+  TS_REQUIRE_ALL(err.empty());
+}
+
 TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, uneven shapes included") {
   const auto specs = tshard_test::all_specs(2, 2);
   REQUIRE(specs.size() == 11);
@@ -102,11 +110,7 @@ TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, un
     for (d::Extents shape : {d::Extents{7, 5}, d::Extents{2, 3}, d::Extents{0, 4}, d::Extents{12, 6}})
       for (const auto& src : specs)
         for (const auto& dst : specs) {
-          Case c{src, dst, shape};
-          const std::string err = check_reshard(st, c);
-          INFO(describe(c, st.shape()) << ": " << err << " (plan: "
-                                      << d::cached_plan(st, src, dst, shape, sizeof(double))->describe(st.shape()) << ")");
-          TS_REQUIRE_ALL(err.empty());
+          require_reshard_matches(st, Case{src, dst, shape});
         }
   }
 }
@@ -126,11 +130,7 @@ TEST_CASE("partial sums, maxima and minima resolve to R or S on every 2-D mesh")
           src.partial = kinds[kind++ % 3];
           src.partial_axes = pmask;
           for (const auto& dst : specs) {
-            Case c{src, dst, shape};
-            const std::string err = check_reshard(st, c);
-            INFO(describe(c, st.shape()) << ": " << err << " (plan: "
-                                        << d::cached_plan(st, src, dst, shape, sizeof(double))->describe(st.shape()) << ")");
-            TS_REQUIRE_ALL(err.empty());
+            require_reshard_matches(st, Case{src, dst, shape});
           }
         }
       }

@@ -110,7 +110,7 @@ TEST_CASE("from_local wraps existing shards without copying, padded or valid-siz
     // Zero-copy over a raw buffer of the padded local shape.
     auto padded = ts::padded_local_shape<X>(mesh, {7, 5});
     std::vector<double> buf(static_cast<std::size_t>(padded[0] * padded[1]));
-    std::copy(ref.data(), ref.data() + ref.local_size(), buf.begin());
+    std::copy(ref.data(), ref.data() + ref.padded_size(), buf.begin());
     auto w = ts::from_local<X>(mesh, {7, 5}, buf.data());
     TS_REQUIRE_ALL(w.data() == buf.data());
     TS_REQUIRE_ALL(compare(w.gather(), g) == "");
@@ -132,7 +132,7 @@ TEST_CASE("from_local with the buffer's size checks it: too small on one rank is
     auto ref = ts::distribute<X>(mesh, g);
     auto padded = ts::padded_local_shape<X>(mesh, {7, 5});
     std::vector<double> buf(static_cast<std::size_t>(padded[0] * padded[1]));
-    std::copy(ref.data(), ref.data() + ref.local_size(), buf.begin());
+    std::copy(ref.data(), ref.data() + ref.padded_size(), buf.begin());
     auto w = ts::from_local<X>(mesh, {7, 5}, std::span(buf));
     TS_REQUIRE_ALL(w.data() == buf.data() && compare(w.gather(), g) == "");
     auto p = ts::from_local<X>(mesh, {7, 5}, buf.data(), buf.size());
@@ -168,9 +168,9 @@ TEST_CASE("copies are deep and moves keep the storage") {
   ts::Mesh<"x"> mesh({-1});
   auto a = ts::from_function<float, ts::Spec<ts::S<"x">>>(mesh, {9}, [](auto i) { return float(i[0]); });
   auto b = a;
-  TS_REQUIRE_ALL(b.data() != a.data() || a.local_size() == 0);
-  if (b.local_size()) b.data()[0] = -1;
-  TS_REQUIRE_ALL(a.local_size() == 0 || a.data()[0] != -1);
+  TS_REQUIRE_ALL(b.data() != a.data() || a.padded_size() == 0);
+  if (b.padded_size()) b.data()[0] = -1;
+  TS_REQUIRE_ALL(a.padded_size() == 0 || a.data()[0] != -1);
   const float* storage = a.data();
   auto c = std::move(a);
   TS_REQUIRE_ALL(c.data() == storage);

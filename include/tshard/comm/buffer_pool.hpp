@@ -1,5 +1,5 @@
 // A pool of aligned buffers for tensor storage and scratch. Fresh memory costs ~2 us per 4 KiB
-// page on first touch here (FACTS.md), more than many collectives, so freed buffers are kept
+// page on first touch here (33-41 ms per 64 MiB), more than many collectives, so freed buffers are kept
 // and handed out again instead of going back to the allocator.
 #pragma once
 #include <algorithm>

@@ -63,17 +63,23 @@ std::uint64_t bytes_of(Index n) {
   return std::uint64_t(n) * sizeof(T);
 }
 
-// recv[i*n .. (i+1)*n) = send of group rank i.
-template <class T>
-void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
+// What every fixed-count collective shares: on one rank, or with nothing to move, it is a copy;
+// otherwise f(p, offset, count) runs once per chunk of at most the chunk limit.
+template <class T, class F>
+void chunked_collective(MPI_Comm comm, const T* send, T* recv, Index n, F&& f) {
   const int p = comm_size(comm);
   if (p == 1 || n == 0) {
     if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
     return;
   }
   const Index limit = collective_chunk_limit();
-  for (Index off = 0; off < n; off += limit) {
-    const Index c = std::min(limit, n - off);
+  for (Index off = 0; off < n; off += limit) f(p, off, std::min(limit, n - off));
+}
+
+// recv[i*n .. (i+1)*n) = send of group rank i.
+template <class T>
+void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
+  chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_gather_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("all_gather", tr.sent, tr.received);
     if (c == n) {
@@ -82,38 +88,24 @@ void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
       StridedBlock<T> block(c, n);
       MPI_Allgather(send + off, int(c), mpi_datatype<T>(), recv + off, 1, block.get(), comm);
     }
-  }
+  });
 }
 
 // recv = op over the group of send; send == recv reduces in place.
 template <class T>
 void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
-  const int p = comm_size(comm);
-  if (p == 1 || n == 0) {
-    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
-    return;
-  }
-  const Index limit = collective_chunk_limit();
-  for (Index off = 0; off < n; off += limit) {
-    const Index c = std::min(limit, n - off);
+  chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_reduce_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("all_reduce", tr.sent, tr.received);
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
                   mpi_datatype<T>(), mpi_op(op), comm);
-  }
+  });
 }
 
 // send holds p blocks of n; group rank i receives op over the group of block i.
 template <class T>
 void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
-  const int p = comm_size(comm);
-  if (p == 1 || n == 0) {
-    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
-    return;
-  }
-  const Index limit = collective_chunk_limit();
-  for (Index off = 0; off < n; off += limit) {
-    const Index c = std::min(limit, n - off);
+  chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = reduce_scatter_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("reduce_scatter", tr.sent, tr.received);
     if (c == n) {
@@ -122,20 +114,13 @@ void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, Reduce
       StridedBlock<T> block(c, n);
       MPI_Reduce_scatter_block(send + off, recv + off, 1, block.get(), mpi_op(op), comm);
     }
-  }
+  });
 }
 
 // Block i of send (n elements) goes to group rank i; recv block j comes from group rank j.
 template <class T>
 void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
-  const int p = comm_size(comm);
-  if (p == 1 || n == 0) {
-    if (send != recv && n) std::memcpy(recv, send, bytes_of<T>(n));
-    return;
-  }
-  const Index limit = collective_chunk_limit();
-  for (Index off = 0; off < n; off += limit) {
-    const Index c = std::min(limit, n - off);
+  chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_to_all_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("all_to_all", tr.sent, tr.received);
     if (c == n) {
@@ -144,7 +129,7 @@ void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
       StridedBlock<T> block(c, n);
       MPI_Alltoall(send + off, 1, block.get(), recv + off, 1, block.get(), comm);
     }
-  }
+  });
 }
 
 template <class T>
@@ -170,6 +155,38 @@ struct Message {
   Index count;
   MPI_Datatype type = MPI_DATATYPE_NULL;
 };
+
+// Posts the nonblocking receive of m into reqs: one call for a typed message (count 1 of
+// m.type), chunks of the collective limit otherwise. Chunks of one message arrive in order
+// (MPI's non-overtaking rule), so both sides only need to agree on the count.
+template <class T>
+void post_receive(std::vector<MPI_Request>& reqs, MPI_Comm comm, const Message<T>& m, int tag) {
+  if (m.type != MPI_DATATYPE_NULL) {
+    reqs.emplace_back();
+    MPI_Irecv(m.data, 1, m.type, m.peer, tag, comm, &reqs.back());
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < m.count; off += limit) {
+    reqs.emplace_back();
+    MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
+  }
+}
+// The nonblocking send of m, chunked like post_receive.
+template <class T>
+void post_send(std::vector<MPI_Request>& reqs, MPI_Comm comm, const Message<const T>& m, int tag) {
+  T* data = const_cast<T*>(m.data);  // MPI-3 takes const buffers; older headers do not
+  if (m.type != MPI_DATATYPE_NULL) {
+    reqs.emplace_back();
+    MPI_Isend(data, 1, m.type, m.peer, tag, comm, &reqs.back());
+    return;
+  }
+  const Index limit = collective_chunk_limit();
+  for (Index off = 0; off < m.count; off += limit) {
+    reqs.emplace_back();
+    MPI_Isend(data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
+  }
+}
 
 // An MPI datatype for the box [start, start + extent) of a column-major buffer of extents
 // `dims`, so that strided blocks travel without packing. With `stride` >= 0 its extent is
@@ -346,33 +363,11 @@ void exchange(MPI_Comm comm, const std::vector<Message<const T>>& sends, const s
   if (self_src && self_dst && self_n && self_src != self_dst) std::memcpy(self_dst, self_src, bytes_of<T>(self_n));
   if (sent == 0 && received == 0) return;
   CollectiveTimer t(kind, sent, received);
-  const Index limit = collective_chunk_limit();
   std::vector<MPI_Request> reqs;
-  for (auto& m : recvs) {
-    if (m.peer == me) continue;
-    if (m.type != MPI_DATATYPE_NULL) {
-      reqs.emplace_back();
-      MPI_Irecv(m.data, 1, m.type, m.peer, tag, comm, &reqs.back());
-      continue;
-    }
-    for (Index off = 0; off < m.count; off += limit) {
-      reqs.emplace_back();
-      MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs.back());
-    }
-  }
-  for (auto& m : sends) {
-    if (m.peer == me) continue;
-    if (m.type != MPI_DATATYPE_NULL) {
-      reqs.emplace_back();
-      MPI_Isend(const_cast<T*>(m.data), 1, m.type, m.peer, tag, comm, &reqs.back());
-      continue;
-    }
-    for (Index off = 0; off < m.count; off += limit) {
-      reqs.emplace_back();
-      MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
-                comm, &reqs.back());
-    }
-  }
+  for (auto& m : recvs)
+    if (m.peer != me) post_receive(reqs, comm, m, tag);
+  for (auto& m : sends)
+    if (m.peer != me) post_send(reqs, comm, m, tag);
   MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
 }
 
@@ -398,23 +393,15 @@ class AsyncExchange {
     sent_ = received_ = 0;
     begin_ = std::chrono::steady_clock::now();
     const int me = comm_rank(comm);
-    const Index limit = collective_chunk_limit();
     for (auto& m : recvs) {
       if (m.peer == me) continue;
       received_ += bytes_of<T>(m.count);
-      for (Index off = 0; off < m.count; off += limit) {
-        reqs_.emplace_back();
-        MPI_Irecv(m.data + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag, comm, &reqs_.back());
-      }
+      post_receive(reqs_, comm, m, tag);
     }
     for (auto& m : sends) {
       if (m.peer == me) continue;
       sent_ += bytes_of<T>(m.count);
-      for (Index off = 0; off < m.count; off += limit) {
-        reqs_.emplace_back();
-        MPI_Isend(const_cast<T*>(m.data) + off, int(std::min(limit, m.count - off)), mpi_datatype<T>(), m.peer, tag,
-                  comm, &reqs_.back());
-      }
+      post_send(reqs_, comm, m, tag);
     }
   }
 
@@ -426,7 +413,7 @@ class AsyncExchange {
     }
     reqs_.clear();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin_).count();
-    comm_stats().record(current_operator(), kind_, sent_, received_, s);
+    record_collective(current_operator(), kind_, sent_, received_, s);
   }
 
  private:

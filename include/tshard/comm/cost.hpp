@@ -6,7 +6,7 @@
 //   seconds = alpha * rounds + beta * max(bytes sent, bytes received) + gamma * bytes reduced
 //
 // alpha is a message's latency, beta the inverse bandwidth of one rank, gamma the inverse rate
-// of a reduction. The defaults were measured on the 2-core machines of FACTS.md; on a cluster,
+// of a reduction. The defaults were fitted on our 2-core development machines; on a cluster,
 // `bash bench/run_cost_model.sh` fits them and prints the line that sets them:
 //   export TSHARD_COST_MODEL=alpha,beta,gamma     (seconds, seconds per byte, seconds per byte)
 // The reshard planner and einsum's Auto strategy choose by this model, and nothing else.

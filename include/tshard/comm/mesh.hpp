@@ -138,6 +138,7 @@ class Mesh {
   int rank() const { return state_->rank(); }
   MPI_Comm comm() const { return state_->comm(); }
   const detail::MeshShape& shape() const { return state_->shape(); }
+  // The communicators and coordinates that tshard's descriptor code runs on; users need none of it.
   const std::shared_ptr<detail::MeshState>& state() const { return state_; }
   bool operator==(const Mesh& o) const { return state_ == o.state_; }
 

@@ -103,7 +103,7 @@ class PendingReduction {
     reqs_.clear();
     blocks_.clear();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    comm_stats().record(op_, kind_, moved_, moved_, s);
+    record_collective(op_, kind_, moved_, moved_, s);
   }
 
   std::vector<MPI_Request> reqs_;

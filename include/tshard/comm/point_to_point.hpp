@@ -34,23 +34,14 @@ class PendingMessage {
   static PendingMessage send(MPI_Comm comm, int peer, const T* data, Index n, int tag) {
     CollectiveTimer t("send", bytes_of<T>(n), 0);
     PendingMessage m;
-    const Index limit = collective_chunk_limit();
-    for (Index off = 0; off < n; off += limit) {
-      m.reqs_.emplace_back();
-      MPI_Isend(const_cast<T*>(data) + off, int(std::min(limit, n - off)), mpi_datatype<T>(), peer, tag, comm,
-                &m.reqs_.back());
-    }
+    post_send(m.reqs_, comm, Message<const T>{peer, data, n}, tag);
     return m;
   }
   template <class T>
   static PendingMessage receive(MPI_Comm comm, int peer, T* data, Index n, int tag) {
     CollectiveTimer t("recv", 0, bytes_of<T>(n));
     PendingMessage m;
-    const Index limit = collective_chunk_limit();
-    for (Index off = 0; off < n; off += limit) {
-      m.reqs_.emplace_back();
-      MPI_Irecv(data + off, int(std::min(limit, n - off)), mpi_datatype<T>(), peer, tag, comm, &m.reqs_.back());
-    }
+    post_receive(m.reqs_, comm, Message<T>{peer, data, n}, tag);
     return m;
   }
 

@@ -47,6 +47,12 @@ struct OperatorStats {
   }
 };
 
+class CommStats;
+namespace detail {
+inline void record_collective(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received,
+                       double seconds);
+}
+
 class CommStats {
  public:
   // Operators by name; nested operators are joined with '/': "matmul/reshard".
@@ -80,6 +86,9 @@ class CommStats {
              std::to_string(c.seconds * 1e3) + " ms\n";
     return s;
   }
+ private:
+  // Only comm/ records, through detail::record_collective.
+  friend void detail::record_collective(const std::string&, const char*, std::uint64_t, std::uint64_t, double);
   void record(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received, double seconds) {
     CollectiveStats& c = ops_[op].collectives[kind];
     c.calls += 1;
@@ -88,7 +97,6 @@ class CommStats {
     c.seconds += seconds;
   }
 
- private:
   std::map<std::string, OperatorStats> ops_;
 };
 
@@ -98,6 +106,12 @@ inline CommStats& comm_stats() {
   return stats;
 }
 inline void reset_comm_stats() { comm_stats().reset(); }
+
+// Counts one call of collective `kind` under operator `op` in this rank's stats.
+inline void detail::record_collective(const std::string& op, const char* kind, std::uint64_t sent,
+                                      std::uint64_t received, double seconds) {
+  comm_stats().record(op, kind, sent, received, seconds);
+}
 
 namespace detail {
 
@@ -155,7 +169,7 @@ class CollectiveTimer {
       const double start = std::chrono::duration<double, std::micro>(start_ - trace.origin()).count();
       trace.add({kind_, current_operator(), start, s * 1e6, sent_, received_, true});
     }
-    comm_stats().record(current_operator(), kind_, sent_, received_, s);
+    record_collective(current_operator(), kind_, sent_, received_, s);
   }
   CollectiveTimer(const CollectiveTimer&) = delete;
   CollectiveTimer& operator=(const CollectiveTimer&) = delete;

@@ -1,84 +1,42 @@
-// Copy of an N-D box between two column-major buffers of different extents: the one local
-// data-movement kernel that slicing, packing and unpacking share.
+// Copy and fill of an N-D box of column-major buffers of different extents: the local
+// data-movement kernels that slicing, packing, unpacking and halos share.
 #pragma once
 #include <algorithm>
 #include <cstring>
 
+#include "tshard/core/box_iterator.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::detail {
 
-// Copies `extent` elements per dim from src (extents src_dims, box origin src_start) to dst.
-// Leading dims that are whole in both buffers are merged so memcpy runs are as long as possible.
+// Copies `extent` elements per dim from src (extents src_dims, box origin src_start) to dst,
+// in memcpy runs as long as the two buffers allow.
 template <class T>
 void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T* dst,
               const Extents& dst_dims, const Extents& dst_start, const Extents& extent, int rank) {
-  for (int d = 0; d < rank; ++d)
-    if (extent[d] <= 0) return;
-  if (rank == 0) {
-    *dst = *src;
-    return;
-  }
-  // Linear offsets of the box origins and strides.
-  Extents ss{}, ds{};
-  Index so = 0, dof = 0, s = 1, t = 1;
-  for (int d = 0; d < rank; ++d) {
-    ss[d] = s;
-    ds[d] = t;
-    so += src_start[d] * s;
-    dof += dst_start[d] * t;
-    s *= src_dims[d];
-    t *= dst_dims[d];
-  }
-  // Merge leading dims while the box covers them whole in both buffers.
-  Index run = extent[0];
-  int first = 1;
-  while (first < rank && extent[first - 1] == src_dims[first - 1] && extent[first - 1] == dst_dims[first - 1]) {
-    run *= extent[first];
-    ++first;
-  }
-  Extents idx{};
-  const T* sp = src + so;
-  T* dp = dst + dof;
-  for (;;) {
-    Index soff = 0, doff = 0;
-    for (int d = first; d < rank; ++d) {
-      soff += idx[d] * ss[d];
-      doff += idx[d] * ds[d];
-    }
-    std::memcpy(dp + doff, sp + soff, static_cast<std::size_t>(run) * sizeof(T));
-    int d = first;
-    for (; d < rank; ++d) {
-      if (++idx[d] < extent[d]) break;
-      idx[d] = 0;
-    }
-    if (d == rank) return;
-  }
+  if (empty_box(extent, rank)) return;
+  const Extents ss = strides_of(src_dims, rank), ds = strides_of(dst_dims, rank);
+  const T* sp = src + offset_of(src_start, ss, 0, rank);
+  T* dp = dst + offset_of(dst_start, ds, 0, rank);
+  const int first = first_outer_dim(extent, rank, src_dims, dst_dims);
+  const std::size_t run = static_cast<std::size_t>(volume(extent, first)) * sizeof(T);
+  for_each_index(extent, first, rank, [&](const Extents& i) {
+    std::memcpy(dp + offset_of(i, ds, first, rank), sp + offset_of(i, ss, first, rank), run);
+  });
 }
 
 // Sets the box [start, start + extent) of a column-major buffer of extents `dims` to `value`.
 template <class T>
 void fill_box(T* buf, const Extents& dims, const Extents& start, const Extents& extent, int rank, const T& value) {
-  for (int d = 0; d < rank; ++d)
-    if (extent[d] <= 0) return;
-  Extents stride{}, i{};
-  Index s = 1, base = 0;
-  for (int d = 0; d < rank; ++d) {
-    stride[d] = s;
-    base += start[d] * s;
-    s *= dims[d];
-  }
-  for (;;) {
-    Index off = base;
-    for (int d = 1; d < rank; ++d) off += i[d] * stride[d];
-    std::fill(buf + off, buf + off + extent[0], value);
-    int d = 1;
-    for (; d < rank; ++d) {
-      if (++i[d] < extent[d]) break;
-      i[d] = 0;
-    }
-    if (d >= rank) return;
-  }
+  if (empty_box(extent, rank)) return;
+  const Extents s = strides_of(dims, rank);
+  T* base = buf + offset_of(start, s, 0, rank);
+  const int first = first_outer_dim(extent, rank, dims);
+  const Index run = volume(extent, first);
+  for_each_index(extent, first, rank, [&](const Extents& i) {
+    T* p = base + offset_of(i, s, first, rank);
+    std::fill(p, p + run, value);
+  });
 }
 
 // Calls f(offset, length) for every contiguous run of a block's valid elements in its padded
@@ -86,26 +44,10 @@ void fill_box(T* buf, const Extents& dims, const Extents& start, const Extents& 
 template <class F>
 void for_each_valid_run(const ShardLayout& l, F&& f) {
   if (l.valid_size() == 0) return;
-  if (l.rank == 0) return f(Index(0), Index(1));
-  Extents stride{}, i{};
-  for (Index d = 0, s = 1; d < l.rank; ++d) {
-    stride[d] = s;
-    s *= l.padded[d];
-  }
-  Index run = l.valid[0];
-  int first = 1;
-  while (first < l.rank && l.valid[first - 1] == l.padded[first - 1]) run *= l.valid[first++];
-  for (;;) {
-    Index off = 0;
-    for (int d = first; d < l.rank; ++d) off += i[d] * stride[d];
-    f(off, run);
-    int d = first;
-    for (; d < l.rank; ++d) {
-      if (++i[d] < l.valid[d]) break;
-      i[d] = 0;
-    }
-    if (d >= l.rank) return;
-  }
+  const Extents s = strides_of(l.padded, l.rank);
+  const int first = first_outer_dim(l.valid, l.rank, l.padded);
+  const Index run = volume(l.valid, first);
+  for_each_index(l.valid, first, l.rank, [&](const Extents& i) { f(offset_of(i, s, first, l.rank), run); });
 }
 
 // Copies the overlap of two blocks' valid boxes (global coordinates) from one buffer to the other.

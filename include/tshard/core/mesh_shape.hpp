@@ -38,6 +38,20 @@ struct MeshShape {
     for (int a = 0; a < axes(); ++a) r = r * sizes[a] + c[a];
     return r;
   }
+  // Whether ranks a and b have the same coordinates on every axis outside the bit mask `axes`.
+  // With a spec's split axes: whether they hold blocks of the same copy of the tensor.
+  bool same_outside(int a, int b, std::uint32_t axes) const {
+    const auto ca = coords_of(a), cb = coords_of(b);
+    for (int x = 0; x < this->axes(); ++x)
+      if (!(axes & (1u << x)) && ca[x] != cb[x]) return false;
+    return true;
+  }
+  // Whether coordinates c are 0 on every axis outside `axes`: the first copy of the tensor.
+  bool first_outside(const std::array<int, kMaxAxes>& c, std::uint32_t axes) const {
+    for (int x = 0; x < this->axes(); ++x)
+      if (!(axes & (1u << x)) && c[x] != 0) return false;
+    return true;
+  }
   std::string describe() const {
     std::string s = "(";
     for (int a = 0; a < axes(); ++a) {
@@ -47,6 +61,32 @@ struct MeshShape {
     return s + ")";
   }
 };
+
+// The axes set in a bit mask, in order.
+inline std::vector<int> axes_of_mask(std::uint32_t mask, int axes) {
+  std::vector<int> v;
+  for (int a = 0; a < axes; ++a)
+    if (mask & (1u << a)) v.push_back(a);
+  return v;
+}
+
+// The number of ranks in a group over `axes`: the product of their sizes.
+inline int group_size(const MeshShape& m, const std::vector<int>& axes) {
+  int k = 1;
+  for (int a : axes) k *= m.sizes[a];
+  return k;
+}
+
+// Coordinates of group rank g of the group over `axes` (mixed radix, first axis major, as
+// shard numbers count), with the other coordinates taken from `base`.
+inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const std::vector<int>& axes, long g,
+                                                     std::array<int, kMaxAxes> base) {
+  for (int i = int(axes.size()) - 1; i >= 0; --i) {
+    base[axes[i]] = int(g % m.sizes[axes[i]]);
+    g /= m.sizes[axes[i]];
+  }
+  return base;
+}
 
 // Resolve one -1 entry so that the product equals `ranks`; MeshError when impossible.
 // Depends only on global facts, so every rank throws alike.

@@ -6,12 +6,11 @@
 #include <array>
 #include <cstdint>
 
+#include "tshard/core/box_iterator.hpp"
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 
 namespace tshard::detail {
-
-using Index = std::int64_t;
 
 constexpr Index padded_extent(Index n, Index parts) { return parts <= 1 ? n : (n + parts - 1) / parts; }
 constexpr Index shard_offset(Index n, Index parts, Index c) { return std::min(c * padded_extent(n, parts), n); }
@@ -32,7 +31,13 @@ inline Index split_coord(const DimSplit& s, const MeshShape& m, const std::array
   return c;
 }
 
-using Extents = std::array<Index, kMaxRank>;
+// The inverse of split_coord: writes shard coordinate k of a split into the coordinates of its axes.
+inline void set_split_coord(const DimSplit& s, const MeshShape& m, Index k, std::array<int, kMaxAxes>& coords) {
+  for (int i = s.count - 1; i >= 0; --i) {
+    coords[s[i]] = int(k % m.sizes[s[i]]);
+    k /= m.sizes[s[i]];
+  }
+}
 
 inline Index volume(const Extents& e, int rank) {
   Index v = 1;

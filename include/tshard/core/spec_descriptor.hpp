@@ -41,6 +41,11 @@ struct DimSplit {
 
 enum class PartialKind : std::uint8_t { None, Sum, Max, Min };
 
+// The reduction that resolves a partial of kind k.
+constexpr ReduceOp reduce_op_of(PartialKind k) {
+  return k == PartialKind::Max ? ReduceOp::Max : k == PartialKind::Min ? ReduceOp::Min : ReduceOp::Sum;
+}
+
 struct SpecDesc {
   int rank = 0;
   std::array<DimSplit, kMaxRank> dims{};

@@ -13,11 +13,7 @@ namespace tshard::io::detail {
 // them (coordinate 0 on every axis the tensor is not split over).
 inline bool first_replica(const tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
                           const tshard::detail::ShardLayout& layout) {
-  if (layout.valid_size() == 0) return false;
-  const std::uint32_t split = spec.split_axes();
-  for (int a = 0; a < mesh.shape().axes(); ++a)
-    if (!(split & (1u << a)) && mesh.coords()[a] != 0) return false;
-  return true;
+  return layout.valid_size() != 0 && mesh.shape().first_outside(mesh.coords(), spec.split_axes());
 }
 
 // Moves a rank's valid box between its column-major padded buffer and a contiguous C-order box
@@ -32,48 +28,39 @@ void c_order_copy(const tshard::detail::ShardLayout& layout, const T* from, T* t
     return;
   }
   const tshard::detail::Index n0 = layout.valid[0], nl = layout.valid[r - 1];
-  // Strides of dims 0 and r-1 in both layouts, and of the middle dims.
-  tshard::detail::Index col_stride[tshard::detail::kMaxRank], c_stride[tshard::detail::kMaxRank];
-  col_stride[0] = 1;
-  for (int d = 1; d < r; ++d) col_stride[d] = col_stride[d - 1] * layout.padded[d - 1];
+  // Strides of every dim in both layouts; the middle dims are walked, dims 0 and r-1 transposed.
+  using tshard::detail::Extents;
+  using tshard::detail::Index;
+  const Extents col_stride = tshard::detail::strides_of(layout.padded, r);
+  Extents c_stride{};
   c_stride[r - 1] = 1;
   for (int d = r - 2; d >= 0; --d) c_stride[d] = c_stride[d + 1] * layout.valid[d + 1];
-  tshard::detail::Extents mid{};
-  constexpr tshard::detail::Index B = 64;
-  for (;;) {
-    tshard::detail::Index col = 0, c = 0;
-    for (int d = 1; d < r - 1; ++d) {
-      col += mid[d] * col_stride[d];
-      c += mid[d] * c_stride[d];
-    }
-    const tshard::detail::Index ls = col_stride[r - 1], fs = c_stride[0];
-    for (tshard::detail::Index i0 = 0; i0 < n0; i0 += B) {
-      const tshard::detail::Index a_end = std::min(n0, i0 + B);
-      for (tshard::detail::Index il = 0; il < nl; il += B) {
-        const tshard::detail::Index b_end = std::min(nl, il + B);
+  constexpr Index B = 64;
+  const Index ls = col_stride[r - 1], fs = c_stride[0];
+  tshard::detail::for_each_index(layout.valid, 1, r - 1, [&](const Extents& mid) {
+    const Index col = tshard::detail::offset_of(mid, col_stride, 1, r - 1);
+    const Index c = tshard::detail::offset_of(mid, c_stride, 1, r - 1);
+    for (Index i0 = 0; i0 < n0; i0 += B) {
+      const Index a_end = std::min(n0, i0 + B);
+      for (Index il = 0; il < nl; il += B) {
+        const Index b_end = std::min(nl, il + B);
         // The inner loop writes contiguously: along the last dim in C order, the first in ours.
         if constexpr (ToCOrder) {
-          for (tshard::detail::Index a = i0; a < a_end; ++a) {
+          for (Index a = i0; a < a_end; ++a) {
             T* __restrict__ dst = to + c + a * fs;
             const T* __restrict__ src = from + col + a;
-            for (tshard::detail::Index b = il; b < b_end; ++b) dst[b] = src[b * ls];
+            for (Index b = il; b < b_end; ++b) dst[b] = src[b * ls];
           }
         } else {
-          for (tshard::detail::Index b = il; b < b_end; ++b) {
+          for (Index b = il; b < b_end; ++b) {
             T* __restrict__ dst = to + col + b * ls;
             const T* __restrict__ src = from + c + b;
-            for (tshard::detail::Index a = i0; a < a_end; ++a) dst[a] = src[a * fs];
+            for (Index a = i0; a < a_end; ++a) dst[a] = src[a * fs];
           }
         }
       }
     }
-    int d = 1;
-    for (; d < r - 1; ++d) {
-      if (++mid[d] < layout.valid[d]) break;
-      mid[d] = 0;
-    }
-    if (d >= r - 1) break;
-  }
+  });
 }
 
 template <class T>

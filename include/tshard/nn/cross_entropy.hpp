@@ -19,6 +19,16 @@ template <class L, class X>
 inline constexpr bool is_label_tensor_v =
     X::rank == L::rank - 1 && (std::is_same_v<typename X::Scalar, std::int32_t> || std::is_same_v<typename X::Scalar, std::int64_t>);
 
+// What the losses and metrics over logits take: logits [B, V] or [B, T, V], and integer labels
+// of the logits' leading dims.
+template <class L, class Labels>
+constexpr void require_logits_and_labels() {
+  static_assert(L::rank >= 2, "tshard: cross_entropy and accuracy take logits [B, V] or [B, T, V]");
+  static_assert(is_label_tensor_v<L, Labels>,
+                "tshard: the labels of cross_entropy and accuracy are an int32 or int64 tensor of the logits' leading "
+                "dims ([B] or [B, T])");
+}
+
 // The labels laid out like the logits' rows (an implicit reshard where they are not), checked
 // against [0, V): IndexError on every rank.
 template <class L, class Labels>
@@ -70,9 +80,9 @@ auto pick_labelled(const Z& z, const Labels& labels) {
   for (int d = 0; d + 1 < Z::rank; ++d) shape[d] = z.extents()[d];
   Out out(z.mesh(), shape);
   T* o = out.data();
-  std::fill(o, o + out.local_size(), T(0));
+  std::fill(o, o + out.padded_size(), T(0));
   const T* zd = z.data();
-  const tshard::detail::Index rows = labels.local_size();  // the padded rows of z's block
+  const tshard::detail::Index rows = labels.padded_size();  // the padded rows of z's block
   for_each_labelled(z, labels, [&](tshard::detail::Index r, tshard::detail::Index v) { o[r] = zd[r + v * rows]; });
   return out;
 }
@@ -95,9 +105,7 @@ double rows_of(const X& logits) {
 // split) and integer labels [...]; the same value on every rank.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 typename L::Scalar cross_entropy(const L& logits_in, const Labels& labels) {
-  static_assert(L::rank >= 2, "tshard: cross_entropy takes logits [B, V] or [B, T, V]");
-  static_assert(detail::is_label_tensor_v<L, Labels>,
-                "tshard: cross_entropy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
+  detail::require_logits_and_labels<L, Labels>();
   using T = typename L::Scalar;
   tshard::detail::OperatorScope scope("cross_entropy");
   const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");
@@ -114,9 +122,7 @@ typename L::Scalar cross_entropy(const L& logits_in, const Labels& labels) {
 // hits, the same value on every rank. Times the rows, it adds up over batches.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 typename L::Scalar accuracy(const L& logits_in, const Labels& labels) {
-  static_assert(L::rank >= 2, "tshard: accuracy takes logits [B, V] or [B, T, V]");
-  static_assert(detail::is_label_tensor_v<L, Labels>,
-                "tshard: accuracy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
+  detail::require_logits_and_labels<L, Labels>();
   using T = typename L::Scalar;
   tshard::detail::OperatorScope scope("accuracy");
   const auto& logits = tshard::detail::resolved(logits_in, "accuracy");
@@ -125,7 +131,7 @@ typename L::Scalar accuracy(const L& logits_in, const Labels& labels) {
   using Hits = ShardedTensor<T, typename L::MeshT, typename decltype(predicted)::SpecType>;
   Hits hits(logits.mesh(), predicted.global_shape());
   T* h = hits.data();
-  std::fill(h, h + hits.local_size(), T(0));
+  std::fill(h, h + hits.padded_size(), T(0));
   const auto* want = std::as_const(lab).data();
   const std::int64_t* got = predicted.data();
   tshard::detail::for_each_valid_run(hits.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
@@ -138,16 +144,14 @@ typename L::Scalar accuracy(const L& logits_in, const Labels& labels) {
 // d cross_entropy / d logits = (softmax(logits) - onehot(labels)) / rows, with the logits' spec.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 auto cross_entropy_backward(const L& logits_in, const Labels& labels) {
-  static_assert(L::rank >= 2, "tshard: cross_entropy takes logits [B, V] or [B, T, V]");
-  static_assert(detail::is_label_tensor_v<L, Labels>,
-                "tshard: cross_entropy's labels are an int32 or int64 tensor of the logits' leading dims ([B] or [B, T])");
+  detail::require_logits_and_labels<L, Labels>();
   using T = typename L::Scalar;
   tshard::detail::OperatorScope scope("cross_entropy_backward");
   const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy_backward");
   const auto lab = detail::aligned_labels(logits, labels, "cross_entropy_backward");
   auto p = softmax<L::rank - 1>(logits);
   T* pd = p.data();
-  const tshard::detail::Index rows = lab.local_size();
+  const tshard::detail::Index rows = lab.padded_size();
   detail::for_each_labelled(p, lab, [&](tshard::detail::Index r, tshard::detail::Index v) { pd[r + v * rows] -= T(1); });
   return std::move(p) * (T(1) / T(detail::rows_of(logits)));
 }

@@ -70,17 +70,17 @@ class Embedding : public Module {
     shape[Ids::rank] = weight_.extents()[1];
     Out out(mesh_, shape);
     T* o = out.data();
-    std::fill(o, o + out.local_size(), T(0));
+    std::fill(o, o + out.padded_size(), T(0));
     const T* table = weight_.data();
     const auto& tl = weight_.layout();
-    const tshard::detail::Index rows = ids.local_size();
+    const tshard::detail::Index rows = ids.padded_size();
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
       for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = table[v + tl.padded[0] * d];
     });
     auto& saved = saved_.current();
     saved.hits.clear();
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { saved.hits.emplace_back(r, v); });
-    saved.rows = ids.local_size();
+    saved.rows = ids.padded_size();
     saved.out_desc = Out::spec_desc.without_partial();
     saved.out_shape = out.extents();
     saved.ids_axes = Ids::spec_desc.split_axes();

@@ -100,7 +100,7 @@ void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDes
 template <class T, class M, class S>
 void zero_fill(ShardedTensor<T, M, S>& g) {
   tshard::detail::TensorAccess::acquire_storage(g, false);
-  std::fill(g.data(), g.data() + g.local_size(), T(0));
+  std::fill(g.data(), g.data() + g.padded_size(), T(0));
 }
 
 // The typed form: grad += contribution, with the deferred axes' sums left to the owner. A
@@ -118,7 +118,7 @@ void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, st
     // The first contribution after the owner's zero_grad(): copied, not added to zeros.
     tshard::detail::TensorAccess::acquire_storage(grad, false);
     const typename C::Scalar* c = contribution.data();
-    std::copy(c, c + grad.local_size(), grad.data());
+    std::copy(c, c + grad.padded_size(), grad.data());
     return;
   }
   tshard::detail::TensorAccess::acquire_storage(grad, true);

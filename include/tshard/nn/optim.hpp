@@ -256,7 +256,7 @@ class Optimizer {
     s.release_param = [&param] { Access::release_storage(param); };
     s.release_grad = [&grad] { Access::release_storage(grad); };
     s.layout = param.layout();
-    s.size = param.local_size();
+    s.size = param.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
     s.deferred = layer_owned && data && !split_over_data;
     s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned;

@@ -141,7 +141,7 @@ class Pipeline {
     auto busy = [&](auto&& f) {
       const auto t0 = std::chrono::steady_clock::now();
       f();
-      st.busy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      st.busy_seconds += seconds_since(t0);
     };
     for (const PipelineTask& task : pipeline_order(o_.schedule, stages_, stage_, mbs)) {
       const int m = task.microbatch;
@@ -151,12 +151,11 @@ class Pipeline {
       std::optional<Activation> dy;
       if (task.forward && !first()) {
         inputs[m] = stage.boundary(mb);
-        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ - 1, inputs[m]->data(),
-                                                           inputs[m]->local_size(), tag(m, true));
-        st.boundary_bytes = std::uint64_t(inputs[m]->local_size()) * sizeof(T);
+        incoming = receive(*inputs[m], m, true);
+        st.boundary_bytes = std::uint64_t(inputs[m]->padded_size()) * sizeof(T);
       } else if (!task.forward && !last()) {
         dy = stage.boundary(mb);
-        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ + 1, dy->data(), dy->local_size(), tag(m, false));
+        incoming = receive(*dy, m, false);
       }
       st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
       sending.reset();
@@ -191,8 +190,7 @@ class Pipeline {
         if (!result) throw SpecError("tshard::nn::Pipeline: a stage after the first returned no gradient");
       }
       sending = std::move(result);
-      outgoing = tshard::detail::PendingMessage::send(stage_comm_, task.forward ? stage_ + 1 : stage_ - 1, sending->data(),
-                                                      sending->local_size(), tag(m, task.forward));
+      outgoing = send(*sending, m, task.forward);
     }
     st.idle_seconds += outgoing.wait();
     sending.reset();
@@ -200,7 +198,7 @@ class Pipeline {
     st.microbatch_activation_bytes = kept_by_forwards / std::uint64_t(mbs);
     st.kept_bytes = stats.bytes_in_use > base ? stats.bytes_in_use - base : 0;
     st.peak_activation_bytes = stats.peak_bytes_in_use > base ? stats.peak_bytes_in_use - base : 0;
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    st.seconds = seconds_since(start);
     return st;
   }
 
@@ -223,8 +221,7 @@ class Pipeline {
       tshard::detail::PendingMessage incoming;
       if (!first()) {
         input = stage.boundary(mb);
-        incoming = tshard::detail::PendingMessage::receive(stage_comm_, stage_ - 1, input->data(), input->local_size(),
-                                                           tag(m, true));
+        incoming = receive(*input, m, true);
       }
       st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
       sending.reset();
@@ -235,20 +232,35 @@ class Pipeline {
         result = stage.forward(mb, first() ? nullptr : &*input);
       }
       release_micro_batch(detail::kInferenceSlot);
-      st.busy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      st.busy_seconds += seconds_since(t0);
       input.reset();
       if (last()) continue;
       if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
       sending = std::move(result);
-      outgoing = tshard::detail::PendingMessage::send(stage_comm_, stage_ + 1, sending->data(), sending->local_size(), tag(m, true));
+      outgoing = send(*sending, m, true);
     }
     st.idle_seconds += outgoing.wait();
-    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    st.seconds = seconds_since(start);
     return st;
   }
 
  private:
   static int tag(int microbatch, bool forward) { return 8101 + 2 * microbatch + (forward ? 0 : 1); }
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // Micro-batch m's activation (forward: from the stage before, to the stage after) or its
+  // gradient (the other way), posted now and completed by wait_all.
+  template <class A>
+  tshard::detail::PendingMessage receive(A& a, int m, bool forward) const {
+    return tshard::detail::PendingMessage::receive(stage_comm_, forward ? stage_ - 1 : stage_ + 1, a.data(),
+                                                   a.padded_size(), tag(m, forward));
+  }
+  template <class A>
+  tshard::detail::PendingMessage send(A& a, int m, bool forward) const {
+    return tshard::detail::PendingMessage::send(stage_comm_, forward ? stage_ + 1 : stage_ - 1, std::as_const(a).data(),
+                                                a.padded_size(), tag(m, forward));
+  }
   static void check_rows(Eigen::Index rows, int microbatches) {
     if (microbatches < 1 || rows % microbatches != 0)
       throw ShapeError("tshard::nn::Pipeline: a batch of " + std::to_string(rows) + " rows does not divide into " +

@@ -275,6 +275,28 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
   }
 }
 
+// out = in (k) v, or v (k) in where ScalarLeft, over n elements: the kernel of with_scalar,
+// instantiated per element type, not per spec.
+template <BinaryKind K, bool ScalarLeft, class T>
+void scalar_run(const T* in, T v, T* o, Index n) {
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(o, n);
+  if constexpr (K == BinaryKind::Add) xo = xi + v;
+  if constexpr (K == BinaryKind::Sub) {
+    if constexpr (ScalarLeft) xo = v - xi;
+    else xo = xi - v;
+  }
+  if constexpr (K == BinaryKind::Div) {
+    if constexpr (std::is_integral_v<T>) {
+      for (Index i = 0; i < n; ++i) o[i] = ScalarLeft ? SafeDivide<T>{}(v, in[i]) : SafeDivide<T>{}(in[i], v);
+    } else if constexpr (ScalarLeft) {
+      xo = v / xi;
+    } else {
+      xo = xi / v;
+    }
+  }
+}
+
 // tensor (k) scalar, or scalar (k) tensor where ScalarLeft. Only partial sum * s, s * partial
 // sum and partial sum / s stay partial: s - p, s / p and p + s would count s once per rank.
 template <BinaryKind K, bool ScalarLeft, class X, class S>
@@ -290,31 +312,27 @@ auto with_scalar(const X& x, S s, const char* name) {
     return TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
   } else {
     X out(x.mesh(), x.global_shape());
-    const T v = T(s);
-    const Index n = x.local_size();
-    const T* in = x.data();
-    T* o = out.data();
-    Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(o, n);
-    if constexpr (K == BinaryKind::Add) xo = xi + v;
-    if constexpr (K == BinaryKind::Sub) {
-      if constexpr (ScalarLeft) xo = v - xi;
-      else xo = xi - v;
-    }
-    if constexpr (K == BinaryKind::Div) {
-      if constexpr (std::is_integral_v<T>) {
-        for (Index i = 0; i < n; ++i) o[i] = ScalarLeft ? SafeDivide<T>{}(v, in[i]) : SafeDivide<T>{}(in[i], v);
-      } else if constexpr (ScalarLeft) {
-        xo = v / xi;
-      } else {
-        xo = xi / v;
-      }
-    }
+    scalar_run<K, ScalarLeft, T>(x.data(), T(s), out.data(), x.padded_size());
     return out;
   }
 }
 
 enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
+
+// out = k(in) over n elements, instantiated per element type, not per spec.
+template <UnaryKind K, class T>
+void unary_run(const T* in, T* out, Index n) {
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out, n);
+  if constexpr (K == UnaryKind::Exp) xo = xi.exp();
+  if constexpr (K == UnaryKind::Log) xo = xi.log();
+  if constexpr (K == UnaryKind::Tanh) xo = xi.tanh();
+  if constexpr (K == UnaryKind::Sqrt) xo = xi.sqrt();
+  if constexpr (K == UnaryKind::Relu) xo = xi.max(T(0));
+  if constexpr (K == UnaryKind::Abs) xo = xi.abs();
+  if constexpr (K == UnaryKind::Square) xo = xi.square();
+  if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
+}
 
 template <UnaryKind K, class X>
 auto unary(const X& x, const char* name) {
@@ -328,17 +346,7 @@ auto unary(const X& x, const char* name) {
     return TensorAccess::scaled(x, T(-1));
   } else {
     X out(x.mesh(), x.global_shape());
-    const Index n = x.local_size();
-    Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(x.data(), n);
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out.data(), n);
-    if constexpr (K == UnaryKind::Exp) xo = xi.exp();
-    if constexpr (K == UnaryKind::Log) xo = xi.log();
-    if constexpr (K == UnaryKind::Tanh) xo = xi.tanh();
-    if constexpr (K == UnaryKind::Sqrt) xo = xi.sqrt();
-    if constexpr (K == UnaryKind::Relu) xo = xi.max(T(0));
-    if constexpr (K == UnaryKind::Abs) xo = xi.abs();
-    if constexpr (K == UnaryKind::Square) xo = xi.square();
-    if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
+    unary_run<K, T>(x.data(), out.data(), x.padded_size());
     return out;
   }
 }
@@ -649,7 +657,7 @@ auto pow(const X& xin, S p) {
   const auto& x = detail::resolved(xin, "pow");
   using Out = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
   Out out(x.mesh(), x.global_shape());
-  const detail::Index n = x.local_size();
+  const detail::Index n = x.padded_size();
   Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(x.data(), n);
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out.data(), n);
   xo = xi.pow(T(p));

@@ -1,6 +1,7 @@
 // One local GEMM with BLAS's transpose flags and leading dimensions: CBLAS where the build
 // found one (TSHARD_USE_BLAS, the default when OpenBLAS is installed), Eigen's matrix product
-// otherwise (never the Tensor module's contract, which is 1.5-2x slower here: FACTS.md).
+// otherwise (never the Tensor module's contract, which never calls BLAS: 110-146 GFLOP/s
+// in float here, against 207 for OpenBLAS's sgemm on one core).
 #pragma once
 #include <Eigen/Core>
 

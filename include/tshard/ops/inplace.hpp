@@ -61,7 +61,7 @@ ShardedTensor<T, M, SY, PY>& compound_expiring(ShardedTensor<T, M, SY, PY>& y, S
       T* buf = const_cast<T*>(v.data);  // this tensor's own buffer, expiring
       {
         OperatorScope outer(name), scope("auto");
-        all_reduce(mesh.group_of_mask(X::spec_desc.partial_axes), buf, buf, x.local_size(), ReduceOp::Sum);
+        all_reduce(mesh.group_of_mask(X::spec_desc.partial_axes), buf, buf, x.padded_size(), ReduceOp::Sum);
       }
       ShardedTensor<T, M, SX> resolved_x(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x, false));
       if (v.scaled) return compound<K>(y, TensorAccess::scaled(resolved_x, v.scale), name);
@@ -79,7 +79,7 @@ Y& compound_scalar(Y& y, S s, const char* name) {
   static_assert(!Y::is_partial || keeps,
                 "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
   const T v = T(s);
-  const Index n = y.local_size();
+  const Index n = y.padded_size();
   T* p = y.data();
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> a(p, n);
   if constexpr (K == BinaryKind::Add) a += v;

@@ -130,6 +130,63 @@ auto sum_leading_dims(const X& x) {
   }
 }
 
+namespace detail {
+// argmax along `dim` on one rank, instantiated per element type: the best (value, global index)
+// of this shard for every output element, then the candidates of the split's group gathered and
+// combined, so every rank ends with the same answer; ties go to the lowest index, as in numpy.
+template <class T>
+void argmax_run(MeshState& mesh, const SpecDesc& spec, const ShardLayout& l, const T* x, int dim,
+                const ShardLayout& ol, std::int64_t* out) {
+  const Index n = ol.padded_size();
+  std::vector<T> best(static_cast<std::size_t>(n), T(0));
+  std::vector<std::int64_t> where(static_cast<std::size_t>(n), -1);
+  auto better = [](T v, std::int64_t i, T b, std::int64_t j) {
+    if (j < 0) return true;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(b)) return std::isnan(v) && i < j;
+      if (std::isnan(v)) return true;
+    }
+    return v > b || (v == b && i < j);
+  };
+  // Output strides over the input's dims (0 along dim).
+  Extents ostride{};
+  Index s = 1;
+  for (int d = 0, k = 0; d < l.rank; ++d)
+    if (d != dim) {
+      ostride[d] = s;
+      s *= ol.padded[k++];
+    }
+  const Extents istride = strides_of(l.padded, l.rank);
+  if (l.valid_size() > 0)
+    for_each_index(l.valid, 0, l.rank, [&](const Extents& i) {
+      const Index o = offset_of(i, ostride, 0, l.rank);
+      const T v = x[offset_of(i, istride, 0, l.rank)];
+      const std::int64_t g = l.offset[dim] + i[dim];
+      if (better(v, g, best[o], where[o])) {
+        best[o] = v;
+        where[o] = g;
+      }
+    });
+  const DimSplit& split = spec.dims[dim];
+  const int k = int(split_parts(split, mesh.shape()));
+  std::vector<T> all_best(static_cast<std::size_t>(n * k));
+  std::vector<std::int64_t> all_where(static_cast<std::size_t>(n * k));
+  MPI_Comm group = mesh.group(split);
+  all_gather(group, best.data(), n, all_best.data());
+  all_gather(group, where.data(), n, all_where.data());
+  for (Index o = 0; o < n; ++o) {
+    T b = T(0);
+    std::int64_t j = -1;
+    for (int g = 0; g < k; ++g)
+      if (all_where[g * n + o] >= 0 && better(all_best[g * n + o], all_where[g * n + o], b, j)) {
+        b = all_best[g * n + o];
+        j = all_where[g * n + o];
+      }
+    out[o] = j;
+  }
+}
+}  // namespace detail
+
 // Index of the largest element along Dim (int64, never partial): ties go to the lowest global
 // index and NaN wins, as in numpy. A split Dim is combined across its axes with one all-gather
 // of (value, index) candidates.
@@ -144,54 +201,11 @@ auto argmax(const X& xin) {
   using OutSpec = typename detail::drop_dims<S, Dim>::type;
   using Out = ShardedTensor<std::int64_t, typename X::MeshT, OutSpec>;
   constexpr int OutRank = OutSpec::rank;
-  const auto& l = x.layout();
   std::array<Eigen::Index, OutRank> shape{};
   for (int d = 0, k = 0; d < X::rank; ++d)
     if (d != Dim) shape[k++] = x.extents()[d];
   Out out(x.mesh(), shape);
-  const detail::Index n = out.local_size();
-  // Local candidates: best value and its global index (-1 where this shard holds none).
-  std::vector<T> best(static_cast<std::size_t>(n), T(0));
-  std::vector<std::int64_t> where(static_cast<std::size_t>(n), -1);
-  auto better = [](T v, std::int64_t i, T b, std::int64_t j) {
-    if (j < 0) return true;
-    if constexpr (std::is_floating_point_v<T>) {
-      if (std::isnan(b)) return std::isnan(v) && i < j;
-      if (std::isnan(v)) return true;
-    }
-    return v > b || (v == b && i < j);
-  };
-  detail::for_each_local<X::rank>(l, [&](const auto& g, detail::Index lin) {
-    detail::Index o = 0, stride = 1;
-    for (int d = 0, k = 0; d < X::rank; ++d) {
-      if (d == Dim) continue;
-      o += (g[d] - l.offset[d]) * stride;
-      stride *= out.layout().padded[k++];
-    }
-    const T v = x.data()[lin];
-    if (better(v, g[Dim], best[o], where[o])) {
-      best[o] = v;
-      where[o] = g[Dim];
-    }
-  });
-  auto& mesh = *x.mesh().state();
-  const auto& split = x.spec_desc.dims[Dim];
-  const int k = int(detail::split_parts(split, mesh.shape()));
-  std::vector<T> all_best(static_cast<std::size_t>(n * k));
-  std::vector<std::int64_t> all_where(static_cast<std::size_t>(n * k));
-  MPI_Comm group = mesh.group(split);
-  detail::all_gather(group, best.data(), n, all_best.data());
-  detail::all_gather(group, where.data(), n, all_where.data());
-  for (detail::Index o = 0; o < n; ++o) {
-    T b = T(0);
-    std::int64_t j = -1;
-    for (int g = 0; g < k; ++g)
-      if (all_where[g * n + o] >= 0 && better(all_best[g * n + o], all_where[g * n + o], b, j)) {
-        b = all_best[g * n + o];
-        j = all_where[g * n + o];
-      }
-    out.data()[o] = j;
-  }
+  detail::argmax_run<T>(*x.mesh().state(), X::spec_desc, x.layout(), x.data(), Dim, out.layout(), out.data());
   return out;
 }
 

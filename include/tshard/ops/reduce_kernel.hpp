@@ -52,14 +52,9 @@ void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::ar
       s *= op_ext[k++];
     }
   }
-  Extents i{};
   const Index run = l.valid[0];
-  for (;;) {
-    Index ib = 0, ob = 0;
-    for (int d = 1; d < l.rank; ++d) {
-      ib += i[d] * istride[d];
-      ob += i[d] * ostride[d];
-    }
+  for_each_index(l.valid, 1, l.rank, [&](const Extents& i) {
+    const Index ib = offset_of(i, istride, 1, l.rank), ob = offset_of(i, ostride, 1, l.rank);
     const T* src = in + ib;
     if (reduced[0] && op == ReduceOp::Sum) {  // vectorised, with Eigen's blocked (more accurate) summation
       out[ob] += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, run).sum();
@@ -71,13 +66,7 @@ void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::ar
       T* dst = out + ob;
       for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], src[x]);
     }
-    int d = 1;
-    for (; d < l.rank; ++d) {
-      if (++i[d] < l.valid[d]) break;
-      i[d] = 0;
-    }
-    if (d >= l.rank) return;
-  }
+  });
 }
 
 }  // namespace tshard::detail

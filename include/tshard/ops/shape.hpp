@@ -1,9 +1,18 @@
-// Shape operators. transpose permutes dims and the spec with them: no communication.
+// Shape operators: transpose permutes dims and the spec with them (no communication); slice,
+// pad and concat move only what lands on other ranks; reshape is free where every rank already
+// holds its new block.
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "tshard/comm/failure.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/ops/elementwise.hpp"
+#include "tshard/reshard/redistribute.hpp"
+#include "tshard/tensor/factories.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
@@ -20,21 +29,9 @@ auto transpose(const X& x) {
   std::array<Eigen::Index, X::rank> shape{};
   for (int d = 0; d < X::rank; ++d) shape[d] = x.extents()[perm[d]];
   Out out(x.mesh(), shape);
-  if (out.local_size()) out.local() = x.local().shuffle(perm);
+  if (out.padded_size()) out.local() = x.local().shuffle(perm);
   return out;
 }
-
-}  // namespace tshard
-
-#include <map>
-#include <mutex>
-#include <tuple>
-
-#include "tshard/comm/failure.hpp"
-#include "tshard/reshard/redistribute.hpp"
-#include "tshard/tensor/factories.hpp"
-
-namespace tshard {
 
 namespace detail {
 template <int Rank, std::size_t N>
@@ -83,7 +80,7 @@ auto pad(const X& xin, const Eigen::Index (&before)[N], const Eigen::Index (&aft
   }
   using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType>;
   Out out(x.mesh(), detail::to_array<Rank>(shape));
-  std::fill(out.data(), out.data() + out.local_size(), value);
+  std::fill(out.data(), out.data() + out.padded_size(), value);
   detail::implicit_redistribute(*x.mesh().state(), x.spec_desc, x.extents(), x.data(), Out::spec_desc, out.extents(),
                                 out.data(), shift, "pad");
   return out;
@@ -152,24 +149,12 @@ inline bool reshape_is_local(const SpecDesc& from, const Extents& from_shape, co
     const ShardLayout old = shard_layout_of_rank(from, from_shape, m, r);
     const ShardLayout nl = shard_layout_of_rank(to, to_shape, m, r);
     if (nl.valid_size() == 0) continue;
-    Extents i{};
-    for (;;) {
-      Index linear = 0, stride = 1;
-      for (int d = 0; d < to.rank; ++d) {
-        linear += (nl.offset[d] + i[d]) * stride;
-        stride *= to_shape[d];
-      }
-      if (!inside(old, linear, to.rank ? nl.valid[0] : 1)) {
-        local = false;
-        break;
-      }
-      int d = 1;
-      for (; d < to.rank; ++d) {
-        if (++i[d] < nl.valid[d]) break;
-        i[d] = 0;
-      }
-      if (d >= to.rank) break;
-    }
+    const Extents strides = strides_of(to_shape, to.rank);
+    for_each_index(nl.valid, 1, to.rank, [&](const Extents& i) {
+      Index linear = 0;
+      for (int d = 0; d < to.rank; ++d) linear += (nl.offset[d] + i[d]) * strides[d];
+      return local = inside(old, linear, to.rank ? nl.valid[0] : 1);
+    });
   }
   std::lock_guard<std::mutex> lock(mutex);
   if (cache.size() > 4096) cache.clear();

@@ -23,51 +23,9 @@
 #include "tshard/comm/cost.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec_descriptor.hpp"
+#include "tshard/reshard/step.hpp"
 
 namespace tshard::detail {
-
-enum class StepKind { Local, AllGather, AllToAll, ReduceScatter, AllReduce, Direct };
-
-inline const char* step_name(StepKind k) {
-  switch (k) {
-    case StepKind::Local: return "local slice";
-    case StepKind::AllGather: return "all-gather";
-    case StepKind::AllToAll: return "all-to-all";
-    case StepKind::ReduceScatter: return "reduce-scatter";
-    case StepKind::AllReduce: return "all-reduce";
-    default: return "direct point-to-point";
-  }
-}
-
-struct ReshardStep {
-  StepKind kind = StepKind::Local;
-  SpecDesc from, to;
-  int dim = -1;           // AllGather, ReduceScatter: the dim; AllToAll: the dim the axis leaves
-  int dim2 = -1;          // AllToAll: the dim the axis joins
-  std::vector<int> axes;  // the group's axes, in the order that makes group rank = shard coordinate
-  Traffic traffic;        // this step on the busiest rank (a collective's: on every rank)
-};
-
-struct ReshardPlan {
-  std::vector<ReshardStep> steps;
-  Traffic traffic;   // summed over the steps (each on its busiest rank)
-  double cost = 0;   // seconds by the cost model, summed over the steps
-
-  void add(const ReshardStep& st) {
-    steps.push_back(st);
-    traffic += st.traffic;
-    cost += st.traffic.seconds();
-  }
-
-  std::string describe(const MeshShape& mesh) const {
-    std::string s;
-    for (auto& st : steps) {
-      if (!s.empty()) s += "; ";
-      s += std::string(step_name(st.kind)) + " " + st.from.to_string(mesh) + " -> " + st.to.to_string(mesh);
-    }
-    return s;
-  }
-};
 
 // How much cheaper a direct redistribution must be to replace the staged collectives.
 inline constexpr double kStagedPreference = 2.0;
@@ -91,16 +49,9 @@ inline bool box_inside(const ShardLayout& inner, const ShardLayout& outer, int d
 // The ranks that send to rank r in a direct redistribution from `from`: those whose
 // coordinates on the axes `from` does not split equal r's (one owner per element).
 inline std::vector<int> direct_senders(const SpecDesc& from, const MeshShape& mesh, int r) {
-  const std::uint32_t split = from.split_axes();
-  auto cr = mesh.coords_of(r);
   std::vector<int> v;
-  for (int s = 0; s < mesh.size(); ++s) {
-    auto cs = mesh.coords_of(s);
-    bool same = true;
-    for (int a = 0; a < mesh.axes(); ++a)
-      if (!(split & (1u << a)) && cs[a] != cr[a]) same = false;
-    if (same) v.push_back(s);
-  }
+  for (int s = 0; s < mesh.size(); ++s)
+    if (mesh.same_outside(s, r, from.split_axes())) v.push_back(s);
   return v;
 }
 
@@ -137,15 +88,9 @@ class Planner {
     const ShardLayout mine_from = layout(from, r), mine_to = layout(to, r);
     std::uint64_t sent = 0, received = 0;
     int sends = 0, receives = 0;
-    const std::uint32_t split = from.split_axes();
-    const auto cr = mesh_.coords_of(r);
     for (int q = 0; q < mesh_.size(); ++q) {
-      if (q == r) continue;
-      const auto cq = mesh_.coords_of(q);
-      bool same = true;  // r and q are each other's senders exactly when they agree off `from`'s axes
-      for (int a = 0; a < mesh_.axes(); ++a)
-        if (!(split & (1u << a)) && cq[a] != cr[a]) same = false;
-      if (!same) continue;
+      // r and q are each other's senders exactly when they agree off `from`'s split axes.
+      if (q == r || !mesh_.same_outside(q, r, from.split_axes())) continue;
       if (const Index o = box_overlap(mine_from, layout(to, q))) {
         sent += std::uint64_t(o) * bytes_;
         ++sends;
@@ -160,11 +105,7 @@ class Planner {
 
  private:
   ShardLayout layout(const SpecDesc& s, int r) const { return shard_layout_of_rank(s, shape_, mesh_, r); }
-  Index axes_size(const std::vector<int>& axes) const {
-    Index k = 1;
-    for (int a : axes) k *= mesh_.sizes[a];
-    return k;
-  }
+  Index axes_size(const std::vector<int>& axes) const { return group_size(mesh_, axes); }
 
   // Every rank's `to` block along dim d lies inside its `from` block (a local slice).
   bool refines(const SpecDesc& from, const SpecDesc& to, int d) const {
@@ -180,12 +121,7 @@ class Planner {
       auto c = mesh_.coords_of(r);
       Index lo = shape_[d], hi = 0;
       for (Index g = 0; g < axes_size(axes); ++g) {
-        Index rest = g;
-        for (int i = int(axes.size()) - 1; i >= 0; --i) {
-          c[axes[i]] = int(rest % mesh_.sizes[axes[i]]);
-          rest /= mesh_.sizes[axes[i]];
-        }
-        ShardLayout f = shard_layout(from, shape_, mesh_, c);
+        const ShardLayout f = shard_layout(from, shape_, mesh_, group_member_coords(mesh_, axes, g, c));
         if (f.valid[d] == 0) continue;
         // Every member's slices must land inside the new buffer (they are received in place).
         if (f.offset[d] < t.offset[d] || f.offset[d] + f.valid[d] > t.offset[d] + t.padded[d]) return false;

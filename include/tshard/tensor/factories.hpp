@@ -102,27 +102,17 @@ T random_value(std::uint64_t seed, std::uint64_t linear) {
   }
 }
 
-// Calls f(global index, pointer to the local element) for every valid local element.
+// Calls f(global index, offset in the padded buffer) for every valid local element.
 template <int Rank, class F>
 void for_each_local(const ShardLayout& l, F&& f) {
   if (l.valid_size() == 0) return;
+  // Rank may exceed the layout's rank (kMaxRank: one instantiation for every rank).
+  const Extents stride = strides_of(l.padded, l.rank);
   std::array<Eigen::Index, Rank> g{};
-  Extents i{};
-  for (;;) {
-    Index lin = 0, stride = 1;
-    for (int d = 0; d < Rank; ++d) {
-      g[d] = l.offset[d] + i[d];
-      lin += i[d] * stride;
-      stride *= l.padded[d];
-    }
-    f(g, lin);
-    int d = 0;
-    for (; d < Rank; ++d) {
-      if (++i[d] < l.valid[d]) break;
-      i[d] = 0;
-    }
-    if (d == Rank) return;
-  }
+  for_each_index(l.valid, 0, l.rank, [&](const Extents& i) {
+    for (int d = 0; d < l.rank; ++d) g[d] = l.offset[d] + i[d];
+    f(static_cast<const std::array<Eigen::Index, Rank>&>(g), offset_of(i, stride, 0, l.rank));
+  });
 }
 
 }  // namespace detail
@@ -275,7 +265,7 @@ auto zeros(const M& mesh, const Eigen::Index (&global_shape)[N]) {
   auto shape = detail::shape_argument<SpecT::rank>(global_shape);
   detail::check_shape_nonnegative(mesh, shape, "zeros", Out::spec_desc.to_string(mesh.shape()));
   Out out(mesh, shape);
-  std::fill(out.data(), out.data() + out.local_size(), T(0));
+  std::fill(out.data(), out.data() + out.padded_size(), T(0));
   return out;
 }
 
@@ -284,7 +274,7 @@ template <class X>
   requires detail::is_sharded_tensor<X>::value
 auto zeros_like(const X& x) {
   ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType> out(x.mesh(), x.global_shape());
-  std::fill(out.data(), out.data() + out.local_size(), typename X::Scalar(0));
+  std::fill(out.data(), out.data() + out.padded_size(), typename X::Scalar(0));
   return out;
 }
 

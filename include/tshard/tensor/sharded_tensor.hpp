@@ -17,7 +17,7 @@
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec.hpp"
 #include "tshard/core/spec_descriptor.hpp"
-#include "tshard/tensor/gather_kernels.hpp"
+#include "tshard/tensor/gather.hpp"
 
 namespace tshard {
 
@@ -120,7 +120,10 @@ class ShardedTensor {
     evaluate();
     return data_.get();
   }
-  Eigen::Index local_size() const { return layout_.padded_size(); }
+  // Elements of the local (padded) buffer: the product of padded_shape().
+  Eigen::Index padded_size() const { return layout_.padded_size(); }
+  [[deprecated("tshard: local_size() counted the padded buffer; call padded_size()")]]
+  Eigen::Index local_size() const { return padded_size(); }
 
   // The global value on every rank; a partial is resolved first.
   Eigen::Tensor<T, rank> gather() const {
@@ -149,6 +152,8 @@ class ShardedTensor {
   std::string describe() const {
     return detail::shape_to_string(shape_, rank) + " " + spec_desc.to_string(mesh_.shape());
   }
+  // For descriptor code inside tshard: global_shape() as kMaxRank Extents, and this rank's block.
+  // Users need neither (global_shape(), local_shape(), local_offset(), padded_shape()).
   const detail::Extents& extents() const { return shape_; }
   const detail::ShardLayout& layout() const { return layout_; }
 

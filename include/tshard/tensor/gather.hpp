@@ -12,32 +12,11 @@
 
 namespace tshard::detail {
 
-inline std::vector<int> axes_of_mask(std::uint32_t mask, int axes) {
-  std::vector<int> v;
-  for (int a = 0; a < axes; ++a)
-    if (mask & (1u << a)) v.push_back(a);
-  return v;
-}
-
-// Coordinates of group rank g of the group over `axes` (mixed radix, first major), with the
-// other coordinates taken from `base`.
-inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const std::vector<int>& axes, int g,
-                                                     std::array<int, kMaxAxes> base) {
-  for (int i = int(axes.size()) - 1; i >= 0; --i) {
-    base[axes[i]] = g % m.sizes[axes[i]];
-    g /= m.sizes[axes[i]];
-  }
-  return base;
-}
-
 // A partial's local values resolved in place (all-reduce over its axes).
 template <class T>
 void resolve_partial_in_place(MeshState& mesh, const SpecDesc& spec, T* data, Index n) {
   if (spec.partial == PartialKind::None) return;
-  const ReduceOp op = spec.partial == PartialKind::Sum ? ReduceOp::Sum
-                      : spec.partial == PartialKind::Max ? ReduceOp::Max
-                                                          : ReduceOp::Min;
-  all_reduce(mesh.group_of_mask(spec.partial_axes), data, data, n, op);
+  all_reduce(mesh.group_of_mask(spec.partial_axes), data, data, n, reduce_op_of(spec.partial));
 }
 
 // out (global shape, column-major) = the global value, on every rank.
@@ -96,12 +75,7 @@ void gather_to_root(MeshState& mesh, const SpecDesc& spec, const Extents& shape,
     local = resolved.data();
   }
   // Senders: the ranks whose coordinates on every unsplit axis are 0; each sends its valid block.
-  const std::uint32_t split = spec.split_axes();
-  auto is_sender = [&](const std::array<int, kMaxAxes>& c) {
-    for (int a = 0; a < m.axes(); ++a)
-      if (!(split & (1u << a)) && c[a] != 0) return false;
-    return true;
-  };
+  auto is_sender = [&](const std::array<int, kMaxAxes>& c) { return m.first_outside(c, spec.split_axes()); };
   const Extents zero{};
   std::vector<Message<const T>> sends;
   std::vector<Message<T>> recvs;

@@ -1,0 +1,165 @@
+// The halo exchange: runs one HaloLayout (core/halo_geometry.hpp) with nonblocking point-to-
+// point messages from buffers taken from the pool once, so repeated exchanges allocate nothing.
+// Instantiated per element type only (DESIGN: types check, descriptors do).
+#pragma once
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/collectives.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/comm/stats.hpp"
+#include "tshard/core/box_copy.hpp"
+#include "tshard/core/halo_geometry.hpp"
+
+namespace tshard::detail {
+
+// The tag of halo messages: distinct from exchange()'s (7301) and AsyncExchange's (7302), so a
+// halo in flight never matches another operation's messages. Several halos in flight at once
+// on one mesh must be started in the same order on every rank (MPI's non-overtaking rule then
+// pairs them up).
+inline constexpr int kHaloTag = 7311;
+
+// Runs one HaloLayout again and again: buffers are taken from the pool once, at construction,
+// so repeated exchanges allocate nothing. start() packs and posts nonblocking sends and
+// receives and does the local copies; finish() waits and unpacks. Bytes and time (of start and
+// finish, not of the work between them) are counted as one "halo" call of the current operator.
+template <class T>
+class HaloTransfer {
+ public:
+  HaloTransfer() = default;
+  HaloTransfer(std::shared_ptr<MeshState> mesh, HaloLayout layout)
+      : mesh_(std::move(mesh)), layout_(std::move(layout)) {
+    send_ = pooled_array<T>(static_cast<std::size_t>(layout_.send_total));
+    recv_ = pooled_array<T>(static_cast<std::size_t>(layout_.recv_total));
+    reserve_requests();
+    for (auto& m : layout_.sends) sent_bytes_ += bytes_of<T>(m.count);
+    for (auto& m : layout_.recvs) received_bytes_ += bytes_of<T>(m.count);
+  }
+  HaloTransfer(HaloTransfer&& o) noexcept { *this = std::move(o); }
+  HaloTransfer& operator=(HaloTransfer&& o) noexcept {
+    if (this != &o) {
+      wait_quietly();
+      mesh_ = std::move(o.mesh_);
+      layout_ = std::move(o.layout_);
+      send_ = std::move(o.send_);
+      recv_ = std::move(o.recv_);
+      requests_ = std::move(o.requests_);
+      window_ = o.window_;
+      active_ = o.active_;
+      seconds_ = o.seconds_;
+      sent_bytes_ = o.sent_bytes_;
+      received_bytes_ = o.received_bytes_;
+      o.active_ = false;
+    }
+    return *this;
+  }
+  HaloTransfer(const HaloTransfer&) = delete;
+  HaloTransfer& operator=(const HaloTransfer&) = delete;
+  ~HaloTransfer() { wait_quietly(); }
+
+  const HaloLayout& layout() const { return layout_; }
+  bool in_flight() const { return active_; }
+
+  // Begins filling `window` (extents layout().window): the local copies (and zeros, unless
+  // fill_zeros is false) now, the messages in flight until finish(). The source block is `src`
+  // with extents `src_dims`, and block element i sits at src_shift + i there: (block, padded
+  // extents, 0) for a tensor's shard, (window, window extents, widths before) when the
+  // window's interior already holds the block, in which case only the halo boxes are written.
+  void start(const T* src, const Extents& src_dims, const Extents& src_shift, T* window, bool fill_zeros = true) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (active_) finish();
+    const int R = layout_.rank;
+    const Extents zero{};
+    auto shifted = [&](const Extents& e) {
+      Extents s = e;
+      for (int d = 0; d < R; ++d) s[d] += src_shift[d];
+      return s;
+    };
+    // Pack and post first, so the messages travel while the local copies run.
+    T* send = send_.get();
+    for (auto& m : layout_.sends) {
+      Index at = m.offset;
+      for (auto& b : m.boxes) {
+        copy_box(src, src_dims, shifted(b.src), send + at, b.extent, zero, b.extent, R);
+        at += volume(b.extent, R);
+      }
+    }
+    MPI_Comm comm = mesh_->comm();
+    requests_.clear();
+    for (auto& m : layout_.recvs) post_receive(requests_, comm, Message<T>{m.peer, recv_.get() + m.offset, m.count}, kHaloTag);
+    for (auto& m : layout_.sends) post_send(requests_, comm, Message<const T>{m.peer, send + m.offset, m.count}, kHaloTag);
+    for (auto& b : layout_.self) {
+      const Extents from = shifted(b.src);
+      if (src == window && from == b.dst) continue;  // the interior already in place
+      copy_box(src, src_dims, from, window, layout_.window, b.dst, b.extent, R);
+    }
+    if (fill_zeros) this->fill_zeros(window);
+    window_ = window;
+    active_ = true;
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // Waits for the messages and unpacks them into the window given to start().
+  void finish() {
+    if (!active_) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      WatchedCall watched("halo exchange (wait)", [] { return current_operator(); });
+      MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    }
+    active_ = false;
+    const int R = layout_.rank;
+    const Extents zero{};
+    for (auto& m : layout_.recvs) {
+      Index at = m.offset;
+      for (auto& b : m.boxes) {
+        copy_box(recv_.get() + at, b.extent, zero, window_, layout_.window, b.dst, b.extent, R);
+        at += volume(b.extent, R);
+      }
+    }
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sent_bytes_ || received_bytes_)
+      record_collective(current_operator(), "halo", sent_bytes_, received_bytes_, seconds_);
+  }
+
+  // Writes the zero boxes of `window` (outside a Zero boundary).
+  void fill_zeros(T* window) const {
+    for (auto& b : layout_.zeros) fill_box(window, layout_.window, b.dst, b.extent, layout_.rank, T(0));
+  }
+
+ private:
+  void reserve_requests() {
+    const Index limit = collective_chunk_limit();
+    std::size_t n = 0;
+    for (auto& m : layout_.recvs) n += std::size_t((m.count + limit - 1) / limit);
+    for (auto& m : layout_.sends) n += std::size_t((m.count + limit - 1) / limit);
+    requests_.reserve(n);
+  }
+
+  // A plan destroyed or replaced mid-exchange still completes its messages (MPI owns the
+  // buffers until then); nothing is unpacked.
+  void wait_quietly() {
+    if (!active_) return;
+    active_ = false;
+    int down = 0;
+    MPI_Finalized(&down);
+    if (!down) MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+  }
+
+  std::shared_ptr<MeshState> mesh_;
+  HaloLayout layout_;
+  std::shared_ptr<T> send_, recv_;
+  std::vector<MPI_Request> requests_;
+  T* window_ = nullptr;
+  bool active_ = false;
+  double seconds_ = 0;
+  std::uint64_t sent_bytes_ = 0, received_bytes_ = 0;
+};
+
+}  // namespace tshard::detail
