@@ -1,6 +1,6 @@
 // Heat-equation benchmark: one explicit 5-point step of an n x n double grid split by columns
 // over the ranks, per iteration, for
-//   tshard  HaloPlan on extended blocks: start(u), apply_inner, finish(), apply_outer, swap;
+//   tshard  HaloExchange on extended blocks: start(u), apply_inner, finish(), apply_outer, swap;
 //   hand    ghosted arrays allocated once, MPI_Sendrecv of the two contiguous ghost columns
 //           (MPI_PROC_NULL at the edges), then the update loop: how one writes it by hand;
 //   petsc   (only where PETSc was found at configure time) DMDA, DMDA_STENCIL_BOX of width 1,
@@ -56,7 +56,7 @@ struct TshardHeat {
   using Grid = ts::Spec<ts::S<"x">, ts::S<"y">>;
   M mesh;
   ts::ShardedTensor<double, M, Grid> field;
-  ts::HaloPlan<double, 2> plan;
+  ts::HaloExchange<double, 2> plan;
   Eigen::Tensor<double, 2> u, v;
 
   TshardHeat(int p, Index n)
@@ -257,12 +257,12 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("heat2d %ldx%ld doubles, %d ranks (columns split), %d rounds x %d iterations, median per iteration\n",
                   long(n), long(n), p, rounds, iters);
-      std::printf("  tshard HaloPlan   %8.3f ms\n", 1e3 * th);
-      std::printf("  hand MPI_Sendrecv %8.3f ms\n", 1e3 * hh);
+      std::printf("  tshard HaloExchange %8.3f ms\n", 1e3 * th);
+      std::printf("  hand MPI_Sendrecv   %8.3f ms\n", 1e3 * hh);
 #ifdef TSHARD_BENCH_WITH_PETSC
-      std::printf("  PETSc DMDA        %8.3f ms\n", 1e3 * median(t_petsc));
+      std::printf("  PETSc DMDA          %8.3f ms\n", 1e3 * median(t_petsc));
 #else
-      std::printf("  PETSc DMDA        (not built: PETSc was not found at configure time)\n");
+      std::printf("  PETSc DMDA          (not built: PETSc was not found at configure time)\n");
 #endif
       std::printf("  ratio tshard / hand  = %.3f  (goal <= 1.03)\n", th / hh);
 #ifdef TSHARD_BENCH_WITH_PETSC

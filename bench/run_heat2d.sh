@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON -DTSHARD_BUILD_TESTS=OFF \
-  -DTSHARD_BUILD_EXAMPLES=OFF > /dev/null
+  -DTSHARD_BUILD_EXAMPLES=ON > /dev/null
 cmake --build build-bench --target tshard_bench_heat2d -j "$jobs"
 mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root ./build-bench/bench/tshard_bench_heat2d "$@"

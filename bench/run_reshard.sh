@@ -6,7 +6,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-bench"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTSHARD_BUILD_BENCH=ON \
-      -DTSHARD_BUILD_TESTS=OFF -DTSHARD_BUILD_EXAMPLES=OFF >/dev/null
+      -DTSHARD_BUILD_TESTS=OFF -DTSHARD_BUILD_EXAMPLES=ON >/dev/null
 cmake --build "$build" -j"${JOBS:-1}" --target tshard_bench_reshard
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1

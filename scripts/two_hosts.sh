@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${1:-$root/build/tests/tshard_tests}
 if (($# > 0)); then shift; fi
 spec=("$@")
-# Default: the operator tests, less the HaloPlan's 1000 exchanges (a test of allocations: ~12 s of
+# Default: the operator tests, less the HaloExchange's 1000 exchanges (a test of allocations: ~12 s of
 # latency here).
 ((${#spec[@]})) || spec=('[#test_reshard],[ops],[halo]~*1000 exchanges*,[#test_products]')
 np=${TSHARD_TWO_HOSTS_RANKS:-4}
