@@ -121,9 +121,11 @@ void bench_kind(const char* kind, const std::string& mesh_name, const M& mesh, M
   constexpr int kLookups = 2000;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kLookups; ++i)
-    (void)ts::detail::cached_plan(*mesh.state(), Src::spec_desc, Dst::spec_desc, x.extents(), sizeof(float));
+    (void)ts::detail::cached_plan(*tshard::detail::state_of(mesh), Src::spec_desc, Dst::spec_desc,
+                                  tshard::detail::extents_of(x), sizeof(float));
   auto t1 = std::chrono::steady_clock::now();
-  (void)ts::detail::plan_reshard(Src::spec_desc, Dst::spec_desc, x.extents(), mesh.shape(), sizeof(float));
+  (void)ts::detail::plan_reshard(Src::spec_desc, Dst::spec_desc, tshard::detail::extents_of(x), mesh.shape(),
+                                 sizeof(float));
   auto t2 = std::chrono::steady_clock::now();
   const double lookup_us = max_over_ranks(std::chrono::duration<double, std::micro>(t1 - t0).count() / kLookups);
   const double plan_us = max_over_ranks(std::chrono::duration<double, std::micro>(t2 - t1).count());

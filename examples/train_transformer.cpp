@@ -397,10 +397,11 @@ class LanguageModel {
         return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
       });
     const auto& block = tokens(mb);
-    const auto& layout = block.layout();
+    const auto offset = block.local_offset();
+    const auto padded = block.padded_shape();
     const std::int32_t* tokens = block.data();
     return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
-      return tokens[(i[0] - layout.offset[0]) + layout.padded[0] * (i[1] + shift)];
+      return tokens[(i[0] - offset[0]) + padded[0] * (i[1] + shift)];
     });
   }
 
@@ -656,7 +657,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
 // keeps on the stage) plus the gradients the step leaves allocated.
 void report_pipeline(const M& mesh, const Options& o, const Run& run) {
   const int k = mesh.size<"stage">(), s = mesh.coord<"stage">(), mbs = o.microbatches;
-  MPI_Comm line = mesh.state()->group(std::vector<int>{M::axis_index<"stage">()});
+  MPI_Comm line = mesh.comm<"stage">();
   const auto& p = run.pipeline;
   const double a = double(p.microbatch_activation_bytes), in = double(p.boundary_bytes);
   const double formula = o.remat ? mbs * in + a : (o.schedule == ts::nn::Schedule::GPipe ? mbs : std::min(k - s, mbs)) * a;

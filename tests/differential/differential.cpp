@@ -106,7 +106,9 @@ Value distribute_as(int spec, const M2& mesh, const E2& t) {
 
 std::string spec_name(int spec, const M2& mesh) {
   std::string s;
-  with_spec(Specs{}, spec, [&]<class Sp>(Sp*) { s = ts::ShardedTensor<double, M2, Sp>::spec_desc.to_string(mesh.state()->shape()); });
+  with_spec(Specs{}, spec, [&]<class Sp>(Sp*) {
+    s = ts::ShardedTensor<double, M2, Sp>::spec_desc.to_string(tshard::detail::state_of(mesh)->shape());
+  });
   return s;
 }
 

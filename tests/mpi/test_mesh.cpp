@@ -72,13 +72,22 @@ TEST_CASE("group communicators rank members by the mixed radix of the listed axe
   const int p = world_size();
   for (auto sizes : mesh_shapes(p, 2)) {
     ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
-    auto& st = *mesh.state();
+    auto& st = *tshard::detail::state_of(mesh);
     MPI_Comm yx = st.group(std::vector<int>{1, 0}), x = st.group(std::vector<int>{0});
     int r_yx = -1, r_x = -1;
     MPI_Comm_rank(yx, &r_yx);
     MPI_Comm_rank(x, &r_x);
     TS_REQUIRE_ALL(r_yx == mesh.coord<"y">() * sizes[0] + mesh.coord<"x">());
     TS_REQUIRE_ALL(r_x == mesh.coord<"x">());
+    // The public form: mesh.comm<"y", "x">() is the same group, and its members the same ranks.
+    MPI_Comm pub = mesh.comm<"y", "x">(), line = mesh.comm<"y">();
+    int r_pub = -1, n_line = 0, r_line = -1;
+    MPI_Comm_rank(pub, &r_pub);
+    MPI_Comm_size(line, &n_line);
+    MPI_Comm_rank(line, &r_line);
+    TS_REQUIRE_ALL(r_pub == r_yx);
+    TS_REQUIRE_ALL(n_line == mesh.size<"y">());
+    TS_REQUIRE_ALL(r_line == mesh.coord<"y">());
   }
 }
 

@@ -452,7 +452,7 @@ TEST_CASE("elementwise ops for every pair of rank-2 specs on every 2-D mesh, bro
   const auto specs = all_specs(2, 2);
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     M2 mesh({sizes[0], sizes[1]});
-    auto& st = *mesh.state();
+    auto& st = *tshard::detail::state_of(mesh);
     for (d::Extents sb : {d::Extents{7, 5}, d::Extents{7, 1}, d::Extents{1, 5}}) {
       const d::Extents sa{7, 5}, so{7, 5};
       const auto ga = serial_values(35, 1), gb = serial_values(d::volume(sb, 2), 2);
@@ -489,7 +489,7 @@ TEST_CASE("einsum for every pair of operand specs: rank-2 matmul and rank-3 batc
                                            ts::EinsumStrategy::Windowed};
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     M2 mesh({sizes[0], sizes[1]});
-    auto& st = *mesh.state();
+    auto& st = *tshard::detail::state_of(mesh);
     for (const auto& f : forms) {
       const auto ga = serial_values(d::volume(f.sa, f.e.na), 3), gb = serial_values(d::volume(f.sb, f.e.nb), 4);
       const auto want = serial_einsum(f.e, f.sa, ga, f.sb, gb, f.so);

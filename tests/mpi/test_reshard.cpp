@@ -106,7 +106,7 @@ TEST_CASE("every rank-2 transition on every 2-D mesh equals the serial value, un
   REQUIRE(specs.size() == 11);
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
-    auto& st = *mesh.state();
+    auto& st = *tshard::detail::state_of(mesh);
     for (d::Extents shape : {d::Extents{7, 5}, d::Extents{2, 3}, d::Extents{0, 4}, d::Extents{12, 6}})
       for (const auto& src : specs)
         for (const auto& dst : specs) {
@@ -120,7 +120,7 @@ TEST_CASE("partial sums, maxima and minima resolve to R or S on every 2-D mesh")
   const d::PartialKind kinds[] = {d::PartialKind::Sum, d::PartialKind::Max, d::PartialKind::Min};
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
-    auto& st = *mesh.state();
+    auto& st = *tshard::detail::state_of(mesh);
     int kind = 0;
     for (d::Extents shape : {d::Extents{7, 5}, d::Extents{3, 2}})
       for (d::SpecDesc src : specs) {
@@ -171,7 +171,7 @@ TEST_CASE("collectives split into chunks give the same results as unchunked ones
   const auto specs = tshard_test::all_specs(2, 2);
   auto sizes = mesh_shapes(world_size(), 2).back();
   ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
-  auto& st = *mesh.state();
+  auto& st = *tshard::detail::state_of(mesh);
   std::string first_error;
   for (const auto& src : specs)
     for (const auto& dst : specs) {

@@ -97,6 +97,10 @@ class MeshState {
 
 }  // namespace detail
 
+namespace detail {
+struct MeshAccess;
+}
+
 // An N-D logical grid of ranks with named axes. Copies share one mesh (same communicators);
 // tensors keep their mesh alive.
 template <FixedString... Axes>
@@ -137,9 +141,15 @@ class Mesh {
   int size() const { return state_->ranks(); }  // number of ranks
   int rank() const { return state_->rank(); }
   MPI_Comm comm() const { return state_->comm(); }
+  // The communicator over the named axes among the ranks that share this rank's coordinates on
+  // the others (Elemental's grid.ColComm()): mesh.comm<"stage">() is this rank's pipeline line.
+  // Its rank is the mixed radix of the named coordinates, first name major. Owned by the mesh.
+  template <FixedString... A>
+    requires(sizeof...(A) > 0)
+  MPI_Comm comm() const {
+    return state_->group(std::vector<int>{axis_index<A>()...});
+  }
   const detail::MeshShape& shape() const { return state_->shape(); }
-  // The communicators and coordinates that tshard's descriptor code runs on; users need none of it.
-  const std::shared_ptr<detail::MeshState>& state() const { return state_; }
   bool operator==(const Mesh& o) const { return state_ == o.state_; }
 
   // The mesh of the named axes over the ranks that share this rank's coordinates on the others:
@@ -154,8 +164,24 @@ class Mesh {
   }
 
  private:
+  friend struct detail::MeshAccess;
   std::shared_ptr<detail::MeshState> state_;
 };
+
+namespace detail {
+// The communicators and coordinates that tshard's descriptor code runs on, kept out of Mesh's
+// public interface: users need none of it.
+struct MeshAccess {
+  template <class M>
+  static const std::shared_ptr<MeshState>& state(const M& mesh) {
+    return mesh.state_;
+  }
+};
+template <class M>
+const std::shared_ptr<MeshState>& state_of(const M& mesh) {
+  return MeshAccess::state(mesh);
+}
+}  // namespace detail
 
 namespace detail {
 template <class M>

@@ -123,7 +123,7 @@ inline std::string sharding_svg(const SpecDesc& spec, const Extents& shape, cons
 template <class T, class M, class S, class P>
 std::string visualize_svg(const ShardedTensor<T, M, S, P>& t, const std::string& path = "") {
   static_assert(S::rank == 1 || S::rank == 2, "tshard: visualize_svg draws rank-1 and rank-2 tensors");
-  std::string svg = detail::sharding_svg(t.spec_desc, t.extents(), t.mesh().shape());
+  std::string svg = detail::sharding_svg(t.spec_desc, detail::extents_of(t), t.mesh().shape());
   if (!path.empty() && t.mesh().rank() == 0) std::ofstream(path) << svg;
   return svg;
 }
@@ -132,7 +132,7 @@ std::string visualize_svg(const ShardedTensor<T, M, S, P>& t, const std::string&
 template <class T, class M, class S, class P>
 std::string visualize(const ShardedTensor<T, M, S, P>& t, std::ostream& os = std::cout) {
   static_assert(S::rank == 1 || S::rank == 2, "tshard: visualize draws rank-1 and rank-2 tensors");
-  std::string pic = detail::sharding_picture(t.spec_desc, t.extents(), t.mesh().shape());
+  std::string pic = detail::sharding_picture(t.spec_desc, detail::extents_of(t), t.mesh().shape());
   if (t.mesh().rank() == 0) os << pic << std::flush;
   return pic;
 }

@@ -46,12 +46,12 @@ template <ShardedTensorType X>
 std::uint64_t checksum(const X& x_in) {
   using T = typename X::Scalar;
   const auto& x = tshard::detail::resolved(x_in, "io::checksum");
-  auto& mesh = *x.mesh().state();
-  const auto shape = x.extents();
+  auto& mesh = *tshard::detail::state_of(x.mesh());
+  const auto shape = tshard::detail::extents_of(x);
   std::uint64_t local = 0;
-  if (detail::first_replica(mesh, X::spec_desc, x.layout())) {
+  if (detail::first_replica(mesh, X::spec_desc, tshard::detail::layout_of(x))) {
     const T* data = x.data();
-    tshard::detail::for_each_local<X::rank>(x.layout(), [&](const auto& g, tshard::detail::Index at) {
+    tshard::detail::for_each_local<X::rank>(tshard::detail::layout_of(x), [&](const auto& g, tshard::detail::Index at) {
       std::uint64_t index = 0, stride = 1;
       for (int d = 0; d < X::rank; ++d) {
         index += std::uint64_t(g[d]) * stride;

@@ -232,13 +232,14 @@ void save(const std::string& file, const std::string& dataset, const X& x_in, Or
   const std::string op = "tshard::io::save";
   tshard::detail::OperatorScope scope("io::save");
   const auto& x = tshard::detail::resolved(x_in, "io::save");
-  auto& mesh = *x.mesh().state();
+  auto& mesh = *tshard::detail::state_of(x.mesh());
   const MPI_Comm comm = mesh.comm();
-  const auto& layout = x.layout();
+  const auto& layout = tshard::detail::layout_of(x);
   detail::H5Handle f = detail::open_file(comm, file, true, op);
   bool ok = true;
   hsize_t dims[tshard::detail::kMaxRank];
-  for (int d = 0; d < X::rank; ++d) dims[order == Order::column_major ? X::rank - 1 - d : d] = hsize_t(x.extents()[d]);
+  for (int d = 0; d < X::rank; ++d)
+    dims[order == Order::column_major ? X::rank - 1 - d : d] = hsize_t(tshard::detail::extents_of(x)[d]);
   detail::H5Handle space(H5Screate_simple(X::rank, dims, nullptr), H5Sclose);
   const detail::H5Handle type = detail::H5Element<T>::type();
   detail::H5Handle set;
@@ -322,7 +323,7 @@ ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& file, const st
   std::array<Eigen::Index, Out::rank> shape{};
   for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(dims[order == Order::column_major ? Out::rank - 1 - d : d]);
   Out out(mesh, shape);
-  const auto& layout = out.layout();
+  const auto& layout = tshard::detail::layout_of(out);
   const bool mine = layout.valid_size() > 0;
   const detail::H5Handle memory = detail::select_box(space.get(), layout, mine, order);
   const bool transpose = order == Order::row_major && Out::rank > 1;

@@ -47,17 +47,18 @@ void save_npy(const std::string& path, const X& x_in) {
   static_assert(X::rank >= 1, "tshard: save_npy writes tensors of rank 1 or more");
   tshard::detail::OperatorScope scope("io::save_npy");
   const auto& x = tshard::detail::resolved(x_in, "io::save_npy");
-  auto& mesh = *x.mesh().state();
-  const auto& layout = x.layout();
+  auto& mesh = *tshard::detail::state_of(x.mesh());
+  const auto& layout = tshard::detail::layout_of(x);
   std::vector<std::int64_t> shape(X::rank);
-  for (int d = 0; d < X::rank; ++d) shape[std::size_t(d)] = x.extents()[d];
+  for (int d = 0; d < X::rank; ++d) shape[std::size_t(d)] = tshard::detail::extents_of(x)[d];
   const std::string preamble = detail::npy_preamble(detail::npy_descr<T>(), true, shape);
   tshard::detail::Index bytes = tshard::detail::Index(sizeof(T));
   for (auto d : shape) bytes *= d;
   tshard::detail::ParallelFile file(mesh.comm(), path, tshard::detail::ParallelFile::Mode::Write, "tshard::io::save_npy");
   file.set_size(MPI_Offset(preamble.size()) + bytes);
   if (mesh.rank() == 0) file.write_at(0, preamble.data(), tshard::detail::Index(preamble.size()));
-  const tshard::detail::FileBox box{X::rank, x.extents(), layout.offset, layout.valid, layout.padded, true};
+  const tshard::detail::FileBox box{X::rank, tshard::detail::extents_of(x), layout.offset, layout.valid, layout.padded,
+                                    true};
   file.write_box(MPI_Offset(preamble.size()), box, x.data(), detail::first_replica(mesh, X::spec_desc, layout));
   file.agree_or_throw("writing");
 }
@@ -80,8 +81,9 @@ ShardedTensor<T, M, SpecT> load_npy(const M& mesh, const std::string& path) {
   std::array<Eigen::Index, Out::rank> shape{};
   for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(h.shape[std::size_t(d)]);
   Out out(mesh, shape);
-  const auto& layout = out.layout();
-  const tshard::detail::FileBox box{Out::rank, out.extents(), layout.offset, layout.valid, layout.padded, h.fortran_order};
+  const auto& layout = tshard::detail::layout_of(out);
+  const tshard::detail::FileBox box{
+      Out::rank, tshard::detail::extents_of(out), layout.offset, layout.valid, layout.padded, h.fortran_order};
   const bool mine = layout.valid_size() > 0;
   if (h.fortran_order) {
     file.read_box(MPI_Offset(h.data_offset), box, out.data(), mine);
@@ -154,7 +156,7 @@ class NpyRows {
       if (d > 0) shape[std::size_t(d)] = global[d];
     }
     auto out = std::make_shared<Out>(mesh, shape);
-    const auto& layout = out->layout();
+    const auto& layout = tshard::detail::layout_of(*out);
     tshard::detail::FileBox box{Out::rank, global, layout.offset, layout.valid, layout.padded, header_.fortran_order};
     box.start[0] += first;
     const bool mine = layout.valid_size() > 0;
@@ -173,7 +175,8 @@ class NpyRows {
  private:
   template <class X>
   void reorder(X& out) {
-    if (out.layout().valid_size() > 0) detail::place_c_order(c_order_.get(), out.layout(), out.data());
+    if (tshard::detail::layout_of(out).valid_size() > 0)
+      detail::place_c_order(c_order_.get(), tshard::detail::layout_of(out), out.data());
   }
 
   std::string path_;

@@ -87,7 +87,7 @@ auto dropout(const X& xin, double p, std::uint64_t seed, Eigen::Index row_offset
   const T* in = x.data();
   T* o = out.data();
   const T scale = T(1.0 / (1.0 - p));
-  tshard::detail::for_each_local<X::rank>(x.layout(), [&](const auto& g, tshard::detail::Index lin) {
+  tshard::detail::for_each_local<X::rank>(tshard::detail::layout_of(x), [&](const auto& g, tshard::detail::Index lin) {
     std::uint64_t linear = 0, stride = 1;
     for (int d = 0; d < X::rank; ++d) {
       linear += std::uint64_t(g[d] + (d == 0 ? row_offset : 0)) * stride;

@@ -93,15 +93,16 @@ template <class X>
 void mask_future(X& scores) {
   using T = typename X::Scalar;
   T* d = scores.data();
-  tshard::detail::for_each_local<X::rank>(scores.layout(), [&](const auto& g, tshard::detail::Index lin) {
-    if (g[1] > g[0]) d[lin] = -std::numeric_limits<T>::infinity();
-  });
+  tshard::detail::for_each_local<X::rank>(tshard::detail::layout_of(scores),
+                                          [&](const auto& g, tshard::detail::Index lin) {
+                                            if (g[1] > g[0]) d[lin] = -std::numeric_limits<T>::infinity();
+                                          });
 }
 
 template <class Q>
 typename Q::Scalar attention_scale(const Q& q) {
   using T = typename Q::Scalar;
-  return T(1) / std::sqrt(T(std::max<Eigen::Index>(q.extents()[2], 1)));
+  return T(1) / std::sqrt(T(std::max<Eigen::Index>(tshard::detail::extents_of(q)[2], 1)));
 }
 
 // A typed einsum result resolved (a partial where its contracted dim was split).
@@ -125,14 +126,15 @@ template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, ts
 auto causal_attention(const Q& q, const K& k, const V& v) {
   static_assert(Q::rank == 4 && K::rank == 4 && V::rank == 4, "tshard: causal_attention takes q, k, v [T, B, Dh, H]");
   tshard::detail::OperatorScope scope("attention");
-  if (q.extents() != k.extents() || q.extents() != v.extents())
+  if (tshard::detail::extents_of(q) != tshard::detail::extents_of(k) ||
+      tshard::detail::extents_of(q) != tshard::detail::extents_of(v))
     throw ShapeError("tshard::nn::causal_attention: q " + q.describe() + ", k " + k.describe() + " and v " + v.describe() +
                      " differ in shape");
   auto scores = detail::resolved_value(einsum<"tbkh,sbkh->tsbh">(q, k));
   using Scores = decltype(scores);
   const auto scale = detail::attention_scale(q);
   if constexpr (detail::whole_rows_v<Scores>) {
-    detail::causal_softmax_kernel(scores.data(), scores.layout(), scale);
+    detail::causal_softmax_kernel(scores.data(), tshard::detail::layout_of(scores), scale);
     auto context = einsum<"tsbh,sbkh->tbkh">(scores, v);
     return std::pair{std::move(context), std::move(scores)};
   } else {
@@ -157,7 +159,7 @@ auto causal_attention_backward(const Q& q, const K& k, const V& v, const P& p, c
   auto ds = [&] {
     using DP = decltype(dp);
     if constexpr (detail::whole_rows_v<DP> && std::is_same_v<typename P::SpecType, typename DP::SpecType> && !P::is_partial) {
-      detail::causal_softmax_backward_kernel(p.data(), dp.data(), dp.layout(), scale);
+      detail::causal_softmax_backward_kernel(p.data(), dp.data(), tshard::detail::layout_of(dp), scale);
       return std::move(dp);
     } else {
       return softmax_backward<1>(p, dp) * scale;  // zero where masked: p is 0 there

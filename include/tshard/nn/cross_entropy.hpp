@@ -36,7 +36,7 @@ auto aligned_labels(const L& logits, const Labels& labels, const char* op) {
   using M = typename L::MeshT;
   using RowSpec = typename tshard::detail::drop_dims<typename L::SpecType, L::rank - 1>::type;
   for (int d = 0; d < Labels::rank; ++d)
-    if (labels.extents()[d] != logits.extents()[d])
+    if (tshard::detail::extents_of(labels)[d] != tshard::detail::extents_of(logits)[d])
       throw ShapeError(std::string("tshard::nn::") + op + ": labels " + labels.describe() + " do not match the rows of logits " +
                        logits.describe());
   tshard::detail::require_same_mesh(logits, labels, op);
@@ -45,11 +45,12 @@ auto aligned_labels(const L& logits, const Labels& labels, const char* op) {
   using I = typename Labels::Scalar;
   std::vector<I> valid;  // the valid labels, without the padding between runs
   const I* ld = std::as_const(aligned).data();
-  tshard::detail::for_each_valid_run(aligned.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-    valid.insert(valid.end(), ld + off, ld + off + n);
-  });
-  tshard::detail::check_ids(*logits.mesh().state(), valid.data(), tshard::detail::Index(valid.size()),
-                            rows.split_axes() != 0, logits.extents()[L::rank - 1], op, logits.describe(), labels.describe());
+  tshard::detail::for_each_valid_run(
+      tshard::detail::layout_of(aligned),
+      [&](tshard::detail::Index off, tshard::detail::Index n) { valid.insert(valid.end(), ld + off, ld + off + n); });
+  tshard::detail::check_ids(*tshard::detail::state_of(logits.mesh()), valid.data(), tshard::detail::Index(valid.size()),
+                            rows.split_axes() != 0, tshard::detail::extents_of(logits)[L::rank - 1], op,
+                            logits.describe(), labels.describe());
   return aligned;
 }
 
@@ -57,14 +58,15 @@ auto aligned_labels(const L& logits, const Labels& labels, const char* op) {
 // offset in the labels' padded buffer, v the local column.
 template <class Z, class Labels, class F>
 void for_each_labelled(const Z& z, const Labels& labels, F&& f) {
-  const auto& l = z.layout();
+  const auto& l = tshard::detail::layout_of(z);
   const auto* ld = std::as_const(labels).data();
-  tshard::detail::for_each_valid_run(labels.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-    for (tshard::detail::Index r = off; r < off + n; ++r) {
-      const tshard::detail::Index v = tshard::detail::Index(ld[r]) - l.offset[Z::rank - 1];
-      if (v >= 0 && v < l.valid[Z::rank - 1]) f(r, v);
-    }
-  });
+  tshard::detail::for_each_valid_run(
+      tshard::detail::layout_of(labels), [&](tshard::detail::Index off, tshard::detail::Index n) {
+        for (tshard::detail::Index r = off; r < off + n; ++r) {
+          const tshard::detail::Index v = tshard::detail::Index(ld[r]) - l.offset[Z::rank - 1];
+          if (v >= 0 && v < l.valid[Z::rank - 1]) f(r, v);
+        }
+      });
 }
 
 // out[row] = z[row, labels[row]] where this rank holds that column, else 0: a partial sum over
@@ -77,7 +79,7 @@ auto pick_labelled(const Z& z, const Labels& labels) {
   using RowSpec = typename tshard::detail::drop_dims<typename Z::SpecType, Z::rank - 1>::type;
   using Out = ShardedTensor<T, M, RowSpec, typename tshard::detail::partial_of<ReduceOp::Sum, VAxes>::type>;
   std::array<Eigen::Index, Z::rank - 1> shape{};
-  for (int d = 0; d + 1 < Z::rank; ++d) shape[d] = z.extents()[d];
+  for (int d = 0; d + 1 < Z::rank; ++d) shape[d] = tshard::detail::extents_of(z)[d];
   Out out(z.mesh(), shape);
   T* o = out.data();
   std::fill(o, o + out.padded_size(), T(0));
@@ -95,7 +97,7 @@ auto sum_all(const X& x) {
 template <class X>
 double rows_of(const X& logits) {
   double n = 1;
-  for (int d = 0; d + 1 < X::rank; ++d) n *= double(logits.extents()[d]);
+  for (int d = 0; d + 1 < X::rank; ++d) n *= double(tshard::detail::extents_of(logits)[d]);
   return n;
 }
 
@@ -134,9 +136,11 @@ typename L::Scalar accuracy(const L& logits_in, const Labels& labels) {
   std::fill(h, h + hits.padded_size(), T(0));
   const auto* want = std::as_const(lab).data();
   const std::int64_t* got = predicted.data();
-  tshard::detail::for_each_valid_run(hits.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-    for (tshard::detail::Index r = off; r < off + n; ++r) h[r] = got[r] == std::int64_t(want[r]) ? T(1) : T(0);
-  });
+  tshard::detail::for_each_valid_run(tshard::detail::layout_of(hits),
+                                     [&](tshard::detail::Index off, tshard::detail::Index n) {
+                                       for (tshard::detail::Index r = off; r < off + n; ++r)
+                                         h[r] = got[r] == std::int64_t(want[r]) ? T(1) : T(0);
+                                     });
   const Eigen::Tensor<T, 0> total = detail::sum_all(hits).gather();
   return total() / T(detail::rows_of(logits));
 }

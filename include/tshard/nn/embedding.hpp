@@ -66,13 +66,13 @@ class Embedding : public Module {
     tshard::detail::require_same_mesh(weight_, ids, "embedding");
     check(ids);
     std::array<Eigen::Index, Ids::rank + 1> shape{};
-    for (int d = 0; d < Ids::rank; ++d) shape[d] = ids.extents()[d];
-    shape[Ids::rank] = weight_.extents()[1];
+    for (int d = 0; d < Ids::rank; ++d) shape[d] = tshard::detail::extents_of(ids)[d];
+    shape[Ids::rank] = tshard::detail::extents_of(weight_)[1];
     Out out(mesh_, shape);
     T* o = out.data();
     std::fill(o, o + out.padded_size(), T(0));
     const T* table = weight_.data();
-    const auto& tl = weight_.layout();
+    const auto& tl = tshard::detail::layout_of(weight_);
     const tshard::detail::Index rows = ids.padded_size();
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
       for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = table[v + tl.padded[0] * d];
@@ -82,7 +82,7 @@ class Embedding : public Module {
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { saved.hits.emplace_back(r, v); });
     saved.rows = ids.padded_size();
     saved.out_desc = Out::spec_desc.without_partial();
-    saved.out_shape = out.extents();
+    saved.out_shape = tshard::detail::extents_of(out);
     saved.ids_axes = Ids::spec_desc.split_axes();
     saved.present = true;
     return out;
@@ -97,13 +97,13 @@ class Embedding : public Module {
     const auto& saved = saved_.current();
     if (!saved.present) throw SpecError("tshard::nn::Embedding::backward: no forward to take the gradient of");
     const auto& dy = tshard::detail::resolved(dy_in, "embedding_backward");
-    if (DY::rank != saved.out_desc.rank || dy.extents() != saved.out_shape)
+    if (DY::rank != saved.out_desc.rank || tshard::detail::extents_of(dy) != saved.out_shape)
       throw ShapeError("tshard::nn::Embedding::backward: the gradient " + dy.describe() +
                        " does not match the last forward's output");
-    auto& mesh = *mesh_.state();
+    auto& mesh = *tshard::detail::state_of(mesh_);
     const auto aligned = tshard::detail::implicit_reshard(mesh, DY::spec_desc, saved.out_desc, saved.out_shape, dy.data(),
                                                           "embedding_backward");
-    const auto& tl = weight_.layout();
+    const auto& tl = tshard::detail::layout_of(weight_);
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tl.padded_size(), 1)));
     std::fill(g.data(), g.data() + tl.padded_size(), T(0));
     for (auto [r, v] : saved.hits)
@@ -115,8 +115,8 @@ class Embedding : public Module {
       contribution.partial_axes = saved.ids_axes;
     }
     tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
-    detail::accumulate_gradient(mesh, weight_grad_.data(), table_desc, weight_.extents(), g.data(), contribution, deferred_,
-                                "embedding_backward");
+    detail::accumulate_gradient(mesh, weight_grad_.data(), table_desc, tshard::detail::extents_of(weight_), g.data(),
+                                contribution, deferred_, "embedding_backward");
     gradients_ready();
   }
 
@@ -128,25 +128,27 @@ class Embedding : public Module {
     using I = typename Ids::Scalar;
     std::vector<I> valid;
     const I* d = ids.data();
-    tshard::detail::for_each_valid_run(ids.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-      valid.insert(valid.end(), d + off, d + off + n);
-    });
-    tshard::detail::check_ids(*mesh_.state(), valid.data(), tshard::detail::Index(valid.size()), Ids::spec_desc.split_axes() != 0,
-                              weight_.extents()[0], "embedding", weight_.describe(), ids.describe());
+    tshard::detail::for_each_valid_run(
+        tshard::detail::layout_of(ids),
+        [&](tshard::detail::Index off, tshard::detail::Index n) { valid.insert(valid.end(), d + off, d + off + n); });
+    tshard::detail::check_ids(*tshard::detail::state_of(mesh_), valid.data(), tshard::detail::Index(valid.size()),
+                              Ids::spec_desc.split_axes() != 0, tshard::detail::extents_of(weight_)[0], "embedding",
+                              weight_.describe(), ids.describe());
   }
 
   // f(r, v) for each valid id position r (in the ids' padded buffer) whose id is row v of this
   // rank's block of the table.
   template <class Ids, class F>
   void for_each_id(const Ids& ids, F&& f) const {
-    const auto& tl = weight_.layout();
+    const auto& tl = tshard::detail::layout_of(weight_);
     const auto* d = ids.data();
-    tshard::detail::for_each_valid_run(ids.layout(), [&](tshard::detail::Index off, tshard::detail::Index n) {
-      for (tshard::detail::Index r = off; r < off + n; ++r) {
-        const tshard::detail::Index v = tshard::detail::Index(d[r]) - tl.offset[0];
-        if (v >= 0 && v < tl.valid[0]) f(r, v);
-      }
-    });
+    tshard::detail::for_each_valid_run(tshard::detail::layout_of(ids),
+                                       [&](tshard::detail::Index off, tshard::detail::Index n) {
+                                         for (tshard::detail::Index r = off; r < off + n; ++r) {
+                                           const tshard::detail::Index v = tshard::detail::Index(d[r]) - tl.offset[0];
+                                           if (v >= 0 && v < tl.valid[0]) f(r, v);
+                                         }
+                                       });
   }
 
   M mesh_;

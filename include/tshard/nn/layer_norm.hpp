@@ -34,7 +34,7 @@ inline constexpr bool fused_layer_norm_v = !X::is_partial && !G::is_partial && !
 // The local block as [rows, n]: rows the padded leading dims (contiguous), n the last dim.
 template <class X>
 std::pair<tshard::detail::Index, tshard::detail::Index> row_view(const X& x) {
-  const auto& l = x.layout();
+  const auto& l = tshard::detail::layout_of(x);
   tshard::detail::Index rows = 1;
   for (int k = 0; k + 1 < X::rank; ++k) rows *= l.padded[k];
   return {rows, l.padded[X::rank - 1]};
@@ -108,11 +108,11 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
     using T = typename X::Scalar;
     using Part = decltype(sum_leading_dims(x));
     ShardedTensor<T, typename X::MeshT, typename X::SpecType> dx(x.mesh(), x.global_shape());
-    Part dgamma(x.mesh(), {x.extents()[Dim]}), dbeta(x.mesh(), {x.extents()[Dim]});
+    Part dgamma(x.mesh(), {tshard::detail::extents_of(x)[Dim]}), dbeta(x.mesh(), {tshard::detail::extents_of(x)[Dim]});
     const auto [rows, n] = detail::row_view(x);
     std::vector<T> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
     detail::row_statistics(x.data(), rows, n, eps, mean.data(), rstd.data());
-    const auto& layout = x.layout();
+    const auto& layout = tshard::detail::layout_of(x);
     std::vector<T> counted(static_cast<std::size_t>(rows));  // 1 for valid rows, 0 for padding
     for (tshard::detail::Index r = 0; r < rows; ++r) counted[std::size_t(r)] = detail::row_is_valid(layout, Dim, r) ? T(1) : T(0);
     const T* xd = x.data();
@@ -137,7 +137,7 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
       db[d] = sb;
     }
     T* dxd = dx.data();
-    const T inv_n = T(1) / T(x.extents()[Dim]);
+    const T inv_n = T(1) / T(tshard::detail::extents_of(x)[Dim]);
     for (tshard::detail::Index d = 0; d < n; ++d)
       for (tshard::detail::Index r = 0; r < rows; ++r) {
         const T xhat = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)];

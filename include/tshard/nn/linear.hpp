@@ -60,9 +60,10 @@ class Linear : public Module {
     tshard::detail::OperatorScope scope("linear");
     auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "linear");
-    if (x.extents()[X::rank - 1] != weight_.extents()[0])
+    if (tshard::detail::extents_of(x)[X::rank - 1] != tshard::detail::extents_of(weight_)[0])
       throw ShapeError("tshard::nn::Linear::forward: the input " + x.describe() + " does not end in the weight's " +
-                       std::to_string(weight_.extents()[0]) + " input features (weight " + weight_.describe() + ")");
+                       std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
+                       weight_.describe() + ")");
     saved_.save(x);
     // The bias is added after a row-parallel product's partial is resolved, as in Megatron
     // (one result type whether the layer has a bias or not).
@@ -99,7 +100,8 @@ class Linear : public Module {
     auto in_use = use();
     if (saved_.empty()) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
     const auto& dy = tshard::detail::resolved(dy_in, "linear_backward");
-    if (DY::rank != saved_.rank() || dy.extents()[DY::rank - 1] != weight_.extents()[1])
+    if (DY::rank != saved_.rank() ||
+        tshard::detail::extents_of(dy)[DY::rank - 1] != tshard::detail::extents_of(weight_)[1])
       throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
                        "the last forward (weight " + weight_.describe() + ")");
     add_weight_grad(dy);
@@ -123,7 +125,7 @@ class Linear : public Module {
   // weight_grad += x^T dy on descriptors: the saved input's type is a run-time fact here.
   template <class DY>
   void add_weight_grad(const DY& dy) {
-    auto& mesh = *weight_.mesh().state();
+    auto& mesh = *tshard::detail::state_of(weight_.mesh());
     const int rank = saved_.rank();
     const tshard::detail::SpecDesc saved_desc = saved_.desc();
     const tshard::detail::Extents saved_shape = saved_.extents();
@@ -132,20 +134,22 @@ class Linear : public Module {
                                     : tshard::detail::parse_einsum(FixedString("bti,bto->io"));
     const auto decision = tshard::detail::decide_einsum(e, saved_desc, dy.spec_desc);
     const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc, dy.spec_desc);
-    const tshard::detail::Extents shape = weight_.extents();
+    const tshard::detail::Extents shape = tshard::detail::extents_of(weight_);
     const auto l = tshard::detail::shard_layout(out, shape, mesh.shape(), mesh.coords());
     if (!tshard::detail::TensorAccess::has_storage(weight_grad_) && deferred_ && !(Weight::spec_desc.split_axes() & deferred_) &&
         out.partial == tshard::detail::PartialKind::Sum && out.partial_axes == deferred_ && out.without_partial() == Weight::spec_desc) {
       // The first contribution after the owner's zero_grad(): the product is written straight
       // into the gradient's memory (the owner sums it over the data axis).
       tshard::detail::TensorAccess::acquire_storage(weight_grad_, false);
-      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc, dy.extents(),
-                                    dy.data(), out, shape, weight_grad_.data(), EinsumStrategy::Auto);
+      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc,
+                                    tshard::detail::extents_of(dy), dy.data(), out, shape, weight_grad_.data(),
+                                    EinsumStrategy::Auto);
       return;
     }
     tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
     tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc,
-                                  dy.extents(), dy.data(), out, shape, g.data(), EinsumStrategy::Auto);
+                                  tshard::detail::extents_of(dy), dy.data(), out, shape, g.data(),
+                                  EinsumStrategy::Auto);
     tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
     detail::accumulate_gradient(mesh, weight_grad_.data(), Weight::spec_desc, shape, g.data(), out, deferred_,
                                 "linear_backward");

@@ -108,7 +108,7 @@ void zero_fill(ShardedTensor<T, M, S>& g) {
 template <class T, class M, class S, class C>
 void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, std::uint32_t deferred, const char* op) {
   static_assert(std::is_same_v<typename C::Scalar, T>, "tshard: a gradient contribution has the gradient's element type");
-  if (grad.extents() != contribution.extents())
+  if (tshard::detail::extents_of(grad) != tshard::detail::extents_of(contribution))
     throw ShapeError(std::string("tshard::nn::") + op + ": the gradient contribution " + contribution.describe() +
                      " does not match the gradient " + grad.describe());
   using G = ShardedTensor<T, M, S>;
@@ -122,8 +122,8 @@ void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, st
     return;
   }
   tshard::detail::TensorAccess::acquire_storage(grad, true);
-  accumulate_gradient(*grad.mesh().state(), grad.data(), grad.spec_desc, grad.extents(), contribution.data(),
-                      C::spec_desc, deferred, op);
+  accumulate_gradient(*tshard::detail::state_of(grad.mesh()), grad.data(), grad.spec_desc,
+                      tshard::detail::extents_of(grad), contribution.data(), C::spec_desc, deferred, op);
 }
 
 // An activation kept for backward by sharing its buffer (a later write to the original copies
@@ -138,7 +138,7 @@ class SavedActivation {
     auto& e = slots_.current();
     e.storage = tshard::detail::TensorAccess::storage(x);
     e.desc = X::spec_desc;
-    e.shape = x.extents();
+    e.shape = tshard::detail::extents_of(x);
     e.rank = X::rank;
   }
   bool empty() { return !slots_.current().storage; }
@@ -157,7 +157,8 @@ class SavedActivation {
       throw ShapeError(std::string("tshard::nn::") + op + ": the gradient has rank " + std::to_string(Out::rank) +
                        ", the forward's input had rank " + std::to_string(e.rank));
     auto shape = tshard::detail::to_array<Out::rank>(e.shape);
-    auto a = tshard::detail::implicit_reshard(*mesh.state(), e.desc, Out::spec_desc, e.shape, e.storage.get(), op);
+    auto a = tshard::detail::implicit_reshard(*tshard::detail::state_of(mesh), e.desc, Out::spec_desc, e.shape,
+                                              e.storage.get(), op);
     return Out(tshard::detail::AdoptStorage{}, mesh, shape, a.owned ? std::move(a.owned) : e.storage);
   }
 

@@ -251,12 +251,13 @@ class MoE : public Module {
     auto in_use = use();
     X x = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(x_in, "moe"), "moe");
     tshard::detail::require_same_mesh(router_, x, "moe");
-    if (x.extents()[2] != router_.extents()[0])
+    if (tshard::detail::extents_of(x)[2] != tshard::detail::extents_of(router_)[0])
       throw ShapeError("tshard::nn::MoE::forward: the input " + x.describe() + " does not end in the router's " +
-                       std::to_string(router_.extents()[0]) + " features");
+                       std::to_string(tshard::detail::extents_of(router_)[0]) + " features");
     const MicroBatch& mb = current_micro_batch();
     if (mb.index == 0 && !mb.recompute && !mb.inference) ++calls_;
-    const Eigen::Index groups = x.extents()[0], s_len = x.extents()[1], e = o_.experts, c = capacity(s_len);
+    const Eigen::Index groups = tshard::detail::extents_of(x)[0], s_len = tshard::detail::extents_of(x)[1],
+                       e = o_.experts, c = capacity(s_len);
     const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
 
     auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
@@ -265,7 +266,7 @@ class MoE : public Module {
     sv = Saved{};
     Mask combine(mesh_, {groups, s_len, e, c}), dispatch(mesh_, {groups, s_len, e, c});
     ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> probs(mesh_, {groups, s_len, e});
-    const auto& lay = logits.layout();
+    const auto& lay = tshard::detail::layout_of(logits);
     const Eigen::Index gp = lay.padded[0];
     sv.routes.assign(std::size_t(gp * s_len), detail::Route{});
     sv.density.assign(std::size_t(gp * e), T(0));
@@ -276,7 +277,8 @@ class MoE : public Module {
         combine.data(), dispatch.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
     // The routing's counts and l_aux over every group (split over ExpertAxis).
     double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
-    tshard::detail::all_reduce(mesh_.state()->group_of_mask(X::spec_desc.split_axes()), sums, all, 3, ReduceOp::Sum);
+    tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums, all, 3,
+                               ReduceOp::Sum);
     sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
     sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
     sv.aux_grad = o_.aux_weight / double(total_groups);
@@ -305,7 +307,7 @@ class MoE : public Module {
     Saved& sv = saved_.current();
     if (!sv.x) throw SpecError("tshard::nn::MoE::backward: no forward to take the gradient of");
     X dy = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(dy_in, "moe_backward"), "moe_backward");
-    if (dy.extents() != sv.x->extents())
+    if (tshard::detail::extents_of(dy) != tshard::detail::extents_of(*sv.x))
       throw ShapeError("tshard::nn::MoE::backward: the gradient " + dy.describe() + " does not match the last forward's input " +
                        sv.x->describe());
     // Combine's gradient: to the gates, and to the experts' outputs (back to experts split).
@@ -319,9 +321,10 @@ class MoE : public Module {
     auto dxg = reshard<GroupSplit>(einsum<"gche,mhe->gcme">(dh, wi_));
     X dx = einsum<"gsec,gcme->gsm">(*sv.dispatch, dxg);
     // The gate: through the normalised top-2 weights, the softmax and the load-balancing loss.
-    const Eigen::Index groups = dy.extents()[0], s_len = dy.extents()[1], e = o_.experts;
+    const Eigen::Index groups = tshard::detail::extents_of(dy)[0], s_len = tshard::detail::extents_of(dy)[1],
+                       e = o_.experts;
     ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> dlogits(mesh_, {groups, s_len, e});
-    const auto& lay = dlogits.layout();
+    const auto& lay = tshard::detail::layout_of(dlogits);
     detail::top2_gating_backward<T>(dcombine.data(), sv.probs->data(), sv.routes.data(), sv.density.data(), lay.padded[0],
                                     lay.valid[0], s_len, e, sv.aux_grad, dlogits.data());
     detail::accumulate_gradient(router_grad_, einsum<"gsm,gse->me">(*sv.x, dlogits), deferred_, "moe_backward");

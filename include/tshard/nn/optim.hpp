@@ -132,7 +132,7 @@ class Optimizer {
   template <class M>
   void set_norm_mesh(const M& mesh) {
     world_ = mesh.comm();
-    norm_mesh_ = mesh.state();
+    norm_mesh_ = tshard::detail::state_of(mesh);
     norm_mesh_set_ = true;
   }
 
@@ -216,7 +216,7 @@ class Optimizer {
 
   template <class T, class M>
   Bucket<T>& new_bucket(const M& mesh) {
-    auto& state = *mesh.state();
+    auto& state = *tshard::detail::state_of(mesh);
     const std::uint32_t mask = data_mask(mesh);
     int axis = -1;
     for (int a = 0; a < state.shape().axes(); ++a)
@@ -236,7 +236,7 @@ class Optimizer {
   template <class T, class M, class S>
   void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool layer_owned) {
     tshard::detail::require_same_mesh(param, grad, "nn::Optimizer::add");
-    if (param.extents() != grad.extents())
+    if (tshard::detail::extents_of(param) != tshard::detail::extents_of(grad))
       throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
     using Access = tshard::detail::TensorAccess;
     const std::uint32_t data = b.data_mask;
@@ -255,7 +255,7 @@ class Optimizer {
     s.grad_present = [&grad] { return Access::has_storage(grad); };
     s.release_param = [&param] { Access::release_storage(param); };
     s.release_grad = [&grad] { Access::release_storage(grad); };
-    s.layout = param.layout();
+    s.layout = tshard::detail::layout_of(param);
     s.size = param.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
     s.deferred = layer_owned && data && !split_over_data;

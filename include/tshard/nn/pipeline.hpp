@@ -96,7 +96,7 @@ class Pipeline {
  public:
   Pipeline(const M& mesh, PipelineOptions o) : mesh_(mesh), o_(o) {
     constexpr int axis = M::template axis_index<StageAxis>();
-    stage_comm_ = mesh.state()->group(std::vector<int>{axis});
+    stage_comm_ = tshard::detail::state_of(mesh)->group(std::vector<int>{axis});
     stages_ = mesh.template size<StageAxis>();
     stage_ = mesh.template coord<StageAxis>();
     if (o_.microbatches < 1)

@@ -90,8 +90,9 @@ ShardedTensor<T, M, S> conv2d_plain(const ShardedTensor<T, M, S>& x, const Eigen
   const Eigen::Index ph = padding == Padding::Same ? (kh - 1) / 2 : 0;
   const Eigen::Index pw = padding == Padding::Same ? (kw - 1) / 2 : 0;
   ShardedTensor<T, M, S> out(x.mesh(), {shape[0], w.dimension(0), shape[2] + 2 * ph - kh + 1, shape[3] + 2 * pw - kw + 1});
-  conv2d_shards<T>(x.mesh().state(), ShardedTensor<T, M, S>::spec_desc, x.extents(), x.layout(), x.data(), w, padding, out.extents(),
-                   out.layout(), out.data());
+  conv2d_shards<T>(detail::state_of(x.mesh()), ShardedTensor<T, M, S>::spec_desc, detail::extents_of(x),
+                   detail::layout_of(x), x.data(), w, padding, detail::extents_of(out), detail::layout_of(out),
+                   out.data());
   return out;
 }
 }  // namespace detail

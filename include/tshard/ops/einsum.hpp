@@ -100,15 +100,15 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
     const auto& a = detail::resolved(a_in, "einsum");
     const auto& b = detail::resolved(b_in, "einsum");
     detail::require_same_mesh(a, b, "einsum");
-    detail::check_einsum_shapes(e, Eq.view(), a.extents(), b.extents(), a.describe(), b.describe());
+    detail::check_einsum_shapes(e, Eq.view(), detail::extents_of(a), detail::extents_of(b), a.describe(), b.describe());
     using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, M, e>;
     using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
                   "tshard: internal: the typed and descriptor einsum decisions disagree");
-    const detail::Extents shape = detail::einsum_output_shape(e, a.extents(), b.extents());
+    const detail::Extents shape = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
     Out out(a.mesh(), detail::to_array<e.no>(shape));
-    detail::einsum_run<T>(*a.mesh().state(), e, O::decision, O::da, a.extents(), a.data(), O::db, b.extents(), b.data(),
-                          Out::spec_desc, shape, out.data(), strategy);
+    detail::einsum_run<T>(*detail::state_of(a.mesh()), e, O::decision, O::da, detail::extents_of(a), a.data(), O::db,
+                          detail::extents_of(b), b.data(), Out::spec_desc, shape, out.data(), strategy);
     return out;
   }
 }
@@ -120,22 +120,26 @@ std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = Ein
   constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
   using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, typename A::MeshT, e>;
   const detail::SpecDesc out = detail::einsum_output_desc(e, O::decision, O::da, O::db);
-  auto& mesh = *a.mesh().state();
-  const auto c_out = detail::einsum_output_shape(e, a.extents(), b.extents());
-  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh.shape(), strategy,
-                                     sizeof(typename A::Scalar));
+  auto& mesh = *detail::state_of(a.mesh());
+  const auto c_out = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
+  const auto p = detail::plan_einsum(e, O::decision, O::da, detail::extents_of(a), O::db, detail::extents_of(b), out,
+                                     c_out, mesh.shape(), strategy, sizeof(typename A::Scalar));
   auto moves = [&](const auto& x, const detail::SpecDesc& w) {
-    return x.spec_desc == w ? std::string("stays") : detail::cached_plan(mesh, x.spec_desc, w, x.extents(), sizeof(typename A::Scalar))->describe(mesh.shape());
+    return x.spec_desc == w
+               ? std::string("stays")
+               : detail::cached_plan(mesh, x.spec_desc, w, detail::extents_of(x), sizeof(typename A::Scalar))
+                     ->describe(mesh.shape());
   };
   std::string local = "a ring of GEMMs on column blocks";
   if (p.strategy != EinsumStrategy::Windowed) {
     detail::SpecDesc wc = p.wc;
     wc.partial = out.partial;
     wc.partial_axes = out.partial_axes;
-    const auto c_shape = detail::einsum_output_shape(e, a.extents(), b.extents());
-    local = detail::describe_local_product(e, detail::shard_layout(p.wa, a.extents(), mesh.shape(), mesh.coords()),
-                                           detail::shard_layout(p.wb, b.extents(), mesh.shape(), mesh.coords()),
-                                           detail::shard_layout(wc, c_shape, mesh.shape(), mesh.coords()));
+    const auto c_shape = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
+    local = detail::describe_local_product(
+        e, detail::shard_layout(p.wa, detail::extents_of(a), mesh.shape(), mesh.coords()),
+        detail::shard_layout(p.wb, detail::extents_of(b), mesh.shape(), mesh.coords()),
+        detail::shard_layout(wc, c_shape, mesh.shape(), mesh.coords()));
   }
   return detail::strategy_name(p.strategy, p.conflict) + "; a: " + moves(a, p.wa) + "; b: " + moves(b, p.wb) +
          "; output " + out.to_string(mesh.shape()) + "; local: " + local;
@@ -149,12 +153,12 @@ Traffic predict_einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumS
   constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
   using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, typename A::MeshT, e>;
   const detail::SpecDesc out = detail::einsum_output_desc(e, O::decision, O::da, O::db);
-  const auto& mesh = a.mesh().state()->shape();
-  const auto c_out = detail::einsum_output_shape(e, a.extents(), b.extents());
-  const auto p = detail::plan_einsum(e, O::decision, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh, strategy,
-                                     sizeof(typename A::Scalar));
-  return detail::einsum_traffic(p, O::da, a.extents(), O::db, b.extents(), out, c_out, mesh, sizeof(typename A::Scalar),
-                                a.mesh().rank());
+  const auto& mesh = detail::state_of(a.mesh())->shape();
+  const auto c_out = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
+  const auto p = detail::plan_einsum(e, O::decision, O::da, detail::extents_of(a), O::db, detail::extents_of(b), out,
+                                     c_out, mesh, strategy, sizeof(typename A::Scalar));
+  return detail::einsum_traffic(p, O::da, detail::extents_of(a), O::db, detail::extents_of(b), out, c_out, mesh,
+                                sizeof(typename A::Scalar), a.mesh().rank());
 }
 
 // The einsum with its output spec pinned (the annotation users give): the natural result
@@ -171,8 +175,8 @@ auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Au
   } else {
     detail::OperatorScope scope("einsum");
     Out out(natural.mesh(), natural.global_shape());
-    detail::execute_reshard(*natural.mesh().state(), natural.spec_desc, Out::spec_desc, natural.extents(),
-                            natural.data(), out.data());
+    detail::execute_reshard(*detail::state_of(natural.mesh()), natural.spec_desc, Out::spec_desc,
+                            detail::extents_of(natural), natural.data(), out.data());
     return out;
   }
 }

@@ -265,12 +265,13 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
     static_assert(Out::spec_desc.without_partial() == elementwise_desc(E::da, E::db),
                   "tshard: internal: the typed and descriptor elementwise rules disagree");
     require_same_mesh(a, b, name);
-    const Extents ea = extents_of_rank(a.extents(), A::rank, Rank), eb = extents_of_rank(b.extents(), B::rank, Rank);
+    const Extents ea = extents_of_rank(detail::extents_of(a), A::rank, Rank),
+                  eb = extents_of_rank(detail::extents_of(b), B::rank, Rank);
     const Extents shape = broadcast_shape(ea, eb, Rank, name, a.describe(), b.describe());
     Out out(a.mesh(), to_array<Rank>(shape));
     const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
-    binary_run<T>(*a.mesh().state(), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb, vb.data,
-                  Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
+    binary_run<T>(*detail::state_of(a.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
+                  vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
     return out;
   }
 }
@@ -459,7 +460,7 @@ auto operand_view(const X& x, const T& scalar_store) {
   };
   if constexpr (OperandTraits<X>::tensor) {
     return View{make_desc<spec_of_rank<typename X::SpecType, Rank>, NoPartial>(M::axis_names),
-                extents_of_rank(x.extents(), X::rank, Rank), x.data()};
+                extents_of_rank(detail::extents_of(x), X::rank, Rank), x.data()};
   } else {
     return View{ScalarOperand<T>::desc(Rank), ScalarOperand<T>::shape(Rank), &scalar_store};
   }
@@ -510,8 +511,8 @@ auto compare(const A& ain, const B& bin, const char* name) {
   const Extents shape = broadcast_shape(va.shape, vb.shape, Rank, name, describe_a, describe_b);
   const auto& mesh = first_tensor_mesh<A, B>::of(ain, bin);
   Out out(mesh, to_array<Rank>(shape));
-  compare_run<T>(*mesh.state(), K, va.desc, va.shape, va.data, vb.desc, vb.shape, vb.data, Out::spec_desc, shape,
-                 out.data(), name);
+  compare_run<T>(*detail::state_of(mesh), K, va.desc, va.shape, va.data, vb.desc, vb.shape, vb.data, Out::spec_desc,
+                 shape, out.data(), name);
   return out;
 }
 
@@ -618,14 +619,14 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
   const auto va = detail::operand_view<Rank, M, T>(a, sa);
   const auto vb = detail::operand_view<Rank, M, T>(b, sb);
   const detail::SpecDesc dm = detail::desc_of_rank<Mask, Rank>();
-  const detail::Extents sm = detail::extents_of_rank(mask_in.extents(), Mask::rank, Rank);
+  const detail::Extents sm = detail::extents_of_rank(detail::extents_of(mask_in), Mask::rank, Rank);
   const std::string name_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); }();
   const std::string name_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); }();
   const detail::Extents ab = detail::broadcast_shape(va.shape, vb.shape, Rank, "where", name_a, name_b);
   const detail::Extents shape = detail::broadcast_shape(sm, ab, Rank, "where", mask_in.describe(), name_a + " with " + name_b);
   Out out(mask_in.mesh(), detail::to_array<Rank>(shape));
-  detail::where_run<T>(*mask_in.mesh().state(), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc, vb.shape,
-                       vb.data, Out::spec_desc, shape, out.data());
+  detail::where_run<T>(*detail::state_of(mask_in.mesh()), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc,
+                       vb.shape, vb.data, Out::spec_desc, shape, out.data());
   return out;
 }
 
@@ -678,7 +679,7 @@ auto map(const X& x, F&& f) {
     ShardedTensor<U, typename X::MeshT, typename X::SpecType> out(x.mesh(), x.global_shape());
     const T* in = x.data();
     U* o = out.data();
-    detail::for_each_valid_run(x.layout(), [&](detail::Index off, detail::Index n) {
+    detail::for_each_valid_run(detail::layout_of(x), [&](detail::Index off, detail::Index n) {
       for (detail::Index i = off; i < off + n; ++i) o[i] = U(f(in[i]));
     });
     return out;
@@ -696,17 +697,19 @@ auto map_runs(F&& f, const X0& x0_in, const Xs&... xs_in) {
   using Out = ShardedTensor<U, M, OutSpec>;
   auto run = [&](const auto& x0, const auto&... xs) {
     (require_same_mesh(x0, xs, "map"), ...);
-    ((xs.extents() != x0.extents()
+    ((detail::extents_of(xs) != detail::extents_of(x0)
           ? throw ShapeError("tshard::map: the tensors' shapes differ: " + x0.describe() + " and " + xs.describe())
           : void()),
      ...);
     Out out(x0.mesh(), x0.global_shape());
-    auto& mesh = *x0.mesh().state();
-    auto aligned = [&](const auto& x) { return implicit_reshard(mesh, x.spec_desc, Out::spec_desc, x.extents(), x.data(), "map"); };
+    auto& mesh = *detail::state_of(x0.mesh());
+    auto aligned = [&](const auto& x) {
+      return implicit_reshard(mesh, x.spec_desc, Out::spec_desc, detail::extents_of(x), x.data(), "map");
+    };
     const auto a0 = aligned(x0);
     const std::tuple<decltype(aligned(xs))...> as{aligned(xs)...};
     U* o = out.data();
-    for_each_valid_run(out.layout(), [&](Index off, Index n) {
+    for_each_valid_run(detail::layout_of(out), [&](Index off, Index n) {
       std::apply([&](const auto&... a) { f(o + off, a0.data + off, (a.data + off)..., n); }, as);
     });
     return out;

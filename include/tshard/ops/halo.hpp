@@ -182,11 +182,11 @@ class HaloExchange {
   // Widths from a run-time array (the tag keeps braced lists unambiguous).
   template <class M, class S, class P>
   HaloExchange(detail::HaloWidths, const ShardedTensor<T, M, S, P>& like, const std::array<Halo, Rank>& widths,
-           Boundary boundary, const char* op = "HaloExchange")
-      : mesh_(like.mesh().state()),
+               Boundary boundary, const char* op = "HaloExchange")
+      : mesh_(detail::state_of(like.mesh())),
         spec_(like.spec_desc.without_partial()),
-        shape_(like.extents()),
-        layout_(like.layout()),
+        shape_(detail::extents_of(like)),
+        layout_(detail::layout_of(like)),
         widths_(widths),
         boundary_(boundary) {
     static_assert(S::rank == Rank, "tshard: the plan's rank differs from the tensor's rank");
@@ -346,10 +346,10 @@ class HaloExchange {
 
   template <class X>
   void check_tensor(const X& x, const char* op) const {
-    if (x.mesh().state() != mesh_)
+    if (detail::state_of(x.mesh()) != mesh_)
       throw MeshError(std::string("tshard::") + op + ": the tensor " + x.describe() + " lives on mesh " +
                       x.mesh().shape().describe() + ", not on the plan's mesh " + mesh_->shape().describe());
-    if (!(x.spec_desc.without_partial() == spec_) || x.extents() != shape_)
+    if (!(x.spec_desc.without_partial() == spec_) || detail::extents_of(x) != shape_)
       throw ShapeError(std::string("tshard::") + op + ": the tensor " + x.describe() +
                        " differs from the plan's layout " + detail::shape_to_string(shape_, Rank) + " " +
                        spec_.to_string(mesh_->shape()));

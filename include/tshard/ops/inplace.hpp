@@ -33,15 +33,15 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
     return compound<K>(y, resolved(x, name), name);
   } else {
     require_same_mesh(y, x, name);
-    const Extents ex = extents_of_rank(x.extents(), SX::rank, SY::rank);
-    const Extents shape = broadcast_shape(y.extents(), ex, SY::rank, name, y.describe(), x.describe());
-    if (shape != y.extents())
+    const Extents ex = extents_of_rank(detail::extents_of(x), SX::rank, SY::rank);
+    const Extents shape = broadcast_shape(detail::extents_of(y), ex, SY::rank, name, y.describe(), x.describe());
+    if (shape != detail::extents_of(y))
       throw ShapeError(std::string("tshard::") + name + ": the result " + shape_to_string(shape, SY::rank) +
                        " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());
     const auto vx = TensorAccess::buffer(x);  // before y is written: x may share y's old buffer
     T* out = y.data();
-    binary_run<T>(*y.mesh().state(), K, Y::spec_desc, y.extents(), out, desc_of_rank<X, SY::rank>(), ex, vx.data,
-                  Y::spec_desc, y.extents(), out, name, T(1), vx.scale);
+    binary_run<T>(*detail::state_of(y.mesh()), K, Y::spec_desc, detail::extents_of(y), out, desc_of_rank<X, SY::rank>(),
+                  ex, vx.data, Y::spec_desc, detail::extents_of(y), out, name, T(1), vx.scale);
     return y;
   }
 }
@@ -55,8 +55,8 @@ ShardedTensor<T, M, SY, PY>& compound_expiring(ShardedTensor<T, M, SY, PY>& y, S
   if constexpr (is_partial_sum_v<X> && !PY::is_partial) {
     if (TensorAccess::owns_pooled_buffer(x) && y.mesh() == x.mesh()) {
       constexpr SpecDesc plain = X::spec_desc.without_partial();
-      auto& mesh = *x.mesh().state();
-      require_implicit_allowed(mesh, X::spec_desc, plain, x.extents(), name);
+      auto& mesh = *detail::state_of(x.mesh());
+      require_implicit_allowed(mesh, X::spec_desc, plain, detail::extents_of(x), name);
       const ScaledBuffer<T> v = TensorAccess::buffer(x);
       T* buf = const_cast<T*>(v.data);  // this tensor's own buffer, expiring
       {

@@ -40,9 +40,9 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
     ((reduced[Dims] = true), ...);
     std::array<Eigen::Index, OutRank> shape{};
     for (int d = 0, k = 0; d < S::rank; ++d)
-      if (!reduced[d]) shape[k++] = x.extents()[d];
+      if (!reduced[d]) shape[k++] = detail::extents_of(x)[d];
     Out out(x.mesh(), shape);
-    reduce_kernel<T>(Op, x.data(), x.layout(), reduced, out.data(), out.layout().padded, OutRank);
+    reduce_kernel<T>(Op, x.data(), detail::layout_of(x), reduced, out.data(), detail::layout_of(out).padded, OutRank);
     return out;
   }
 }
@@ -96,7 +96,7 @@ auto mean(const X& x) {
   using T = typename X::Scalar;
   static_assert(!std::is_integral_v<T>, "tshard: mean needs a floating-point or complex element type");
   double count = 1;
-  ((count *= double(x.extents()[Dims])), ...);
+  ((count *= double(detail::extents_of(x)[Dims])), ...);
   return detail::reduce<ReduceOp::Sum, Dims...>(x, "mean") * T(1.0 / count);
 }
 
@@ -203,9 +203,10 @@ auto argmax(const X& xin) {
   constexpr int OutRank = OutSpec::rank;
   std::array<Eigen::Index, OutRank> shape{};
   for (int d = 0, k = 0; d < X::rank; ++d)
-    if (d != Dim) shape[k++] = x.extents()[d];
+    if (d != Dim) shape[k++] = detail::extents_of(x)[d];
   Out out(x.mesh(), shape);
-  detail::argmax_run<T>(*x.mesh().state(), X::spec_desc, x.layout(), x.data(), Dim, out.layout(), out.data());
+  detail::argmax_run<T>(*detail::state_of(x.mesh()), X::spec_desc, detail::layout_of(x), x.data(), Dim,
+                        detail::layout_of(out), out.data());
   return out;
 }
 

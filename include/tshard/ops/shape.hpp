@@ -27,7 +27,7 @@ auto transpose(const X& x) {
   using Out = ShardedTensor<T, typename X::MeshT, OutSpec, typename X::PartialType>;
   constexpr std::array<int, sizeof...(Perm)> perm{Perm...};
   std::array<Eigen::Index, X::rank> shape{};
-  for (int d = 0; d < X::rank; ++d) shape[d] = x.extents()[perm[d]];
+  for (int d = 0; d < X::rank; ++d) shape[d] = detail::extents_of(x)[perm[d]];
   Out out(x.mesh(), shape);
   if (out.padded_size()) out.local() = x.local().shuffle(perm);
   return out;
@@ -50,15 +50,16 @@ auto slice(const X& x, const Eigen::Index (&offsets)[N], const Eigen::Index (&ex
   constexpr int Rank = X::rank;
   const detail::Extents off = detail::extents_argument<Rank>(offsets), ext = detail::extents_argument<Rank>(extents);
   for (int d = 0; d < Rank; ++d)
-    if (off[d] < 0 || ext[d] < 0 || off[d] + ext[d] > x.extents()[d])
+    if (off[d] < 0 || ext[d] < 0 || off[d] + ext[d] > detail::extents_of(x)[d])
       throw ShapeError("tshard::slice: the window at " + detail::shape_to_string(off, Rank) + " of extent " +
                        detail::shape_to_string(ext, Rank) + " does not fit x " + x.describe());
   using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType, typename X::PartialType>;
   detail::OperatorScope scope("slice");
   Out out(x.mesh(), detail::to_array<Rank>(ext));
   // Partial values move like plain ones: their partial axes are split by neither layout.
-  detail::implicit_redistribute(*x.mesh().state(), x.spec_desc.without_partial(), x.extents(), x.data(),
-                                Out::spec_desc.without_partial(), out.extents(), out.data(), off, "slice");
+  detail::implicit_redistribute(*detail::state_of(x.mesh()), x.spec_desc.without_partial(), detail::extents_of(x),
+                                x.data(), Out::spec_desc.without_partial(), detail::extents_of(out), out.data(), off,
+                                "slice");
   return out;
 }
 
@@ -75,14 +76,14 @@ auto pad(const X& xin, const Eigen::Index (&before)[N], const Eigen::Index (&aft
     if (lo[d] < 0 || hi[d] < 0)
       throw ShapeError("tshard::pad: negative widths " + detail::shape_to_string(lo, Rank) + " / " +
                        detail::shape_to_string(hi, Rank) + " for x " + x.describe());
-    shape[d] = x.extents()[d] + lo[d] + hi[d];
+    shape[d] = detail::extents_of(x)[d] + lo[d] + hi[d];
     shift[d] = -lo[d];
   }
   using Out = ShardedTensor<typename X::Scalar, typename X::MeshT, typename X::SpecType>;
   Out out(x.mesh(), detail::to_array<Rank>(shape));
   std::fill(out.data(), out.data() + out.padded_size(), value);
-  detail::implicit_redistribute(*x.mesh().state(), x.spec_desc, x.extents(), x.data(), Out::spec_desc, out.extents(),
-                                out.data(), shift, "pad");
+  detail::implicit_redistribute(*detail::state_of(x.mesh()), x.spec_desc, detail::extents_of(x), x.data(),
+                                Out::spec_desc, detail::extents_of(out), out.data(), shift, "pad");
   return out;
 }
 
@@ -97,20 +98,20 @@ auto concat(const A& ain, const B& bin) {
   const auto& a = detail::resolved(ain, "concat");
   const auto& b = detail::resolved(bin, "concat");
   detail::require_same_mesh(a, b, "concat");
-  detail::Extents shape = a.extents(), shift{};
+  detail::Extents shape = detail::extents_of(a), shift{};
   for (int d = 0; d < Rank; ++d)
-    if (d != Dim && a.extents()[d] != b.extents()[d])
+    if (d != Dim && detail::extents_of(a)[d] != detail::extents_of(b)[d])
       throw ShapeError("tshard::concat: the shapes differ off the concat dim " + std::to_string(Dim) + ": a is " +
                        a.describe() + ", b is " + b.describe());
-  shape[Dim] += b.extents()[Dim];
-  shift[Dim] = -a.extents()[Dim];
+  shape[Dim] += detail::extents_of(b)[Dim];
+  shift[Dim] = -detail::extents_of(a)[Dim];
   using Out = ShardedTensor<typename A::Scalar, typename A::MeshT, typename A::SpecType>;
   Out out(a.mesh(), detail::to_array<Rank>(shape));
-  auto& mesh = *a.mesh().state();
-  detail::implicit_redistribute(mesh, a.spec_desc, a.extents(), a.data(), Out::spec_desc, out.extents(), out.data(),
-                                detail::Extents{}, "concat");
-  detail::implicit_redistribute(mesh, b.spec_desc, b.extents(), b.data(), Out::spec_desc, out.extents(), out.data(), shift,
-                                "concat");
+  auto& mesh = *detail::state_of(a.mesh());
+  detail::implicit_redistribute(mesh, a.spec_desc, detail::extents_of(a), a.data(), Out::spec_desc,
+                                detail::extents_of(out), out.data(), detail::Extents{}, "concat");
+  detail::implicit_redistribute(mesh, b.spec_desc, detail::extents_of(b), b.data(), Out::spec_desc,
+                                detail::extents_of(out), out.data(), shift, "concat");
   return out;
 }
 
@@ -198,18 +199,20 @@ auto reshape(const X& xin, const Eigen::Index (&new_shape)[N]) {
   detail::OperatorScope scope("reshape");
   const auto& x = detail::resolved(xin, "reshape");
   const detail::Extents shape = detail::extents_argument<Rank>(new_shape);
-  detail::Index old_n = detail::volume(x.extents(), X::rank), new_n = 1;
+  detail::Index old_n = detail::volume(detail::extents_of(x), X::rank), new_n = 1;
   for (int d = 0; d < Rank; ++d) new_n *= shape[d];
   if (old_n != new_n)
     throw ShapeError("tshard::reshape: " + x.describe() + " has " + std::to_string(old_n) + " elements, the new shape " +
                      detail::shape_to_string(shape, Rank) + " has " + std::to_string(new_n));
   Out out(x.mesh(), detail::to_array<Rank>(shape));
   const auto& m = x.mesh().shape();
-  if (detail::reshape_is_local(x.spec_desc, x.extents(), Out::spec_desc, shape, m)) {
-    detail::reshape_copy(x.data(), x.layout(), x.extents(), X::rank, out.data(), out.layout(), shape);
+  if (detail::reshape_is_local(x.spec_desc, detail::extents_of(x), Out::spec_desc, shape, m)) {
+    detail::reshape_copy(x.data(), detail::layout_of(x), detail::extents_of(x), X::rank, out.data(),
+                         detail::layout_of(out), shape);
   } else {
     const auto whole = detail::implicit_reshard<Replicated<X::rank>>(x, "reshape");
-    detail::reshape_copy(whole.data(), whole.layout(), x.extents(), X::rank, out.data(), out.layout(), shape);
+    detail::reshape_copy(whole.data(), detail::layout_of(whole), detail::extents_of(x), X::rank, out.data(),
+                         detail::layout_of(out), shape);
   }
   return out;
 }

@@ -130,16 +130,16 @@ auto take(const Table& table_in, const Ids& ids_in) {
   const auto& table = detail::resolved(table_in, "take");
   const auto& ids = detail::resolved(ids_in, "take");
   detail::require_same_mesh(table, ids, "take");
-  auto& mesh = *table.mesh().state();
+  auto& mesh = *detail::state_of(table.mesh());
   constexpr detail::SpecDesc want_ids = detail::make_desc<typename S::ids_spec, NoPartial>(M::axis_names);
-  const auto al = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, ids.extents(), ids.data(), "take");
-  const auto il = detail::shard_layout(want_ids, ids.extents(), mesh.shape(), mesh.coords());
-  detail::check_ids(mesh, al.data, il.valid[0], want_ids.dims[0].count > 0, table.extents()[Axis], "take",
+  const auto al = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, detail::extents_of(ids), ids.data(), "take");
+  const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
+  detail::check_ids(mesh, al.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(table)[Axis], "take",
                     table.describe(), ids.describe());
   auto shape = table.global_shape();
-  shape[Axis] = ids.extents()[0];
+  shape[Axis] = detail::extents_of(ids)[0];
   Out out(table.mesh(), shape);
-  detail::take_kernel<T>(table.data(), table.layout(), Axis, al.data, il, out.data(), out.layout());
+  detail::take_kernel<T>(table.data(), detail::layout_of(table), Axis, al.data, il, out.data(), detail::layout_of(out));
   return out;
 }
 
@@ -161,33 +161,36 @@ ShardedTensor<T, M, SG>& scatter_add(ShardedTensor<T, M, SG>& grad, const Ids& i
   detail::require_same_mesh(grad, ids, "scatter_add");
   detail::require_same_mesh(grad, rows, "scatter_add");
   auto expected = grad.global_shape();
-  expected[Axis] = ids.extents()[0];
+  expected[Axis] = detail::extents_of(ids)[0];
   if (rows.global_shape() != expected)
     throw ShapeError("tshard::scatter_add: rows are " + rows.describe() + ", expected " +
                      detail::shape_to_string(detail::to_extents(expected), SG::rank) + " for ids " + ids.describe() +
                      " into " + grad.describe());
-  auto& mesh = *grad.mesh().state();
+  auto& mesh = *detail::state_of(grad.mesh());
   constexpr detail::SpecDesc want_ids = detail::make_desc<typename S::ids_spec, NoPartial>(M::axis_names);
   constexpr detail::SpecDesc want_rows = detail::make_desc<typename S::out_spec, NoPartial>(M::axis_names);
-  const auto ai = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, ids.extents(), ids.data(), "scatter_add");
-  const auto ar = detail::implicit_reshard(mesh, rows.spec_desc, want_rows, rows.extents(), rows.data(), "scatter_add");
-  const auto il = detail::shard_layout(want_ids, ids.extents(), mesh.shape(), mesh.coords());
-  const auto rl = detail::shard_layout(want_rows, rows.extents(), mesh.shape(), mesh.coords());
-  detail::check_ids(mesh, ai.data, il.valid[0], want_ids.dims[0].count > 0, grad.extents()[Axis], "scatter_add",
-                    grad.describe(), ids.describe());
+  const auto ai =
+      detail::implicit_reshard(mesh, ids.spec_desc, want_ids, detail::extents_of(ids), ids.data(), "scatter_add");
+  const auto ar =
+      detail::implicit_reshard(mesh, rows.spec_desc, want_rows, detail::extents_of(rows), rows.data(), "scatter_add");
+  const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
+  const auto rl = detail::shard_layout(want_rows, detail::extents_of(rows), mesh.shape(), mesh.coords());
+  detail::check_ids(mesh, ai.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(grad)[Axis],
+                    "scatter_add", grad.describe(), ids.describe());
   if (want_ids.dims[0].count == 0) {  // every rank holds every id: add straight into grad
-    detail::scatter_add_kernel<T>(grad.data(), grad.layout(), Axis, ai.data, il, ar.data, rl);
+    detail::scatter_add_kernel<T>(grad.data(), detail::layout_of(grad), Axis, ai.data, il, ar.data, rl);
     return grad;
   }
   // Ranks with other ids add into the same rows: a partial sum over the ids' axes, resolved.
-  const auto& gl = grad.layout();
+  const auto& gl = detail::layout_of(grad);
   detail::Scratch<T> part(static_cast<std::size_t>(gl.padded_size()));
   std::fill(part.data(), part.data() + gl.padded_size(), T(0));
   detail::scatter_add_kernel<T>(part.data(), gl, Axis, ai.data, il, ar.data, rl);
   detail::SpecDesc partial = G::spec_desc;
   partial.partial = detail::PartialKind::Sum;
   partial.partial_axes = want_ids.dims[0].mask();
-  const auto summed = detail::implicit_reshard(mesh, partial, G::spec_desc, grad.extents(), part.data(), "scatter_add");
+  const auto summed =
+      detail::implicit_reshard(mesh, partial, G::spec_desc, detail::extents_of(grad), part.data(), "scatter_add");
   T* g = grad.data();
   for (detail::Index i = 0; i < gl.padded_size(); ++i) g[i] += summed.data[i];
   return grad;

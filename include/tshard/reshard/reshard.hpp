@@ -18,7 +18,8 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
   using Out = ShardedTensor<T, M, NewSpec>;
   detail::OperatorScope scope("reshard");
   Out out(t.mesh(), t.global_shape());
-  detail::execute_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), t.data(), out.data());
+  detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
+                          out.data());
   return out;
 }
 
@@ -27,11 +28,12 @@ template <class T, class M, class S2, class S, class P>
 void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>& t) {
   static_assert(S2::rank == S::rank, "tshard: the spec's rank differs from the tensor's rank");
   detail::require_same_mesh(dst, t, "reshard_into");
-  if (dst.extents() != t.extents())
+  if (detail::extents_of(dst) != detail::extents_of(t))
     throw ShapeError("tshard::reshard_into: the shapes differ: source is " + t.describe() + ", destination is " +
                      dst.describe());
   detail::OperatorScope scope("reshard");
-  detail::execute_reshard(*t.mesh().state(), t.spec_desc, dst.spec_desc, t.extents(), t.data(), dst.data());
+  detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, dst.spec_desc, detail::extents_of(t), t.data(),
+                          dst.data());
 }
 
 // What reshard<NewSpec>(t) will send and receive on this rank, by its plan and the cost model
@@ -40,15 +42,16 @@ void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>&
 template <class NewSpec, class T, class M, class S, class P>
 Traffic predict_reshard(const ShardedTensor<T, M, S, P>& t) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  return detail::reshard_traffic(t.mesh().state()->shape(), t.spec_desc, Out::spec_desc, t.extents(), sizeof(T),
-                                 t.mesh().rank());
+  return detail::reshard_traffic(detail::state_of(t.mesh())->shape(), t.spec_desc, Out::spec_desc,
+                                 detail::extents_of(t), sizeof(T), t.mesh().rank());
 }
 
 // The steps reshard<NewSpec>(t) would take, e.g. "all-gather {x, R} -> {R, R}".
 template <class NewSpec, class T, class M, class S, class P>
 std::string explain_reshard(const ShardedTensor<T, M, S, P>& t) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  return detail::cached_plan(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), sizeof(T))->describe(t.mesh().shape());
+  return detail::cached_plan(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), sizeof(T))
+      ->describe(t.mesh().shape());
 }
 
 // Whether operators may insert communication the user did not write.
@@ -129,7 +132,8 @@ template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op) {
   using Out = ShardedTensor<T, M, NewSpec>;
   const ScaledBuffer<T> v = TensorAccess::buffer(t);
-  auto a = implicit_reshard(*t.mesh().state(), t.spec_desc, Out::spec_desc, t.extents(), v.data, op);
+  auto a =
+      implicit_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), v.data, op);
   // Already laid out so: shares t's buffer (either side copies it before writing).
   Out out(AdoptStorage{}, t.mesh(), t.global_shape(), a.owned ? std::move(a.owned) : TensorAccess::storage(t, false));
   return v.scaled ? TensorAccess::scaled(out, v.scale) : out;

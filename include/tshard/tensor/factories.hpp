@@ -133,9 +133,9 @@ auto distribute(const M& mesh, const G& global) {
   detail::check_shape_agrees(mesh, shape, true, "distribute",
                              Out::spec_desc.to_string(mesh.shape()));
   Out out(mesh, shape);
-  const detail::ShardLayout& l = out.layout();
+  const detail::ShardLayout& l = detail::layout_of(out);
   const detail::Extents zero{};
-  detail::copy_box(global.data(), out.extents(), l.offset, out.data(), l.padded, zero, l.valid, Rank);
+  detail::copy_box(global.data(), detail::extents_of(out), l.offset, out.data(), l.padded, zero, l.valid, Rank);
   return out;
 }
 
@@ -162,7 +162,7 @@ auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], T* local, 
   const std::string spec = Out::spec_desc.to_string(mesh.shape());
   detail::check_shape_nonnegative(mesh, shape, "from_local", spec);
   const detail::ShardLayout l =
-      detail::shard_layout(Out::spec_desc, detail::to_extents(shape), mesh.shape(), mesh.state()->coords());
+      detail::shard_layout(Out::spec_desc, detail::to_extents(shape), mesh.shape(), detail::state_of(mesh)->coords());
   const auto need = static_cast<std::size_t>(l.padded_size());
   detail::check_shape_agrees(mesh, shape, count >= need && (local != nullptr || need == 0), "from_local", spec,
                              "the local buffer holds " + std::to_string(count) + " elements on rank " +
@@ -188,7 +188,7 @@ auto from_local(const M& mesh, const Eigen::Index (&global_shape)[N], Eigen::Ten
   const std::string spec = Out::spec_desc.to_string(mesh.shape());
   detail::check_shape_nonnegative(mesh, shape, "from_local", spec);
   const detail::ShardLayout l =
-      detail::shard_layout(Out::spec_desc, detail::to_extents(shape), mesh.shape(), mesh.state()->coords());
+      detail::shard_layout(Out::spec_desc, detail::to_extents(shape), mesh.shape(), detail::state_of(mesh)->coords());
   detail::Extents have{};
   for (int d = 0; d < Rank; ++d) have[d] = local.dimension(d);
   const bool padded = have == l.padded, valid = have == l.valid;
@@ -222,7 +222,7 @@ auto scatter(const M& mesh, const G& global, int root = 0) {
   for (int d = 0; d < Rank; ++d) shape[d] = dims[d];
   Out out(mesh, shape);
   const detail::Extents zero{};
-  const detail::ShardLayout& mine = out.layout();
+  const detail::ShardLayout& mine = detail::layout_of(out);
   std::vector<detail::Message<const T>> sends;
   std::vector<detail::Message<T>> recvs;
   detail::Scratch<T> incoming(static_cast<std::size_t>(mine.valid_size()));
@@ -232,13 +232,14 @@ auto scatter(const M& mesh, const G& global, int root = 0) {
   if (mesh.rank() == root)
     for (int r = 0; r < mesh.size(); ++r) {
       offsets.push_back(total);
-      total += detail::shard_layout_of_rank(Out::spec_desc, out.extents(), mesh.shape(), r).valid_size();
+      total += detail::shard_layout_of_rank(Out::spec_desc, detail::extents_of(out), mesh.shape(), r).valid_size();
     }
   detail::Scratch<T> packed(static_cast<std::size_t>(total));
   if (mesh.rank() == root)
     for (int r = 0; r < mesh.size(); ++r) {
-      auto l = detail::shard_layout_of_rank(Out::spec_desc, out.extents(), mesh.shape(), r);
-      detail::copy_box(global.data(), out.extents(), l.offset, packed.data() + offsets[r], l.valid, zero, l.valid, Rank);
+      auto l = detail::shard_layout_of_rank(Out::spec_desc, detail::extents_of(out), mesh.shape(), r);
+      detail::copy_box(global.data(), detail::extents_of(out), l.offset, packed.data() + offsets[r], l.valid, zero,
+                       l.valid, Rank);
       sends.push_back({r, packed.data() + offsets[r], l.valid_size()});
     }
   detail::exchange<T>(mesh.comm(), sends, recvs, "scatter_v");
@@ -255,7 +256,8 @@ auto from_function(const M& mesh, const Eigen::Index (&global_shape)[N], F&& f) 
   detail::check_shape_nonnegative(mesh, shape, "from_function", Out::spec_desc.to_string(mesh.shape()));
   Out out(mesh, shape);
   T* data = out.data();
-  detail::for_each_local<SpecT::rank>(out.layout(), [&](const auto& g, detail::Index lin) { data[lin] = T(f(g)); });
+  detail::for_each_local<SpecT::rank>(detail::layout_of(out),
+                                      [&](const auto& g, detail::Index lin) { data[lin] = T(f(g)); });
   return out;
 }
 
@@ -289,7 +291,7 @@ auto random(const M& mesh, const Eigen::Index (&global_shape)[N], std::uint64_t 
   detail::check_shape_nonnegative(mesh, shape, "random", Out::spec_desc.to_string(mesh.shape()));
   Out out(mesh, shape);
   T* data = out.data();
-  detail::for_each_local<SpecT::rank>(out.layout(), [&](const auto& g, detail::Index lin) {
+  detail::for_each_local<SpecT::rank>(detail::layout_of(out), [&](const auto& g, detail::Index lin) {
     std::uint64_t linear = 0, stride = 1;
     for (int d = 0; d < SpecT::rank; ++d) {
       linear += std::uint64_t(g[d]) * stride;
@@ -305,7 +307,7 @@ template <class SpecT, MeshType M, std::size_t N>
 std::array<Eigen::Index, SpecT::rank> padded_local_shape(const M& mesh, const Eigen::Index (&global_shape)[N]) {
   auto shape = detail::shape_argument<SpecT::rank>(global_shape);
   constexpr auto desc = detail::make_desc<SpecT, NoPartial>(M::axis_names);
-  auto l = detail::shard_layout(desc, detail::to_extents(shape), mesh.shape(), mesh.state()->coords());
+  auto l = detail::shard_layout(desc, detail::to_extents(shape), mesh.shape(), detail::state_of(mesh)->coords());
   return detail::to_array<SpecT::rank>(l.padded);
 }
 

@@ -75,13 +75,13 @@ class ShardedTensor {
 
   // A tensor of the given global shape; its contents are unspecified (see zeros()).
   ShardedTensor(const M& mesh, const Shape& global_shape) : mesh_(mesh), shape_(detail::to_extents(global_shape)) {
-    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), mesh_.state()->coords());
+    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
     data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
   }
   // Around existing storage of at least the padded local size (from_local, factories).
   ShardedTensor(detail::AdoptStorage, const M& mesh, const Shape& global_shape, std::shared_ptr<T> storage)
       : mesh_(mesh), shape_(detail::to_extents(global_shape)), data_(std::move(storage)) {
-    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), mesh_.state()->coords());
+    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
   }
 
   ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_) {
@@ -129,7 +129,7 @@ class ShardedTensor {
   Eigen::Tensor<T, rank> gather() const {
     Eigen::Tensor<T, rank> out(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data(), out.data());
+    detail::gather_to_all(*detail::state_of(mesh_), spec_desc, shape_, data(), out.data());
     return out;
   }
   // The global value on mesh rank `root`; other ranks get an empty (all-zero extents) tensor.
@@ -137,7 +137,7 @@ class ShardedTensor {
     Eigen::Tensor<T, rank> out;
     if (mesh_.rank() == root) out.resize(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_root(*mesh_.state(), spec_desc, shape_, data(), out.data(), root);
+    detail::gather_to_root(*detail::state_of(mesh_), spec_desc, shape_, data(), out.data(), root);
     return out;
   }
   // Into an existing tensor of the global shape, on every rank (no allocation of the result).
@@ -145,17 +145,13 @@ class ShardedTensor {
     if (detail::to_extents(std::array<Eigen::Index, rank>(out.dimensions())) != shape_)
       out.resize(global_shape());
     detail::OperatorScope scope("gather");
-    detail::gather_to_all(*mesh_.state(), spec_desc, shape_, data(), out.data());
+    detail::gather_to_all(*detail::state_of(mesh_), spec_desc, shape_, data(), out.data());
   }
 
   // "[7, 5] {x, R}": shape and spec, for error messages.
   std::string describe() const {
     return detail::shape_to_string(shape_, rank) + " " + spec_desc.to_string(mesh_.shape());
   }
-  // For descriptor code inside tshard: global_shape() as kMaxRank Extents, and this rank's block.
-  // Users need neither (global_shape(), local_shape(), local_offset(), padded_shape()).
-  const detail::Extents& extents() const { return shape_; }
-  const detail::ShardLayout& layout() const { return layout_; }
 
  private:
   friend struct detail::TensorAccess;
@@ -202,6 +198,17 @@ struct ScaledBuffer {
 };
 
 struct TensorAccess {
+  // What descriptor code runs on, kept out of the public interface (users have global_shape(),
+  // local_shape(), local_offset() and padded_shape()): the global shape as kMaxRank Extents, and
+  // this rank's block.
+  template <class T, class M, class S, class P>
+  static const Extents& extents(const ShardedTensor<T, M, S, P>& x) {
+    return x.shape_;
+  }
+  template <class T, class M, class S, class P>
+  static const ShardLayout& layout(const ShardedTensor<T, M, S, P>& x) {
+    return x.layout_;
+  }
   template <class T, class M, class S, class P>
   static ScaledBuffer<T> buffer(const ShardedTensor<T, M, S, P>& x) {
     return {x.data_.get(), x.scaled_ ? x.scale_ : T(1), x.scaled_};
@@ -255,6 +262,15 @@ struct TensorAccess {
     }
   }
 };
+
+template <class X>
+const Extents& extents_of(const X& x) {
+  return TensorAccess::extents(x);
+}
+template <class X>
+const ShardLayout& layout_of(const X& x) {
+  return TensorAccess::layout(x);
+}
 
 }  // namespace detail
 
