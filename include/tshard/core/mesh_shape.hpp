@@ -77,14 +77,21 @@ inline int group_size(const MeshShape& m, const std::vector<int>& axes) {
   return k;
 }
 
-// Coordinates of group rank g of the group over `axes` (mixed radix, first axis major, as
-// shard numbers count), with the other coordinates taken from `base`.
-inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const std::vector<int>& axes, long g,
-                                                     std::array<int, kMaxAxes> base) {
-  for (int i = int(axes.size()) - 1; i >= 0; --i) {
-    base[axes[i]] = int(g % m.sizes[axes[i]]);
+// Writes member g of the group over axes[0..count) into coords: the mixed radix of its
+// coordinates on those axes, first axis major, as shard numbers count. `axes` is any indexable
+// list of axis numbers (a std::vector<int>, a DimSplit).
+template <class Axes>
+void set_group_coords(const MeshShape& m, const Axes& axes, int count, long g, std::array<int, kMaxAxes>& coords) {
+  for (int i = count - 1; i >= 0; --i) {
+    coords[axes[i]] = int(g % m.sizes[axes[i]]);
     g /= m.sizes[axes[i]];
   }
+}
+
+// Coordinates of group rank g of the group over `axes`, with the other coordinates from `base`.
+inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const std::vector<int>& axes, long g,
+                                                     std::array<int, kMaxAxes> base) {
+  set_group_coords(m, axes, int(axes.size()), g, base);
   return base;
 }
 

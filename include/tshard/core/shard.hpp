@@ -33,10 +33,7 @@ inline Index split_coord(const DimSplit& s, const MeshShape& m, const std::array
 
 // The inverse of split_coord: writes shard coordinate k of a split into the coordinates of its axes.
 inline void set_split_coord(const DimSplit& s, const MeshShape& m, Index k, std::array<int, kMaxAxes>& coords) {
-  for (int i = s.count - 1; i >= 0; --i) {
-    coords[s[i]] = int(k % m.sizes[s[i]]);
-    k /= m.sizes[s[i]];
-  }
+  set_group_coords(m, s, s.count, k, coords);
 }
 
 inline Index volume(const Extents& e, int rank) {
