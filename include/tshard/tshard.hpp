@@ -20,6 +20,8 @@
 #include "tshard/ops/ops.hpp"
 #include "tshard/ops/windowed.hpp"
 
+#include "tshard/ad/ad.hpp"
+
 #include "tshard/nn/nn.hpp"
 
 #include "tshard/debug/trace.hpp"

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/tensor/factories.hpp"
 
@@ -46,13 +47,22 @@ auto relu_backward(const X& x, const DY& dy) {
   return tshard::map([](T v, T g) { return v > T(0) ? g : T(0); }, x, dy);
 }
 
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor DG>
+auto gelu_backward(const X& x, const DG& dg);
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); under a gradient, one node whose rule is
+// gelu_backward.
 template <tshard::detail::FloatingTensor X>
 auto gelu(const X& x) {
   using T = typename X::Scalar;
   static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
   tshard::detail::OperatorScope scope("gelu");
-  return tshard::detail::map_runs<T>([](T* o, const T* v, tshard::detail::Index n) { detail::gelu_run(o, v, n); }, x);
+  return ad::custom_vjp(
+      [](const auto& v) {
+        return tshard::detail::map_runs<T>([](T* o, const T* in, tshard::detail::Index n) { detail::gelu_run(o, in, n); },
+                                           v);
+      },
+      [](const auto& dg, const auto&, const auto& v) { return gelu_backward(v, dg); }, x);
 }
 
 template <tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor DG>
@@ -70,11 +80,10 @@ auto gelu_backward(const X& x, const DG& dg) {
 // every mesh and spec drops the same elements. dropout_backward applies the same mask.
 // With a row frame, x holds rows [row_offset, row_offset + n) of a batch of rows_total rows
 // (a micro-batch): i is the index in that whole batch, so micro-batching keeps the masks.
-template <tshard::detail::FloatingTensor X>
-auto dropout(const X& xin, double p, std::uint64_t seed, Eigen::Index row_offset, Eigen::Index rows_total) {
+namespace detail {
+template <class X>
+auto dropout_values(const X& xin, double p, std::uint64_t seed, Eigen::Index row_offset, Eigen::Index rows_total) {
   using T = typename X::Scalar;
-  static_assert(X::rank >= 1, "tshard: dropout takes a tensor of rank 1 or more");
-  if (!(p >= 0 && p < 1)) throw ShapeError("tshard::nn::dropout: the drop probability " + std::to_string(p) + " is not in [0, 1)");
   tshard::detail::OperatorScope scope("dropout");
   const auto& x = tshard::detail::resolved(xin, "dropout");
   using Out = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
@@ -96,6 +105,19 @@ auto dropout(const X& xin, double p, std::uint64_t seed, Eigen::Index row_offset
     o[lin] = tshard::detail::random_value<double>(seed, linear) >= p ? in[lin] * scale : T(0);
   });
   return out;
+}
+}  // namespace detail
+
+template <tshard::detail::FloatingTensor X>
+auto dropout(const X& x, double p, std::uint64_t seed, Eigen::Index row_offset, Eigen::Index rows_total) {
+  static_assert(X::rank >= 1, "tshard: dropout takes a tensor of rank 1 or more");
+  if (!(p >= 0 && p < 1)) throw ShapeError("tshard::nn::dropout: the drop probability " + std::to_string(p) + " is not in [0, 1)");
+  // Under a gradient, the same mask on the way back: dropout is its own VJP.
+  return ad::custom_vjp([&](const auto& v) { return detail::dropout_values(v, p, seed, row_offset, rows_total); },
+                        [=](const auto& dy, const auto&, const auto&) {
+                          return detail::dropout_values(dy, p, seed, row_offset, rows_total);
+                        },
+                        x);
 }
 
 template <tshard::detail::FloatingTensor X>

@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "tshard/ad/custom_vjp.hpp"
+#include "tshard/ad/scalar.hpp"
 #include "tshard/nn/softmax.hpp"
 #include "tshard/ops/reduce.hpp"
 #include "tshard/ops/take.hpp"
@@ -105,18 +107,32 @@ double rows_of(const X& logits) {
 
 // mean over the rows of -log softmax(logits)[row, labels[row]], for logits [..., V] (V may be
 // split) and integer labels [...]; the same value on every rank.
+// The result is an ad::Scalar: it converts to the logits' element type (`float l =
+// cross_entropy(...)`), and under a gradient its rule is cross_entropy_backward.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
-typename L::Scalar cross_entropy(const L& logits_in, const Labels& labels) {
+auto cross_entropy_backward(const L& logits_in, const Labels& labels);
+
+template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
+auto cross_entropy(const L& logits_in, const Labels& labels) {
   detail::require_logits_and_labels<L, Labels>();
   using T = typename L::Scalar;
+  using M = typename L::MeshT;
   tshard::detail::OperatorScope scope("cross_entropy");
-  const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");
-  const auto lab = detail::aligned_labels(logits, labels, "cross_entropy");
-  constexpr int V = L::rank - 1;
-  auto z = logits - max<V>(logits, keep_dims);
-  auto nll = log(sum<V>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
-  const Eigen::Tensor<T, 0> total = detail::sum_all(nll).gather();
-  return total() / T(detail::rows_of(logits));
+  auto forward = [](const auto& logits_given, const auto& labels_given) {
+    const auto& logits = tshard::detail::resolved(logits_given, "cross_entropy");
+    const auto lab = detail::aligned_labels(logits, labels_given, "cross_entropy");
+    constexpr int V = L::rank - 1;
+    auto z = logits - max<V>(logits, keep_dims);
+    auto nll = log(sum<V>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
+    const Eigen::Tensor<T, 0> total = detail::sum_all(nll).gather();
+    ShardedTensor<T, M, Spec<>> loss(logits.mesh(), std::array<Eigen::Index, 0>{});
+    loss.data()[0] = total() / T(detail::rows_of(logits));
+    return loss;
+  };
+  auto backward = [](const auto& dl, const auto&, const auto& logits, const auto& labels_given) {
+    return std::tuple{cross_entropy_backward(logits, labels_given) * dl.data()[0], ad::no_gradient};
+  };
+  return ad::Scalar<T, M>(ad::custom_vjp(forward, backward, logits_in, labels));
 }
 
 // The fraction of rows whose largest logit is the label's (argmax's ties go to the lowest index,

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/ad/custom_vjp.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -68,12 +69,12 @@ void row_statistics(const T* x, tshard::detail::Index rows, tshard::detail::Inde
 
 }  // namespace detail
 
-// (x - mean) / sqrt(var + eps) * gamma + beta along Dim, the last dim; gamma and beta: [H].
-template <int Dim, tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor G, tshard::detail::FloatingTensor B>
-auto layer_norm(const X& x, const G& gamma, const B& beta, typename X::Scalar eps) {
-  static_assert(Dim == X::rank - 1, "tshard: layer_norm normalises the last dim (gamma and beta align with it)");
-  static_assert(G::rank == 1 && B::rank == 1, "tshard: layer_norm's gamma and beta are rank-1 tensors [H]");
-  tshard::detail::OperatorScope scope("layer_norm");
+template <int Dim, tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor G, tshard::detail::FloatingTensor DN>
+auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::Scalar eps);
+
+namespace detail {
+template <int Dim, class X, class G, class B>
+auto layer_norm_forward(const X& x, const G& gamma, const B& beta, typename X::Scalar eps) {
   if constexpr (detail::fused_layer_norm_v<X, G, B>) {
     using T = typename X::Scalar;
     ShardedTensor<T, typename X::MeshT, typename X::SpecType> y(x.mesh(), x.global_shape());
@@ -92,6 +93,22 @@ auto layer_norm(const X& x, const G& gamma, const B& beta, typename X::Scalar ep
     auto [xc, rstd] = detail::normalised<Dim>(x, eps);
     return xc * rstd * gamma + beta;
   }
+}
+}  // namespace detail
+
+// (x - mean) / sqrt(var + eps) * gamma + beta along Dim, the last dim; gamma and beta: [H].
+// Under a gradient, one node whose rule is layer_norm_backward (the statistics recomputed).
+template <int Dim, tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor G, tshard::detail::FloatingTensor B>
+auto layer_norm(const X& x, const G& gamma, const B& beta, typename X::Scalar eps) {
+  static_assert(Dim == X::rank - 1, "tshard: layer_norm normalises the last dim (gamma and beta align with it)");
+  static_assert(G::rank == 1 && B::rank == 1, "tshard: layer_norm's gamma and beta are rank-1 tensors [H]");
+  tshard::detail::OperatorScope scope("layer_norm");
+  return ad::custom_vjp(
+      [eps](const auto& v, const auto& g, const auto& b) { return detail::layer_norm_forward<Dim>(v, g, b, eps); },
+      [eps](const auto& dn, const auto&, const auto& v, const auto& g, const auto&) {
+        return layer_norm_backward<Dim>(v, g, dn, eps);
+      },
+      x, gamma, beta);
 }
 
 // dx, dgamma, dbeta given x, gamma and dL/dn (the statistics are recomputed). dgamma and dbeta
@@ -168,11 +185,18 @@ class LayerNorm : public Module {
 
   LayerNorm(const M& mesh, Eigen::Index features, T eps = T(1e-5))
       : mesh_(mesh),
-        gamma_(from_function<T, ParamSpec>(mesh, {features}, [](const auto&) { return T(1); })),
-        beta_(zeros<T, ParamSpec>(mesh, {features})),
-        gamma_grad_(zeros<T, ParamSpec>(mesh, {features})),
-        beta_grad_(zeros<T, ParamSpec>(mesh, {features})),
+        gamma_(own_parameter("weight", from_function<T, ParamSpec>(mesh, {features}, [](const auto&) { return T(1); }))),
+        beta_(own_parameter("bias", zeros<T, ParamSpec>(mesh, {features}))),  // PyTorch's names
+        gamma_grad_(gradient_of(gamma_)),
+        beta_grad_(gradient_of(beta_)),
         eps_(eps) {}
+
+  // x normalised over its last dim, forward only (under ts::ad: layer_norm's custom VJP).
+  template <tshard::detail::FloatingTensor X>
+  auto operator()(const X& x) {
+    auto in_use = use();
+    return layer_norm<X::rank - 1>(x, gamma_, beta_, eps_);
+  }
 
   Param& gamma() { return gamma_; }
   Param& beta() { return beta_; }
@@ -216,7 +240,7 @@ class LayerNorm : public Module {
 
  private:
   M mesh_;
-  Param gamma_, beta_, gamma_grad_, beta_grad_;
+  Param &gamma_, &beta_, &gamma_grad_, &beta_grad_;  // in the module's parameter slots
   T eps_;
   detail::SavedActivation<T, M> saved_;
 };

@@ -31,10 +31,10 @@ class Linear : public Module {
   // Weights and bias uniform in [-1/sqrt(in), 1/sqrt(in)) as PyTorch's nn.Linear, drawn from
   // (seed, global index); gradients zero.
   Linear(const M& mesh, Eigen::Index in, Eigen::Index out, std::uint64_t seed, bool with_bias = true)
-      : weight_(detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))))),
-        bias_(detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0)),
-        weight_grad_(zeros<T, WeightSpec>(mesh, {in, out})),
-        bias_grad_(zeros<T, BiasSpec>(mesh, {out})),
+      : weight_(own_parameter("weight", detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1)))))),
+        bias_(own_parameter(with_bias ? "bias" : "", detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0))),
+        weight_grad_(gradient_of(weight_)),
+        bias_grad_(gradient_of(bias_)),
         with_bias_(with_bias) {}
 
   Weight& weight() { return weight_; }
@@ -89,6 +89,29 @@ class Linear : public Module {
       return tshard::detail::implicit_reshard<typename Product::SpecType>(product, "linear");
     else
       return Out(std::move(product));
+  }
+
+  // x W + b, forward only: under ts::ad its gradient is derived (two einsums and a sum), and
+  // nothing is kept in the layer.
+  template <ShardedTensorType X>
+  auto operator()(const X& x) {
+    static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
+    static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
+    tshard::detail::OperatorScope scope("linear");
+    auto in_use = use();
+    if (tshard::detail::extents_of(x)[X::rank - 1] != tshard::detail::extents_of(weight_)[0])
+      throw ShapeError("tshard::nn::Linear: the input " + x.describe() + " does not end in the weight's " +
+                       std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
+                       weight_.describe() + ")");
+    auto product = [&] {
+      if constexpr (X::rank == 2)
+        return einsum<"bi,io->bo">(x, weight_);
+      else
+        return einsum<"bti,io->bto">(x, weight_);
+    }();
+    using Out = ShardedTensor<T, M, typename decltype(product)::SpecType>;
+    if (with_bias_) return Out(product + bias_);
+    return tshard::detail::implicit_reshard<typename Out::SpecType>(product, "linear");
   }
 
   // dL/dx for dL/dy of the last forward; adds dL/dW and dL/db into weight_grad() and bias_grad()
@@ -155,10 +178,11 @@ class Linear : public Module {
                                 "linear_backward");
   }
 
-  Weight weight_;
-  Bias bias_;
-  Weight weight_grad_;
-  Bias bias_grad_;
+  // In the module's parameter slots (registered as "weight" and "bias"): a moved layer keeps them.
+  Weight& weight_;
+  Bias& bias_;
+  Weight& weight_grad_;
+  Bias& bias_grad_;
   bool with_bias_ = true;
   detail::SavedActivation<T, M> saved_;
 };

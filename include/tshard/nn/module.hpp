@@ -1,6 +1,9 @@
-// What every layer shares: the hooks an optimizer attaches to a layer it was given whole, the
-// data-parallel gradient sum a layer may leave to that optimizer, and activations saved for
-// backward without their type.
+// What every layer and model shares. A Module registers its parameters and submodules by name
+// (libtorch's register_parameter / register_module) and gets, for free and recursively:
+// parameter_names(), zero_grad(), train()/eval(), the optimizer's view of its parameters
+// (opt.add(model)), and their tracking by ts::ad::backward(model, loss). Deferring the
+// data-parallel gradient sums to an optimizer is the base class's job too: it reaches every
+// registered submodule, so a composite cannot forget to pass it on.
 //
 // A layer adds its parameter gradients by accumulate_gradient(). Alone, a gradient is complete
 // after backward: the sum over the data-parallel axes (the partial a weight gradient carries
@@ -8,15 +11,23 @@
 // (opt.add(layer)), each rank adds only its own partial sum and the optimizer reduces it,
 // bucketed and non-blocking as soon as the layer's backward ends (PyTorch DDP), or
 // reduce-scattered under ZeRO-2 and -3.
+//
+// Modules move but do not copy. Parameters live in shared slots (an optimizer holds their
+// handles), so a move leaves nothing dangling; a moved composite re-points its registered
+// submodules (members move with it), and a moved submodule tells its parent where it went.
 #pragma once
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tshard/nn/micro_batch.hpp"
+#include "tshard/nn/parameter.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
@@ -29,15 +40,153 @@ struct LayerHooks {
   std::function<void()> gradients_ready;  // the layer's backward has ended: reduce its gradients
 };
 
-// The base of every layer: hooks and the deferred gradient axes.
 class Module {
  public:
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  Module(Module&& o) noexcept
+      : hooks_(std::move(o.hooks_)),
+        deferred_(o.deferred_),
+        parameters_(std::move(o.parameters_)),
+        spare_(std::move(o.spare_)),
+        children_(std::move(o.children_)),
+        training_(o.training_),
+        parent_(o.parent_) {
+    // Member submodules move next and find this module as their parent; others stay put.
+    for (auto& c : children_) c.module->parent_ = this;
+    if (parent_)
+      for (auto& c : parent_->children_)
+        if (c.module == &o) c.module = this;
+    o.parent_ = nullptr;
+  }
+  Module& operator=(Module&&) = delete;
+  virtual ~Module() = default;
+
+  // A parameter of this module, held by it; the reference stays valid as long as the module.
+  // Its gradient starts at zero. A name is registered once.
+  template <class T, class M, class S>
+  ShardedTensor<T, M, S>& register_parameter(const std::string& name, ShardedTensor<T, M, S> value) {
+    static_assert(std::is_floating_point_v<T>, "tshard: parameters are float or double tensors");
+    auto slot = std::make_shared<detail::TypedParameterSlot<T, M, S>>(std::move(value));
+    auto& v = slot->value();
+    add_parameter(name, std::move(slot));
+    return v;
+  }
+  // A submodule (a member of this one, or owned elsewhere and outliving it); its parameters are
+  // this module's under "name.". Returns the child.
+  template <class Child>
+  Child& register_module(const std::string& name, Child& child) {
+    static_assert(std::is_base_of_v<Module, Child>, "tshard: register_module takes a ts::nn::Module");
+    check_name(name);
+    for (const auto& c : children_)
+      if (c.module == &child)
+        throw SpecError("tshard::nn::Module::register_module: the module registered as \"" + name +
+                        "\" is already registered as \"" + c.name + "\"");
+    if (static_cast<Module*>(&child) == this)
+      throw SpecError("tshard::nn::Module::register_module: a module cannot be its own submodule (\"" + name + "\")");
+    children_.push_back({name, &child});
+    static_cast<Module&>(child).parent_ = this;
+    child.defer_gradient_sums(deferred_);
+    return child;
+  }
+
+  // Every parameter's name, submodules' first (in registration order, prefixed "name."), then
+  // this module's own in registration order.
+  std::vector<std::string> parameter_names() const {
+    std::vector<std::string> out;
+    for_each_slot([&](const std::string& n, detail::ParameterSlot&, const Module&) { out.push_back(n); });
+    return out;
+  }
+  // f(name, slot, owning module) for every registered parameter, in parameter_names() order.
+  template <class F>
+  void for_each_slot(F&& f, const std::string& prefix = "") const {
+    for (const auto& c : children_) c.module->for_each_slot(f, prefix + c.name + ".");
+    for (const auto& p : parameters_) f(prefix + p.name, *p.slot, *this);
+  }
+  // The handle of a registered parameter by its full name (SpecError if there is none).
+  std::shared_ptr<detail::ParameterSlot> parameter_slot(const std::string& name) const {
+    std::shared_ptr<detail::ParameterSlot> found;
+    for_each_module([&](const Module& m, const std::string& prefix) {
+      for (const auto& p : m.parameters_)
+        if (prefix + p.name == name) found = p.slot;
+    });
+    if (!found) throw SpecError("tshard::nn::Module: no parameter named \"" + name + "\"");
+    return found;
+  }
+  // f(module, prefix) for this module and every submodule, parents first.
+  template <class F>
+  void for_each_module(F&& f, const std::string& prefix = "") const {
+    f(*this, prefix);
+    for (const auto& c : children_) c.module->for_each_module(f, prefix + c.name + ".");
+  }
+  template <class F>
+  void for_each_module(F&& f, const std::string& prefix = "") {
+    f(*this, prefix);
+    for (auto& c : children_) c.module->for_each_module(f, prefix + c.name + ".");
+  }
+  bool has_own_parameters() const { return !parameters_.empty(); }
+
+  // Zeroes every registered gradient (this module's and its submodules').
+  void zero_grad() {
+    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.zero_grad(); });
+  }
+  // Training or evaluation mode, for this module and every submodule (PyTorch's train()/eval()).
+  void train(bool on = true) {
+    for_each_module([on](Module& m, const std::string&) { m.training_ = on; });
+  }
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // ---- what ts::ad::backward(model, loss) calls ----
+  void track_parameters() {
+    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.track(); });
+  }
+  void untrack_parameters() {
+    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.untrack(); });
+  }
+  // Adds each parameter's cotangent into its gradient (its data-parallel sum left to an owning
+  // optimizer), then tells the owner, module by module, that the gradients are ready.
+  void collect_gradients() {
+    for_each_module([](Module& m, const std::string&) {
+      for (auto& p : m.parameters_) p.slot->collect(m.deferred_);
+      if (!m.parameters_.empty()) m.gradients_ready();
+    });
+  }
+
+  // ---- what an optimizer sets ----
   void attach_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
-  // Mesh axes (a bit mask) whose gradient sums this layer leaves to its owner.
-  void defer_gradient_sums(std::uint32_t axes) { deferred_ = axes; }
+  // Mesh axes (a bit mask) whose gradient sums this module and its submodules leave to their owner.
+  void defer_gradient_sums(std::uint32_t axes) {
+    for_each_module([axes](Module& m, const std::string&) { m.deferred_ = axes; });
+  }
   std::uint32_t deferred_gradient_sums() const { return deferred_; }
 
  protected:
+  // A layer's parameter, held in a slot like register_parameter's; an empty name keeps it
+  // unregistered (a switched-off bias: used, never updated).
+  template <class T, class M, class S>
+  ShardedTensor<T, M, S>& own_parameter(const std::string& name, ShardedTensor<T, M, S> value) {
+    if (!name.empty()) return register_parameter(name, std::move(value));
+    auto slot = std::make_shared<detail::TypedParameterSlot<T, M, S>>(std::move(value));
+    auto& v = slot->value();
+    spare_.push_back(std::move(slot));
+    return v;
+  }
+  // The gradient of a parameter own_parameter or register_parameter made.
+  template <class T, class M, class S>
+  ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
+    auto find = [&](const std::vector<std::shared_ptr<detail::ParameterSlot>>& slots) -> ShardedTensor<T, M, S>* {
+      for (const auto& s : slots)
+        if (s->identity() == &value) return &static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
+      return nullptr;
+    };
+    for (const auto& p : parameters_)
+      if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot).grad();
+    if (auto* g = find(spare_)) return *g;
+    throw SpecError("tshard::nn::Module: internal: no gradient for " + value.describe());
+  }
+
   // Brackets a forward or backward: parameters present inside (ZeRO-3), released after.
   class Use {
    public:
@@ -60,6 +209,38 @@ class Module {
 
   LayerHooks hooks_;
   std::uint32_t deferred_ = 0;
+
+ private:
+  struct NamedParameter {
+    std::string name;
+    std::shared_ptr<detail::ParameterSlot> slot;
+  };
+  struct NamedChild {
+    std::string name;
+    Module* module;
+  };
+  void check_name(const std::string& name) const {
+    if (name.empty() || name.find('.') != std::string::npos)
+      throw SpecError("tshard::nn::Module: \"" + name + "\" is not a name: non-empty, without '.'");
+    for (const auto& p : parameters_)
+      if (p.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
+    for (const auto& c : children_)
+      if (c.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
+  }
+  void add_parameter(const std::string& name, std::shared_ptr<detail::ParameterSlot> slot) {
+    check_name(name);
+    for (const auto& p : parameters_)
+      if (p.slot->identity() == slot->identity())
+        throw SpecError("tshard::nn::Module: the tensor registered as \"" + name + "\" is already registered as \"" +
+                        p.name + "\"");
+    parameters_.push_back({name, std::move(slot)});
+  }
+
+  std::vector<NamedParameter> parameters_;
+  std::vector<std::shared_ptr<detail::ParameterSlot>> spare_;  // unregistered (own_parameter(""))
+  std::vector<NamedChild> children_;
+  bool training_ = true;
+  Module* parent_ = nullptr;  // the module this one is registered in, if any
 };
 
 namespace detail {

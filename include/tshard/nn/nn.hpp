@@ -1,6 +1,7 @@
 // The nn layer: functions with their backward, layers owning their parameters, optimizers with
 // weight-update sharding.
 #pragma once
+#include "tshard/ad/ad.hpp"
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/attention.hpp"
 #include "tshard/nn/cross_entropy.hpp"

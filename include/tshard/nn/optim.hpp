@@ -9,6 +9,8 @@
 #include <cmath>
 #include <concepts>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +30,26 @@ concept Layer = requires(L& l) {
   l.defer_gradient_sums(0u);
   l.attach_hooks(LayerHooks{});
 };
+
+// What opt.add(model, groups) is told of each parameter, to choose its group.
+struct ParameterInfo {
+  std::string name;                  // as in model.parameter_names()
+  int rank = 0;
+  std::vector<Eigen::Index> shape;   // global
+};
+// A parameter group's own settings; an empty member keeps the optimizer's (which later changes
+// to opt.options(), such as a learning-rate schedule, then reach).
+struct ParameterGroup {
+  std::optional<float> lr;
+  std::optional<float> weight_decay;
+};
+// nanoGPT's recipe: weight decay for matrices and embeddings (rank >= 2), none for biases and
+// norms. opt.add(model, ts::nn::decay_matrices_only(0.1f)).
+inline std::function<ParameterGroup(const ParameterInfo&)> decay_matrices_only(float weight_decay) {
+  return [weight_decay](const ParameterInfo& p) {
+    return ParameterGroup{.lr = std::nullopt, .weight_decay = p.rank >= 2 ? weight_decay : 0.0f};
+  };
+}
 
 // How gradients were reduced in the last step: seconds this rank spent inside MPI for them
 // (blocking calls, and tests and waits of those started during backward: the part not hidden
@@ -56,9 +78,49 @@ class Optimizer {
   template <class T, class M, class S>
   void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
     static_assert(std::is_floating_point_v<T>, "tshard: optimizers update float or double parameters");
+    claim(&param, param.describe());
     auto& b = new_bucket<T>(param.mesh());
     register_slot(b, param, grad, /*owned by a layer*/ false);
     finish_bucket(b);
+  }
+
+  // Every parameter a module registered, its submodules' included (a module written with
+  // register_parameter / register_module). Each module that owns parameters is one bucket whose
+  // gradients are reduced when ts::ad::backward has collected them; the sums over the data axis
+  // are deferred to this optimizer through the whole tree. `group` picks each parameter's
+  // settings by its name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the optimizer
+  // keeps the parameters' handles, so nothing dangles if the model goes first.
+  template <class Mod>
+    requires(std::is_base_of_v<Module, Mod> && !Layer<Mod>)
+  void add(Mod& model, const std::function<ParameterGroup(const ParameterInfo&)>& group = {}) {
+    std::uint32_t deferred = 0;
+    bool any = false;
+    model.for_each_module([&](Module& m, const std::string& prefix) {
+      if (!m.has_own_parameters()) return;
+      any = true;
+      BucketBase* bucket = nullptr;
+      std::function<void()> finish;
+      m.for_each_slot(
+          [&](const std::string& name, detail::ParameterSlot& slot, const Module& owner) {
+            if (&owner != &m) return;  // a submodule's: its own bucket
+            add_module_slot(slot, prefix.empty() ? name : name, group, bucket, finish, deferred);
+          },
+          prefix);
+      LayerHooks hooks;
+      BucketBase* raw = bucket;
+      hooks.gradients_ready = [this, raw] {
+        if (!options_.overlap || no_sync_) return;
+        raw->start_reduction(true);
+        for (auto& other : buckets_) other->test();
+      };
+      if (options_.zero_stage == 3) {
+        hooks.before_use = [raw] { raw->gather_parameters(true); };
+        hooks.after_use = [raw] { raw->release_parameters(); };
+      }
+      m.attach_hooks(std::move(hooks));
+      finish();
+    });
+    if (any) model.defer_gradient_sums(deferred);
   }
 
   // Every parameter of a layer, one bucket: the layer leaves its gradients' data-parallel sum to
@@ -70,6 +132,7 @@ class Optimizer {
     std::uint32_t deferred = 0;
     layer.for_each_parameter([&](auto& param, auto& grad) {
       using T = typename std::remove_cvref_t<decltype(param)>::Scalar;
+      claim(&param, param.describe());
       if (!bucket) {
         auto& typed = new_bucket<T>(param.mesh());
         bucket = &typed;
@@ -208,16 +271,23 @@ class Optimizer {
   }
 
   template <class M>
-  std::uint32_t data_mask(const M&) const {
-    for (std::size_t a = 0; a < M::axis_names.size(); ++a)
-      if (M::axis_names[a] == std::string_view(options_.data_axis)) return 1u << a;
+  std::uint32_t data_mask(const M& mesh) const {
+    return data_mask(*tshard::detail::state_of(mesh));
+  }
+  std::uint32_t data_mask(const tshard::detail::MeshState& mesh) const {
+    const auto& names = mesh.shape().names;
+    for (std::size_t a = 0; a < names.size(); ++a)
+      if (names[a] == std::string_view(options_.data_axis)) return 1u << a;
     return 0;
   }
 
   template <class T, class M>
   Bucket<T>& new_bucket(const M& mesh) {
-    auto& state = *tshard::detail::state_of(mesh);
-    const std::uint32_t mask = data_mask(mesh);
+    return new_bucket<T>(*tshard::detail::state_of(mesh));
+  }
+  template <class T>
+  Bucket<T>& new_bucket(tshard::detail::MeshState& state) {
+    const std::uint32_t mask = data_mask(state);
     int axis = -1;
     for (int a = 0; a < state.shape().axes(); ++a)
       if (mask & (1u << a)) axis = a;
@@ -233,41 +303,77 @@ class Optimizer {
     return *raw;
   }
 
+  // A parameter is updated once: a second registration (the same tensor through two modules,
+  // or a module added twice) is an error, not a double update.
+  void claim(const void* param, const std::string& describe) {
+    if (!claimed_.insert(param).second)
+      throw SpecError("tshard::nn::Optimizer::add: the parameter " + describe +
+                      " is registered twice (each parameter is added once)");
+  }
+
+  // One registered parameter of a module: its bucket (made by the first parameter), its group.
+  template <class Slot>
+  void add_module_slot(Slot& slot, const std::string& name, const std::function<ParameterGroup(const ParameterInfo&)>& group,
+                       BucketBase*& bucket, std::function<void()>& finish, std::uint32_t& deferred) {
+    ParameterGroup settings;
+    if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
+    bool done = false;
+    visit_slot<float>(slot, settings, bucket, finish, deferred, done);
+    visit_slot<double>(slot, settings, bucket, finish, deferred, done);
+    if (!done) throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float or double");
+  }
+  template <class T, class Slot>
+  void visit_slot(Slot& slot, const ParameterGroup& settings, BucketBase*& bucket, std::function<void()>& finish,
+                  std::uint32_t& deferred, bool& done) {
+    auto* typed = dynamic_cast<detail::ElementParameterSlot<T>*>(&slot);
+    if (!typed || done) return;
+    done = true;
+    const ParameterView<T> view = typed->view();
+    claim(view.identity, view.describe);
+    if (!bucket) {
+      auto& b = new_bucket<T>(*view.mesh);
+      bucket = &b;
+      finish = [this, &b] { finish_bucket(b); };
+      deferred = data_mask(*view.mesh);
+    }
+    auto* b = dynamic_cast<Bucket<T>*>(bucket);
+    if (!b) throw SpecError("tshard::nn: a module's own parameters have one element type");
+    register_slot(*b, view, true);
+    b->slots.back().lr = settings.lr;
+    b->slots.back().weight_decay = settings.weight_decay;
+  }
+
   template <class T, class M, class S>
   void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool layer_owned) {
-    tshard::detail::require_same_mesh(param, grad, "nn::Optimizer::add");
-    if (tshard::detail::extents_of(param) != tshard::detail::extents_of(grad))
-      throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
-    using Access = tshard::detail::TensorAccess;
+    register_slot(b, view_of(param, grad, nullptr), layer_owned);
+  }
+  template <class T>
+  void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool layer_owned) {
     const std::uint32_t data = b.data_mask;
-    const bool split_over_data = (ShardedTensor<T, M, S>::spec_desc.split_axes() & data) != 0;
-    const int n = data ? param.mesh().shape().sizes[std::countr_zero(data)] : 1;
+    const bool split_over_data = (view.spec.split_axes() & data) != 0;
+    const int n = data ? view.mesh->shape().sizes[std::countr_zero(data)] : 1;
     Slot<T> s;
-    s.param = [&param] {
-      Access::acquire_storage(param, false);
-      return param.data();
-    };
-    s.grad = [&grad] {
-      Access::acquire_storage(grad, true);
-      return grad.data();
-    };
-    s.param_present = [&param] { return Access::has_storage(param); };
-    s.grad_present = [&grad] { return Access::has_storage(grad); };
-    s.release_param = [&param] { Access::release_storage(param); };
-    s.release_grad = [&grad] { Access::release_storage(grad); };
-    s.layout = tshard::detail::layout_of(param);
-    s.size = param.padded_size();
+    s.keep = view.keep;
+    s.param = view.param;
+    s.grad = view.grad;
+    s.param_present = view.param_present;
+    s.grad_present = view.grad_present;
+    s.release_param = view.release_param;
+    s.release_grad = view.release_grad;
+    s.layout = view.layout;
+    s.size = view.layout.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
     s.deferred = layer_owned && data && !split_over_data;
     s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned;
     s.chunk = (s.size + n - 1) / n;
-    const std::uint32_t all = (1u << param.mesh().shape().axes()) - 1;
-    s.replica_axes = all & ~ShardedTensor<T, M, S>::spec_desc.split_axes();
+    const std::uint32_t all = (1u << view.mesh->shape().axes()) - 1;
+    s.replica_axes = all & ~view.spec.split_axes();
     for (int k = 0; k < Rule::states; ++k) s.state.push_back(zeroed_array<T>(s.state_size()));
     if (s.streamed) {
       const Index begin = s.owned_begin(b.data_coord()), end = s.owned_end(b.data_coord());
       s.master = zeroed_array<T>(s.chunk);
-      std::copy(param.data() + begin, param.data() + end, s.master.get());
+      const T* p = s.param();
+      std::copy(p + begin, p + end, s.master.get());
     }
     b.slots.push_back(std::move(s));
   }
@@ -286,7 +392,14 @@ class Optimizer {
         s.for_each_run_in(base, s.owned_end(c), [&](Index off, Index len) {
           T* st[Rule::states > 0 ? Rule::states : 1];
           for (int k = 0; k < Rule::states; ++k) st[k] = s.state[std::size_t(k)].get() + (off - base);
-          Rule::template update<T>(o, t, p + off, g + off, st, len);
+          if (s.lr || s.weight_decay) {  // a parameter group's own settings
+            Options own = o;
+            if (s.lr) own.lr = *s.lr;
+            if (s.weight_decay) own.weight_decay = *s.weight_decay;
+            Rule::template update<T>(own, t, p + off, g + off, st, len);
+          } else {
+            Rule::template update<T>(o, t, p + off, g + off, st, len);
+          }
         });
         s.reduced.reset();
       }
@@ -308,6 +421,7 @@ class Optimizer {
   bool norm_mesh_set_ = false;
   std::shared_ptr<void> norm_mesh_;  // keeps the communicator of set_norm_mesh alive
   std::vector<std::unique_ptr<BucketBase>> buckets_;
+  std::set<const void*> claimed_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   GradientReductionStats reduction_, this_step_;
 };

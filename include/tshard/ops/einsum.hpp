@@ -71,13 +71,14 @@ inline Extents einsum_output_shape(const EinsumLabels& e, const Extents& sa, con
   return s;
 }
 
-}  // namespace detail
+namespace grad {  // the tag of einsum on the tape; its rule (two einsums) is in ad/
+template <EinsumLabels E>
+struct Einsum {};
+}  // namespace grad
 
-// The einsum of two sharded tensors, e.g. einsum<"bij,bjk->bik">(a, b). The output spec is
-// deduced (see the file comment); contracting split dims gives a partial sum.
-template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
-auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrategy::Auto) {
-  constexpr detail::EinsumLabels e = detail::parse_einsum(Eq);
+// einsum on parsed labels (einsum<Eq> parses its string; gradient rules build theirs).
+template <EinsumLabels e, ShardedTensorType A, ShardedTensorType B>
+auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::string_view eq) {
   static_assert(e.well_formed, "tshard: an einsum string reads 'operand,operand->output' with letters for indices");
   static_assert(!detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb),
                 "tshard: an einsum operand repeats an index (diagonals are not supported)");
@@ -100,7 +101,7 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
     const auto& a = detail::resolved(a_in, "einsum");
     const auto& b = detail::resolved(b_in, "einsum");
     detail::require_same_mesh(a, b, "einsum");
-    detail::check_einsum_shapes(e, Eq.view(), detail::extents_of(a), detail::extents_of(b), a.describe(), b.describe());
+    detail::check_einsum_shapes(e, eq, detail::extents_of(a), detail::extents_of(b), a.describe(), b.describe());
     using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, M, e>;
     using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
@@ -109,8 +110,18 @@ auto einsum(const A& a_in, const B& b_in, EinsumStrategy strategy = EinsumStrate
     Out out(a.mesh(), detail::to_array<e.no>(shape));
     detail::einsum_run<T>(*detail::state_of(a.mesh()), e, O::decision, O::da, detail::extents_of(a), a.data(), O::db,
                           detail::extents_of(b), b.data(), Out::spec_desc, shape, out.data(), strategy);
+    if (detail::recording(a, b)) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
     return out;
   }
+}
+
+}  // namespace detail
+
+// The einsum of two sharded tensors, e.g. einsum<"bij,bjk->bik">(a, b). The output spec is
+// deduced (see the file comment); contracting split dims gives a partial sum.
+template <FixedString Eq, ShardedTensorType A, ShardedTensorType B>
+auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Auto) {
+  return detail::einsum_labeled<detail::parse_einsum(Eq)>(a, b, strategy, Eq.view());
 }
 
 // Which strategy einsum<Eq>(a, b, strategy) takes and how its operands move.
@@ -177,6 +188,7 @@ auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Au
     Out out(natural.mesh(), natural.global_shape());
     detail::execute_reshard(*detail::state_of(natural.mesh()), natural.spec_desc, Out::spec_desc,
                             detail::extents_of(natural), natural.data(), out.data());
+    if (detail::recording(natural)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(natural));
     return out;
   }
 }

@@ -177,6 +177,24 @@ AlignedInput<T> align_input(MeshState& mesh, const SpecDesc& have, const Extents
 }
 
 enum class BinaryKind { Add, Sub, Mul, Div };
+enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
+
+// The tags of elementwise operators on the tape (tensor/tape.hpp); their rules are in ad/.
+namespace grad {
+template <BinaryKind K>
+struct Binary {};
+template <BinaryKind K, bool ScalarLeft, class T>
+struct WithScalar {
+  T s;
+};
+template <UnaryKind K>
+struct Unary {};
+template <class T>
+struct Pow {
+  T p;
+};
+struct Where {};
+}  // namespace grad
 
 // Integer division that leaves padding harmless (padding may hold zeros).
 template <class T>
@@ -247,6 +265,14 @@ decltype(auto) resolved(const X& x, const char* op) {
 template <class T>
 inline constexpr bool no_arithmetic_on_masks = !std::is_same_v<T, bool>;
 
+// An operator with an arbitrary function has no derivative to record: a gradient taken through
+// it would silently be wrong, so it is refused (the same on every rank: tracking is global).
+[[noreturn]] inline void refuse_untraceable(const char* op, const std::string& x) {
+  throw SpecError(std::string("tshard::") + op + ": " + x +
+                  " is tracked by a gradient, and a user function has no derivative: write it with "
+                  "differentiable operators, or give it one with ts::ad::custom_vjp");
+}
+
 template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
 auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name) {
   static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
@@ -272,6 +298,12 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
     const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
     binary_run<T>(*detail::state_of(a.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
                   vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
+    if (recording(a, b)) {
+      if constexpr (K == BinaryKind::Add || K == BinaryKind::Sub)  // linear: no value kept
+        record(out, grad::Binary<K>{}, tape_shape(a), tape_shape(b));
+      else
+        record(out, grad::Binary<K>{}, tape_value(a), tape_value(b));
+    }
     return out;
   }
 }
@@ -310,15 +342,22 @@ auto with_scalar(const X& x, S s, const char* name) {
     OperatorScope scope(name);
     return with_scalar<K, ScalarLeft>(resolved(x, name), s, name);
   } else if constexpr (K == BinaryKind::Mul) {
-    return TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
+    X out = TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
+    if (recording(x)) record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+    return out;
   } else {
     X out(x.mesh(), x.global_shape());
     scalar_run<K, ScalarLeft, T>(x.data(), T(s), out.data(), x.padded_size());
+    if (recording(x)) {
+      if constexpr (K == BinaryKind::Div && ScalarLeft)  // s / x reads x back
+        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_value(x));
+      else
+        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+    }
     return out;
   }
 }
 
-enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
 
 // out = k(in) over n elements, instantiated per element type, not per spec.
 template <UnaryKind K, class T>
@@ -344,10 +383,21 @@ auto unary(const X& x, const char* name) {
     OperatorScope scope(name);
     return unary<K>(resolved(x, name), name);
   } else if constexpr (K == UnaryKind::Neg) {
-    return TensorAccess::scaled(x, T(-1));
+    X out = TensorAccess::scaled(x, T(-1));
+    if (recording(x)) record(out, grad::Unary<K>{}, tape_shape(x), tape_shape(out));
+    return out;
   } else {
     X out(x.mesh(), x.global_shape());
     unary_run<K, T>(x.data(), out.data(), x.padded_size());
+    if (recording(x)) {
+      // exp, tanh, sqrt and sigmoid differentiate through their output; the others through x.
+      constexpr bool by_output = K == UnaryKind::Exp || K == UnaryKind::Tanh || K == UnaryKind::Sqrt ||
+                                 K == UnaryKind::Sigmoid;
+      if constexpr (by_output)
+        record(out, grad::Unary<K>{}, tape_shape(x), tape_output(out));
+      else
+        record(out, grad::Unary<K>{}, tape_value(x), tape_shape(tape_output(out)));
+    }
     return out;
   }
 }
@@ -559,6 +609,7 @@ template <class X, class S>
            (!X::is_partial || detail::is_partial_sum_v<X>))
 auto operator*(S s, X&& x) {
   static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  if (detail::recording(x)) return detail::with_scalar<detail::BinaryKind::Mul, true>(std::as_const(x), s, "multiply");
   return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
 }
 template <class X, class S>
@@ -566,6 +617,7 @@ template <class X, class S>
            (!X::is_partial || detail::is_partial_sum_v<X>))
 auto operator*(X&& x, S s) {
   static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  if (detail::recording(x)) return detail::with_scalar<detail::BinaryKind::Mul, false>(std::as_const(x), s, "multiply");
   return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
 }
 template <class X, class S> requires detail::ScalarFor<X, S>
@@ -627,6 +679,15 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
   Out out(mask_in.mesh(), detail::to_array<Rank>(shape));
   detail::where_run<T>(*detail::state_of(mask_in.mesh()), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc,
                        vb.shape, vb.data, Out::spec_desc, shape, out.data());
+  if (detail::recording(a, b)) {  // the mask carries no gradient; a scalar side is a constant
+    auto side = [](const auto& v) {
+      if constexpr (detail::OperandTraits<std::remove_cvref_t<decltype(v)>>::tensor)
+        return detail::tape_shape(v);
+      else
+        return v;
+    };
+    detail::record(out, detail::grad::Where{}, detail::tape_value(mask_in), side(a), side(b));
+  }
   return out;
 }
 
@@ -662,6 +723,7 @@ auto pow(const X& xin, S p) {
   Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(x.data(), n);
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out.data(), n);
   xo = xi.pow(T(p));
+  if (detail::recording(x)) detail::record(out, detail::grad::Pow<T>{T(p)}, detail::tape_value(x));
   return out;
 }
 
@@ -672,6 +734,7 @@ auto map(const X& x, F&& f) {
   using T = typename X::Scalar;
   using U = std::remove_cvref_t<std::invoke_result_t<F&, T>>;
   static_assert(Element<U>, "tshard: map's function must return an element type (float, double, complex, int32, int64, bool)");
+  if (detail::recording(x)) detail::refuse_untraceable("map", x.describe());
   if constexpr (X::is_partial) {
     detail::OperatorScope scope("map");
     return map(detail::resolved(x, "map"), std::forward<F>(f));
@@ -692,6 +755,7 @@ namespace detail {
 // alignment and resolution as map.
 template <class U, class F, ShardedTensorType X0, ShardedTensorType... Xs>
 auto map_runs(F&& f, const X0& x0_in, const Xs&... xs_in) {
+  if (recording(x0_in, xs_in...)) refuse_untraceable("map", x0_in.describe());
   using M = typename X0::MeshT;
   using OutSpec = typename elementwise_fold<M, X0::rank, typename X0::SpecType, typename Xs::SpecType...>::type;
   using Out = ShardedTensor<U, M, OutSpec>;

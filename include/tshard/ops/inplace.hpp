@@ -29,6 +29,18 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
   static_assert(!PY::is_partial || partial_pair,
                 "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
   OperatorScope scope(name);
+  if constexpr (!PY::is_partial) {
+    // Under a gradient, y (op)= x is y = y (op) x laid out as y: recorded, and the old value of y
+    // that the rule may read stays as it was (its buffer is shared, so y gets a new one).
+    if (recording(y, x)) {
+      auto r = binary<K>(std::as_const(y), x, name);
+      if (detail::extents_of(r) != detail::extents_of(y))
+        throw ShapeError(std::string("tshard::") + name + ": the result " + r.describe() +
+                         " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());
+      y = implicit_reshard<SY>(r, name);
+      return y;
+    }
+  }
   if constexpr (PX::is_partial && !partial_pair) {
     return compound<K>(y, resolved(x, name), name);
   } else {
@@ -78,6 +90,10 @@ Y& compound_scalar(Y& y, S s, const char* name) {
   constexpr bool keeps = is_partial_sum_v<Y> && (K == BinaryKind::Mul || (K == BinaryKind::Div && !std::is_integral_v<T>));
   static_assert(!Y::is_partial || keeps,
                 "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
+  if (recording(y)) {  // under a gradient: y = y (op) s, recorded
+    y = with_scalar<K, false>(std::as_const(y), s, name);
+    return y;
+  }
   const T v = T(s);
   const Index n = y.padded_size();
   T* p = y.data();

@@ -18,6 +18,13 @@
 namespace tshard {
 namespace detail {
 
+namespace grad {  // the tags of reductions on the tape; their rules are in ad/
+template <ReduceOp Op, int... Dims>
+struct Reduce {};
+template <int... Dims>
+struct KeepDims {};
+}  // namespace grad
+
 template <ReduceOp Op, int... Dims, class T, class M, class S, class P>
 auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
   static_assert(sizeof...(Dims) > 0, "tshard: name at least one dim to reduce");
@@ -43,6 +50,12 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
       if (!reduced[d]) shape[k++] = detail::extents_of(x)[d];
     Out out(x.mesh(), shape);
     reduce_kernel<T>(Op, x.data(), detail::layout_of(x), reduced, out.data(), detail::layout_of(out).padded, OutRank);
+    if (recording(x)) {
+      if constexpr (Op == ReduceOp::Sum)
+        record(out, grad::Reduce<Op, Dims...>{}, tape_shape(x), tape_shape(tape_output(out)));
+      else  // the gradient goes to the elements equal to the result
+        record(out, grad::Reduce<Op, Dims...>{}, tape_value(x), tape_output(out));
+    }
     return out;
   }
 }
@@ -66,7 +79,9 @@ auto with_kept_dims(const X& x, const Reduced& r) {
                             typename replicate_dims<typename X::SpecType, Dims...>::type, typename Reduced::PartialType>;
   auto shape = x.global_shape();
   ((shape[Dims] = 1), ...);
-  return Out(AdoptStorage{}, x.mesh(), shape, TensorAccess::storage(r));
+  Out out(AdoptStorage{}, x.mesh(), shape, TensorAccess::storage(r));
+  if (recording(r)) record(out, grad::KeepDims<Dims...>{}, tape_shape(r));
+  return out;
 }
 
 }  // namespace detail

@@ -16,6 +16,19 @@
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
+namespace detail::grad {  // the tags of shape operators on the tape; their rules are in ad/
+template <int... Perm>
+struct Transpose {};
+struct Slice {
+  Extents offset;
+};
+struct Pad {
+  Extents before;
+};
+template <int Dim>
+struct Concat {};
+struct Reshape {};
+}  // namespace detail::grad
 
 // Output dim i is input dim Perm[i]; the spec permutes alike, a partial stays partial.
 template <int... Perm, ShardedTensorType X>
@@ -30,6 +43,7 @@ auto transpose(const X& x) {
   for (int d = 0; d < X::rank; ++d) shape[d] = detail::extents_of(x)[perm[d]];
   Out out(x.mesh(), shape);
   if (out.padded_size()) out.local() = x.local().shuffle(perm);
+  if (detail::recording(x)) detail::record(out, detail::grad::Transpose<Perm...>{}, detail::tape_shape(x));
   return out;
 }
 
@@ -60,6 +74,7 @@ auto slice(const X& x, const Eigen::Index (&offsets)[N], const Eigen::Index (&ex
   detail::implicit_redistribute(*detail::state_of(x.mesh()), x.spec_desc.without_partial(), detail::extents_of(x),
                                 x.data(), Out::spec_desc.without_partial(), detail::extents_of(out), out.data(), off,
                                 "slice");
+  if (detail::recording(x)) detail::record(out, detail::grad::Slice{off}, detail::tape_shape(x));
   return out;
 }
 
@@ -84,6 +99,7 @@ auto pad(const X& xin, const Eigen::Index (&before)[N], const Eigen::Index (&aft
   std::fill(out.data(), out.data() + out.padded_size(), value);
   detail::implicit_redistribute(*detail::state_of(x.mesh()), x.spec_desc, detail::extents_of(x), x.data(),
                                 Out::spec_desc, detail::extents_of(out), out.data(), shift, "pad");
+  if (detail::recording(x)) detail::record(out, detail::grad::Pad{lo}, detail::tape_shape(x));
   return out;
 }
 
@@ -112,6 +128,8 @@ auto concat(const A& ain, const B& bin) {
                                 detail::extents_of(out), out.data(), detail::Extents{}, "concat");
   detail::implicit_redistribute(mesh, b.spec_desc, detail::extents_of(b), b.data(), Out::spec_desc,
                                 detail::extents_of(out), out.data(), shift, "concat");
+  if (detail::recording(a, b))
+    detail::record(out, detail::grad::Concat<Dim>{}, detail::tape_shape(a), detail::tape_shape(b));
   return out;
 }
 
@@ -214,6 +232,7 @@ auto reshape(const X& xin, const Eigen::Index (&new_shape)[N]) {
     detail::reshape_copy(whole.data(), detail::layout_of(whole), detail::extents_of(x), X::rank, out.data(),
                          detail::layout_of(out), shape);
   }
+  if (detail::recording(x)) detail::record(out, detail::grad::Reshape{}, detail::tape_shape(x));
   return out;
 }
 

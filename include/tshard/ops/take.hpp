@@ -117,6 +117,11 @@ inline constexpr bool is_id_tensor_v = std::is_same_v<typename X::Scalar, std::i
 // [V, D] and ids [N], take<0>(table, ids) is [N, D] with out(n, :) = table(ids(n), :), split
 // like the ids along N and like the table along D; partial over the axes splitting V. An id
 // outside [0, V) is an IndexError on every rank.
+namespace detail::grad {  // the tag of take on the tape; its rule (a scatter_add) is in ad/
+template <int Axis>
+struct Take {};
+}  // namespace detail::grad
+
 template <int Axis, ShardedTensorType Table, ShardedTensorType Ids>
 auto take(const Table& table_in, const Ids& ids_in) {
   static_assert(detail::dims_valid<Table::rank, Axis>(), "tshard: take's axis must be less than the table's rank");
@@ -140,6 +145,7 @@ auto take(const Table& table_in, const Ids& ids_in) {
   shape[Axis] = detail::extents_of(ids)[0];
   Out out(table.mesh(), shape);
   detail::take_kernel<T>(table.data(), detail::layout_of(table), Axis, al.data, il, out.data(), detail::layout_of(out));
+  if (detail::recording(table)) detail::record(out, detail::grad::Take<Axis>{}, detail::tape_shape(table), detail::tape_value(ids));
   return out;
 }
 

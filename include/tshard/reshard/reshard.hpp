@@ -7,8 +7,14 @@
 #include "tshard/reshard/execute.hpp"
 #include "tshard/reshard/redistribute.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
+#include "tshard/tensor/tape.hpp"
 
 namespace tshard {
+namespace detail::grad {
+// The tag of a reshard on the tape: its rule sends the cotangent back unresolved (a partial sum
+// becomes a reduce-scatter where the input is split: JAX's all_gather <-> reduce_scatter).
+struct Reshard {};
+}  // namespace detail::grad
 
 // A new tensor with the same global value laid out as NewSpec.
 template <class NewSpec, class T, class M, class S, class P>
@@ -20,6 +26,7 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
   Out out(t.mesh(), t.global_shape());
   detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
                           out.data());
+  if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(t));
   return out;
 }
 
@@ -34,6 +41,10 @@ void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>&
   detail::OperatorScope scope("reshard");
   detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, dst.spec_desc, detail::extents_of(t), t.data(),
                           dst.data());
+  if (detail::recording(t))
+    detail::record(dst, detail::grad::Reshard{}, detail::tape_shape(t));
+  else if (detail::tracked(dst))
+    detail::TensorAccess::set_node(dst, nullptr);  // a new value, computed from untracked ones
 }
 
 // What reshard<NewSpec>(t) will send and receive on this rank, by its plan and the cost model
@@ -136,7 +147,9 @@ ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t
       implicit_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), v.data, op);
   // Already laid out so: shares t's buffer (either side copies it before writing).
   Out out(AdoptStorage{}, t.mesh(), t.global_shape(), a.owned ? std::move(a.owned) : TensorAccess::storage(t, false));
-  return v.scaled ? TensorAccess::scaled(out, v.scale) : out;
+  Out result = v.scaled ? TensorAccess::scaled(out, v.scale) : std::move(out);
+  if (recording(t)) record(result, grad::Reshard{}, tape_shape(t));
+  return result;
 }
 }  // namespace detail
 

@@ -24,6 +24,7 @@ namespace tshard {
 namespace detail {
 struct AdoptStorage {};  // tag: construct around existing storage
 struct TensorAccess;     // the ops' access to storage and to an unevaluated factor
+class GradNode;          // a tensor's place on the tape of a gradient (tensor/tape.hpp)
 
 template <int Rank>
 std::array<Eigen::Index, Rank> to_array(const Extents& e) {
@@ -84,7 +85,8 @@ class ShardedTensor {
     layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
   }
 
-  ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_) {
+  // A copy is the same value: it keeps its place on the tape of a gradient being taken.
+  ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_), node_(o.node_) {
     data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
     if (layout_.padded_size() && o.data_) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
   }
@@ -185,6 +187,7 @@ class ShardedTensor {
   mutable std::shared_ptr<T> data_;
   mutable T scale_{1};          // the value is scale_ * data_ while scaled_
   mutable bool scaled_ = false;
+  std::shared_ptr<detail::GradNode> node_;  // set only while a gradient is taken of this value (ts::ad)
 };
 
 namespace detail {
@@ -223,6 +226,7 @@ struct TensorAccess {
   template <class T, class M, class S, class P>
   static ShardedTensor<T, M, S, P> scaled(ShardedTensor<T, M, S, P>&& x, T s) {
     ShardedTensor<T, M, S, P> out(std::move(x));
+    out.node_.reset();  // another value: its operator records a node of its own
     out.scale_ = out.scaled_ ? T(s * out.scale_) : s;
     out.scaled_ = true;
     return out;
@@ -244,6 +248,15 @@ struct TensorAccess {
   }
   // Parameters and gradients whose memory comes and goes (ZeRO-2 and -3): the buffer is
   // returned to the pool and later acquired again (unspecified contents) or zeroed.
+  // The node of x on the tape of a gradient being taken (null: x is not tracked).
+  template <class T, class M, class S, class P>
+  static const std::shared_ptr<GradNode>& node(const ShardedTensor<T, M, S, P>& x) {
+    return x.node_;
+  }
+  template <class T, class M, class S, class P>
+  static void set_node(ShardedTensor<T, M, S, P>& x, std::shared_ptr<GradNode> n) {
+    x.node_ = std::move(n);
+  }
   template <class T, class M, class S, class P>
   static bool has_storage(const ShardedTensor<T, M, S, P>& x) {
     return bool(x.data_);

@@ -1,0 +1,173 @@
+// Reverse-mode gradients of forward code written once: value_and_grad and grad for functions of
+// tensors (JAX's), backward for a model's registered parameters (PyTorch's loss.backward()).
+// The forward runs with a tape active; its result's cotangent, 1, is sent back node by node in
+// reverse creation order, each node's saved values freed as soon as its rule has run.
+#pragma once
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "tshard/ad/cotangent.hpp"
+#include "tshard/ad/scalar.hpp"
+
+namespace tshard::ad {
+
+// Operators inside the scope record nothing, whatever their inputs (torch.no_grad()).
+using NoGrad = detail::PauseRecording;
+
+}  // namespace tshard::ad
+
+namespace tshard::detail {
+
+// The tape of one gradient, active for a scope: gradients of gradients are not taken.
+class ActiveTape {
+ public:
+  explicit ActiveTape(Tape& tape) {
+    if (Tape::active())
+      throw SpecError(
+          "tshard::ad: a gradient is already being taken: value_and_grad, grad and backward do not nest "
+          "(gradients of gradients are not supported)");
+    Tape::active() = &tape;
+    paused_ = Tape::paused();
+    Tape::paused() = false;
+  }
+  ~ActiveTape() {
+    Tape::active() = nullptr;
+    Tape::paused() = paused_;
+  }
+  ActiveTape(const ActiveTape&) = delete;
+  ActiveTape& operator=(const ActiveTape&) = delete;
+
+ private:
+  bool paused_ = false;
+};
+
+// A fresh leaf node for a tensor of this shape and spec, on the active tape.
+template <class X>
+std::shared_ptr<TypedGradNode<typename X::Scalar>> make_leaf(const X& x) {
+  auto node = std::make_shared<TypedGradNode<typename X::Scalar>>();
+  node->mesh = state_of(x.mesh());
+  node->shape = extents_of(x);
+  node->primal = X::spec_desc.without_partial();
+  Tape::active()->add(node);
+  return node;
+}
+
+template <class R>
+constexpr bool is_loss_v = ad::is_scalar<std::remove_cvref_t<R>>::value;
+template <class R>
+constexpr bool is_rank0_tensor_v = [] {
+  if constexpr (is_sharded_tensor<std::remove_cvref_t<R>>::value)
+    return std::remove_cvref_t<R>::rank == 0;
+  else
+    return false;
+}();
+
+// The loss's value (the same on every rank) after sending it its cotangent, 1, and running
+// every rule back to the leaves.
+template <class R>
+double run_backward(Tape& tape, const R& result) {
+  static_assert(is_loss_v<R> || is_rank0_tensor_v<R>,
+                "tshard: the function differentiated returns a scalar: cross_entropy's result or a full "
+                "reduction such as ts::sum<0, 1>(y) (a rank-0 tensor)");
+  const auto& loss = [&]() -> const auto& {
+    if constexpr (is_loss_v<R>) return result.tensor();
+    else return result;
+  }();
+  using L = std::remove_cvref_t<decltype(loss)>;
+  using T = typename L::Scalar;
+  const double value = [&] {
+    PauseRecording pause;
+    const Eigen::Tensor<T, 0> v = loss.gather();  // resolves a partial sum: every rank calls it
+    return double(v());
+  }();
+  if (auto* node = node_of(loss)) {
+    auto one = pooled_array<T>(1);
+    one.get()[0] = T(1);
+    add_cotangent(*node, node->primal, std::move(one));
+  }
+  PauseRecording pause;
+  for (auto& n : tape.live_nodes_newest_first()) n->propagate();
+  return value;
+}
+
+// The gradient of a leaf as the leaf's own type: its cotangent resolved into its spec, or zeros
+// where the loss does not depend on it.
+template <class W>
+W leaf_gradient(const TypedGradNode<typename W::Scalar>& node, const W& w) {
+  if (!node.cotangent) return zeros_like(w);
+  auto a = implicit_reshard(*node.mesh, node.cotangent_desc, W::spec_desc, node.shape, node.cotangent.get(), "backward");
+  return W(AdoptStorage{}, w.mesh(), w.global_shape(), a.owned ? std::move(a.owned) : node.cotangent);
+}
+
+template <class W>
+void require_differentiable() {
+  static_assert(is_sharded_tensor<W>::value, "tshard: gradients are taken with respect to ShardedTensors");
+  if constexpr (is_sharded_tensor<W>::value) {
+    static_assert(std::is_floating_point_v<typename W::Scalar>,
+                  "tshard: gradients are taken with respect to float or double tensors");
+    static_assert(!W::is_partial, "tshard: take gradients with respect to resolved tensors (reshard a partial first)");
+  }
+}
+
+}  // namespace tshard::detail
+
+namespace tshard::ad {
+
+// f(w...)'s value and its gradients with respect to each w: {loss, dw1, dw2, ...}. f takes its
+// arguments as `const auto&` and returns a scalar (cross_entropy's result, or a full reduction);
+// what it captures is constant. Each gradient has its tensor's exact type (spec, no partial) and
+// is the one-rank gradient on every mesh.
+template <class F, class... W>
+auto value_and_grad(F&& f, const W&... w) {
+  (detail::require_differentiable<W>(), ...);
+  detail::Tape tape;
+  detail::ActiveTape active(tape);
+  std::tuple<W...> leaves{detail::tape_value(w)...};
+  const auto nodes = std::apply([](auto&... x) { return std::make_tuple(detail::make_leaf(x)...); }, leaves);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (detail::TensorAccess::set_node(std::get<I>(leaves), std::get<I>(nodes)), ...);
+  }(std::index_sequence_for<W...>{});
+  double loss = 0;
+  {
+    auto result = std::apply(f, std::as_const(leaves));
+    loss = detail::run_backward(tape, result);
+  }
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<double, W...>{loss, detail::leaf_gradient(*std::get<I>(nodes), w)...};
+  }(std::index_sequence_for<W...>{});
+}
+
+// The gradients alone, as a std::tuple.
+template <class F, class... W>
+auto grad(F&& f, const W&... w) {
+  auto all = value_and_grad(std::forward<F>(f), w...);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::tuple<W...>{std::move(std::get<I + 1>(all))...};
+  }(std::index_sequence_for<W...>{});
+}
+
+// Runs the closure (a forward pass returning the loss) and adds d loss / d p into the gradient
+// of every parameter the model registered; returns the loss. Alone, gradients are complete
+// after it; once an optimizer owns the model, it reduces their data-parallel sums.
+template <class Model, class F>
+double backward(Model& model, F&& closure) {
+  detail::Tape tape;
+  detail::ActiveTape active(tape);
+  model.track_parameters();
+  struct Untrack {
+    Model& m;
+    ~Untrack() { m.untrack_parameters(); }
+  } untrack{model};
+  double loss = 0;
+  {
+    auto result = closure();
+    loss = detail::run_backward(tape, result);
+  }
+  model.collect_gradients();
+  return loss;
+}
+
+}  // namespace tshard::ad

@@ -1,0 +1,142 @@
+// A registered parameter without its type: the value and its gradient, and what a module, an
+// optimizer and ts::ad::backward do with them (zero the gradient, make the value a leaf of a
+// gradient being taken, add the leaf's cotangent into the gradient). Shared by handle: an
+// optimizer keeps the slot alive, so nothing it holds dangles.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tshard/ad/grad.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard::nn::detail {
+
+// grad (laid out as gd) += the contribution laid out as cd; defined in module.hpp.
+template <class T>
+void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const tshard::detail::SpecDesc& gd,
+                         const tshard::detail::Extents& shape, const T* c, const tshard::detail::SpecDesc& cd,
+                         std::uint32_t deferred, const char* op);
+
+// What an optimizer needs of a parameter and its gradient, without their spec: the buffers
+// (acquired where ZeRO released them), the layout, the spec descriptor and the mesh.
+template <class T>
+struct ParameterView {
+  std::function<T*()> param, grad;
+  std::function<bool()> param_present, grad_present;
+  std::function<void()> release_param, release_grad;
+  tshard::detail::ShardLayout layout;
+  tshard::detail::SpecDesc spec{};
+  std::shared_ptr<tshard::detail::MeshState> mesh;
+  const void* identity = nullptr;
+  std::string describe;
+  std::shared_ptr<void> keep;  // holds what the functions refer to (a registered slot), if anything
+};
+
+template <class T, class M, class S>
+ParameterView<T> view_of(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, std::shared_ptr<void> keep) {
+  tshard::detail::require_same_mesh(param, grad, "nn::Optimizer::add");
+  if (tshard::detail::extents_of(param) != tshard::detail::extents_of(grad))
+    throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
+  using Access = tshard::detail::TensorAccess;
+  ParameterView<T> v;
+  v.param = [&param] {
+    Access::acquire_storage(param, false);
+    return param.data();
+  };
+  v.grad = [&grad] {
+    Access::acquire_storage(grad, true);
+    return grad.data();
+  };
+  v.param_present = [&param] { return Access::has_storage(param); };
+  v.grad_present = [&grad] { return Access::has_storage(grad); };
+  v.release_param = [&param] { Access::release_storage(param); };
+  v.release_grad = [&grad] { Access::release_storage(grad); };
+  v.layout = tshard::detail::layout_of(param);
+  v.spec = ShardedTensor<T, M, S>::spec_desc;
+  v.mesh = tshard::detail::state_of(param.mesh());
+  v.identity = &param;
+  v.describe = param.describe();
+  v.keep = std::move(keep);
+  return v;
+}
+
+class ParameterSlot {
+ public:
+  virtual ~ParameterSlot() = default;
+  virtual void zero_grad() = 0;
+  virtual void track() = 0;                           // a fresh leaf on the active tape
+  virtual void untrack() = 0;                         // the value is plain again
+  virtual void collect(std::uint32_t deferred) = 0;   // grad += the leaf's cotangent
+  virtual int rank() const = 0;
+  virtual std::vector<Eigen::Index> shape() const = 0;
+  virtual const void* identity() const = 0;           // the value tensor (one registration each)
+  virtual std::string describe() const = 0;
+};
+
+template <class T>
+class ElementParameterSlot : public ParameterSlot {
+ public:
+  virtual ParameterView<T> view() = 0;
+};
+
+template <class T, class M, class S>
+class TypedParameterSlot final : public ElementParameterSlot<T>,
+                                 public std::enable_shared_from_this<TypedParameterSlot<T, M, S>> {
+ public:
+  using Tensor = ShardedTensor<T, M, S>;
+
+  // Owning: the module's own parameter (register_parameter), with a zero gradient.
+  explicit TypedParameterSlot(Tensor value) {
+    Tensor grad(value.mesh(), value.global_shape());
+    tshard::detail::TensorAccess::set_node(value, nullptr);
+    owned_ = std::make_unique<Owned>(Owned{std::move(value), std::move(grad)});
+    value_ = &owned_->value;
+    grad_ = &owned_->grad;
+    zero_grad();
+  }
+
+  Tensor& value() { return *value_; }
+  Tensor& grad() { return *grad_; }
+
+  void zero_grad() override {
+    tshard::detail::TensorAccess::acquire_storage(*grad_, false);
+    std::fill(grad_->data(), grad_->data() + grad_->padded_size(), T(0));
+  }
+  void track() override {
+    leaf_ = tshard::detail::make_leaf(*value_);
+    tshard::detail::TensorAccess::set_node(*value_, leaf_);
+  }
+  void untrack() override {
+    tshard::detail::TensorAccess::set_node(*value_, nullptr);
+    leaf_.reset();
+  }
+  void collect(std::uint32_t deferred) override {
+    if (!leaf_ || !leaf_->cotangent) return;
+    tshard::detail::TensorAccess::acquire_storage(*grad_, true);
+    accumulate_gradient(*leaf_->mesh, grad_->data(), Tensor::spec_desc, tshard::detail::extents_of(*grad_),
+                        leaf_->cotangent.get(), leaf_->cotangent_desc, deferred, "backward");
+    leaf_->cotangent.reset();
+  }
+  int rank() const override { return Tensor::rank; }
+  std::vector<Eigen::Index> shape() const override {
+    const auto s = value_->global_shape();
+    return std::vector<Eigen::Index>(s.begin(), s.end());
+  }
+  const void* identity() const override { return value_; }
+  ParameterView<T> view() override { return view_of(*value_, *grad_, this->shared_from_this()); }
+  std::string describe() const override { return value_->describe(); }
+
+ private:
+  struct Owned {
+    Tensor value, grad;
+  };
+  std::unique_ptr<Owned> owned_;
+  Tensor* value_ = nullptr;
+  Tensor* grad_ = nullptr;
+  std::shared_ptr<tshard::detail::TypedGradNode<T>> leaf_;
+};
+
+}  // namespace tshard::nn::detail

@@ -1,0 +1,140 @@
+// The tape of reverse-mode differentiation. While a gradient is taken (ts::ad), an operator
+// whose input carries a node records a node for its output: the saved values and the rule that
+// sends the output's cotangent back to the inputs' nodes. Tensors that carry no node are
+// untracked, and an operator on them records nothing: the check is one pointer per operand.
+//
+// The rules are written in ad/, above the operators, and found by argument-dependent lookup on
+// the operator's tag (`vjp(tag, ...)` in namespace detail::grad), as JAX keeps a primitive and
+// its transpose rule apart. So the operators need nothing of ad/ to record.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard::detail {
+
+class GradNode {
+ public:
+  virtual ~GradNode() = default;
+  // Sends the cotangent back to the inputs (if one arrived), then drops what the rule saved.
+  virtual void propagate() = 0;
+  std::uint64_t order = 0;  // creation order: the reverse is a topological order
+};
+
+// A node of a tensor of element type T. The cotangent is that of the *resolved* value (a partial
+// output is differentiated as the sum it stands for), kept in whatever layout its contributions
+// came in (a partial sum where they were: resolved once, where it is read).
+template <class T>
+class TypedGradNode final : public GradNode {
+ public:
+  std::shared_ptr<MeshState> mesh;
+  Extents shape{};
+  SpecDesc primal{};  // the value's spec without its partial
+  std::shared_ptr<T> cotangent;
+  SpecDesc cotangent_desc{};
+  std::function<void(TypedGradNode&)> rule;  // empty for a leaf (a value gradients are taken for)
+
+  void propagate() override {
+    if (!cotangent || !rule) return;
+    auto r = std::move(rule);
+    rule = nullptr;
+    r(*this);
+  }
+};
+
+// The nodes of one gradient computation, in creation order. Kept weakly: a value that nothing
+// depends on any more frees its node, and what that node saved, at once.
+class Tape {
+ public:
+  static Tape*& active() {
+    thread_local Tape* tape = nullptr;
+    return tape;
+  }
+  static bool& paused() {
+    thread_local bool p = false;
+    return p;
+  }
+  void add(const std::shared_ptr<GradNode>& n) {
+    n->order = nodes_.size();
+    nodes_.push_back(n);
+  }
+  // The live nodes created before `end` (the loss's node included), newest first.
+  std::vector<std::shared_ptr<GradNode>> live_nodes_newest_first() const {
+    std::vector<std::shared_ptr<GradNode>> out;
+    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
+      if (auto n = it->lock()) out.push_back(std::move(n));
+    return out;
+  }
+  std::size_t size() const { return nodes_.size(); }
+
+ private:
+  std::vector<std::weak_ptr<GradNode>> nodes_;
+};
+
+// Stops recording for a scope (a custom VJP's forward, every rule while backward runs).
+class PauseRecording {
+ public:
+  PauseRecording() : was_(Tape::paused()) { Tape::paused() = true; }
+  ~PauseRecording() { Tape::paused() = was_; }
+  PauseRecording(const PauseRecording&) = delete;
+  PauseRecording& operator=(const PauseRecording&) = delete;
+
+ private:
+  bool was_;
+};
+
+template <class X>
+bool tracked(const X& x) {
+  if constexpr (is_sharded_tensor<std::remove_cvref_t<X>>::value)
+    return TensorAccess::node(x) != nullptr;
+  else
+    return false;
+}
+
+// Whether an operator on these operands records a node: a gradient is being taken, recording is
+// not paused, and an operand is tracked.
+template <class... X>
+bool recording(const X&... x) {
+  return Tape::active() && !Tape::paused() && (tracked(x) || ...);
+}
+
+// What a rule keeps of an operand. tape_value: the value (its buffer shared: a later write to
+// the operand copies first) and its node. tape_shape: shape, spec and node only, for rules that
+// never read the value (linear operators keep no activation). tape_output: an output's value
+// without its node (a node saving its own output would keep itself alive).
+template <class X>
+X tape_value(const X& x) {
+  X a(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x));
+  TensorAccess::set_node(a, TensorAccess::node(x));
+  return a;
+}
+template <class X>
+X tape_shape(const X& x) {
+  X a(AdoptStorage{}, x.mesh(), x.global_shape(), nullptr);
+  TensorAccess::set_node(a, TensorAccess::node(x));
+  return a;
+}
+template <class X>
+X tape_output(const X& x) {
+  return X(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x));
+}
+
+// Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/.
+template <class Out, class Tag, class... Saved>
+void record(Out& out, Tag tag, Saved... saved) {
+  using T = typename Out::Scalar;
+  auto node = std::make_shared<TypedGradNode<T>>();
+  node->mesh = state_of(out.mesh());
+  node->shape = extents_of(out);
+  node->primal = Out::spec_desc.without_partial();
+  node->rule = [tag, saved...](TypedGradNode<T>& self) { vjp(tag, std::type_identity<Out>{}, self, saved...); };
+  Tape::active()->add(node);
+  TensorAccess::set_node(out, std::move(node));
+}
+
+}  // namespace tshard::detail

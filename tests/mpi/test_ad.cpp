@@ -1,0 +1,320 @@
+// Derived gradients (ts::ad) of every operator: on every 2-D mesh of the world size, with shapes
+// that do not divide, each gradient is checked two ways. (1) Against central finite
+// differences: the directional derivative <grad, v> along a random direction v, relative 1e-7
+// in double. (2) Against the gradient of the same function on a one-rank mesh (each rank
+// computes it alone on MPI_COMM_SELF), to 1e-12: the sharded program's gradient is the
+// single-device one. Every gradient must also have its primal's exact type.
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+using M = ts::Mesh<"x", "y">;
+
+template <class R>
+double value_of(const R& r) {
+  if constexpr (ts::ad::is_scalar<R>::value)
+    return double(r.value());
+  else
+    return double(Eigen::Tensor<typename R::Scalar, 0>(r.gather())());
+}
+
+// A global tensor of values in [-1, 1) from a seed: the same on every rank.
+template <int Rank>
+Eigen::Tensor<double, Rank> global_random(const std::array<Eigen::Index, Rank>& shape, unsigned seed,
+                                          double lo = -1, double hi = 1) {
+  Eigen::Tensor<double, Rank> t(shape);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = u(gen);
+  return t;
+}
+
+template <class W>
+W direction_like(const W& w, unsigned seed) {
+  return ts::distribute<typename W::SpecType>(w.mesh(), global_random<W::rank>(w.global_shape(), seed));
+}
+
+template <class W>
+double dot(const W& a, const W& b) {
+  const auto x = a.gather(), y = b.gather();
+  double s = 0;
+  for (Eigen::Index i = 0; i < x.size(); ++i) s += double(x.data()[i]) * double(y.data()[i]);
+  return s;
+}
+
+// value_and_grad of f at w..., checked against central differences along two random
+// directions; returns the gathered gradients (for the comparison with one rank).
+template <class F, class... W>
+auto checked_gradients(const std::string& what, F&& f, const W&... w) {
+  auto all = ts::ad::value_and_grad(f, w...);
+  const double loss = std::get<0>(all);
+  // Each gradient has its primal's exact type.
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    static_assert((std::is_same_v<std::tuple_element_t<I + 1, decltype(all)>, W> && ...),
+                  "a gradient has its primal's type");
+  }(std::index_sequence_for<W...>{});
+  TS_REQUIRE_ALL(std::abs(loss - value_of(f(w...))) <= 1e-12 * std::max(1.0, std::abs(loss)));
+  for (unsigned trial = 0; trial < 2; ++trial) {
+    const double h = 1e-5;
+    auto dirs = std::make_tuple(direction_like(w, 1000 + 17 * trial + unsigned(W::rank))...);
+    double analytic = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((analytic += dot(std::get<I + 1>(all), std::get<I>(dirs))), ...);
+    }(std::index_sequence_for<W...>{});
+    auto shifted = [&](double s) {
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return value_of(f(W(w + s * std::get<I>(dirs))...));
+      }(std::index_sequence_for<W...>{});
+    };
+    const double numeric = (shifted(h) - shifted(-h)) / (2 * h);
+    INFO(what << ": directional derivative " << analytic << " by the gradient, " << numeric
+              << " by central differences (trial " << trial << ")");
+    TS_REQUIRE_ALL(std::abs(analytic - numeric) <= 1e-7 * std::max(1.0, std::abs(numeric)));
+  }
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::make_tuple(std::get<I + 1>(all).gather()...);
+  }(std::index_sequence_for<W...>{});
+}
+
+// Runs body(mesh) on every 2-D mesh of the world size and on a one-rank mesh, and requires the
+// gathered gradients to agree to 1e-12.
+template <class Body>
+void on_every_mesh(const std::string& what, Body&& body) {
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto want = body(single);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO(what << " on mesh " << s[0] << "x" << s[1]);
+    const auto got = body(mesh);
+    std::string mismatch;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((mismatch += compare(std::get<I>(got), std::get<I>(want), 1e-12)), ...);
+    }(std::make_index_sequence<std::tuple_size_v<std::remove_cvref_t<decltype(want)>>>{});
+    INFO("against one rank: " << mismatch);
+    TS_REQUIRE_ALL(mismatch.empty());
+  }
+}
+
+using XY = ts::Spec<ts::S<"x">, ts::S<"y">>;
+using YX = ts::Spec<ts::S<"y">, ts::S<"x">>;
+using XR = ts::Spec<ts::S<"x">, ts::R>;
+using RY = ts::Spec<ts::R, ts::S<"y">>;
+using RR = ts::Spec<ts::R, ts::R>;
+using R1 = ts::Spec<ts::R>;
+using Y1 = ts::Spec<ts::S<"y">>;
+
+}  // namespace
+
+TEST_CASE("elementwise gradients with broadcasting and scalars on both sides equal finite differences and one rank",
+          "[ad]") {
+  const auto ga = global_random<2>({7, 5}, 1), gb = global_random<2>({7, 5}, 2, 0.5, 2.0);
+  const auto gbias = global_random<1>({5}, 3);
+  const auto gcol = global_random<2>({7, 1}, 4, 0.5, 2.0);
+  on_every_mesh("binary and scalar ops", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto b = ts::distribute<RY>(mesh, gb);
+    auto bias = ts::distribute<Y1>(mesh, gbias);
+    auto col = ts::distribute<XR>(mesh, gcol);
+    auto f = [](const auto& a, const auto& b, const auto& bias, const auto& col) {
+      auto y = a * b + bias - (a / col) + 2.0 * a - a * 0.5 + 1.5 / b - (3.0 - a) / 4.0 + (bias + 1.0);
+      return ts::sum<0, 1>(y * y);
+    };
+    return checked_gradients("binary", f, a, b, bias, col);
+  });
+}
+
+TEST_CASE("unary gradients equal finite differences and one rank", "[ad]") {
+  const auto ga = global_random<2>({6, 9}, 5);
+  on_every_mesh("unary ops", [&](const M& mesh) {
+    auto a = ts::distribute<YX>(mesh, ga);
+    auto f = [](const auto& a) {
+      auto p = ts::exp(a) + ts::tanh(a) + ts::sigmoid(a) + ts::log(ts::square(a) + 1.0) +
+               ts::sqrt(ts::abs(a) + 0.5) + ts::relu(a) * 3.0 - a + ts::pow(a, 3);
+      return ts::sum<0, 1>(p * ts::abs(a));
+    };
+    return checked_gradients("unary", f, a);
+  });
+}
+
+TEST_CASE("reduction gradients (sum, mean, max, min, keep_dims, partial results) equal finite differences and one rank",
+          "[ad]") {
+  const auto ga = global_random<2>({9, 7}, 6);
+  on_every_mesh("reductions", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto f = [](const auto& a) {
+      auto rows = ts::sum<1>(a);                 // partial over y
+      auto cols = ts::mean<0>(a * a);            // partial over x
+      auto top = ts::max<1>(a, ts::keep_dims);   // [9, 1], broadcast back
+      auto low = ts::min<0>(a);
+      auto centred = a - ts::mean<1>(a, ts::keep_dims);
+      return ts::sum<0>(rows * rows) + ts::sum<0>(cols) * 0.5 + ts::sum<0, 1>(centred * centred * top) +
+             ts::sum<0>(low) * 2.0;
+    };
+    return checked_gradients("reductions", f, a);
+  });
+}
+
+TEST_CASE("einsum gradients under every strategy choose their own strategies and equal one rank", "[ad]") {
+  const auto gx = global_random<2>({7, 6}, 7), gw = global_random<2>({6, 5}, 8), gv = global_random<2>({5, 4}, 9);
+  for (auto strategy : {ts::EinsumStrategy::Auto, ts::EinsumStrategy::GatherRight, ts::EinsumStrategy::GatherLeft,
+                        ts::EinsumStrategy::Windowed}) {
+    on_every_mesh("einsum strategy " + std::to_string(int(strategy)), [&](const M& mesh) {
+      auto x = ts::distribute<XR>(mesh, gx);
+      auto w = ts::distribute<RY>(mesh, gw);
+      auto v = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, gv);
+      auto f = [strategy](const auto& x, const auto& w, const auto& v) {
+        auto h = ts::tanh(ts::einsum<"bd,dh->bh">(x, w, strategy));  // {x, y}
+        auto o = ts::einsum<"bh,ho->bo">(h, v);                        // contracts y: partial
+        return ts::sum<0, 1>(o * o);
+      };
+      return checked_gradients("einsum", f, x, w, v);
+    });
+  }
+  const auto ga = global_random<3>({3, 5, 4}, 10), gb = global_random<3>({3, 4, 6}, 11);
+  on_every_mesh("batched einsum", [&](const M& mesh) {
+    auto a = ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::S<"y">>>(mesh, ga);
+    auto b = ts::distribute<ts::Spec<ts::R, ts::S<"y">, ts::R>>(mesh, gb);
+    auto f = [](const auto& a, const auto& b) {
+      return ts::sum<0, 1, 2>(ts::square(ts::einsum<"bij,bjk->bik", ts::Spec<ts::R, ts::S<"x">, ts::R>>(a, b)));
+    };
+    return checked_gradients("batched einsum", f, a, b);
+  });
+}
+
+TEST_CASE("reshard gradients go back by the transpose rule: no gather, partial sums resolved once", "[ad]") {
+  const auto ga = global_random<2>({7, 6}, 12), gc = global_random<2>({7, 6}, 13);
+  on_every_mesh("reshard", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto c = ts::distribute<RR>(mesh, gc);
+    auto f = [&](const auto& a) {
+      auto r = ts::reshard<RR>(a);           // all-gather: its transpose is a reduce-scatter
+      auto s = ts::reshard<YX>(r * c);       // a local slice
+      auto t = ts::reshard<ts::Spec<ts::R, ts::S<"x">>>(ts::sum<1>(s * a, ts::keep_dims));
+      return ts::sum<0, 1>(s * s) + ts::sum<0, 1>(t);
+    };
+    return checked_gradients("reshard", f, a);
+  });
+}
+
+TEST_CASE("shape operator gradients: transpose, slice, pad, concat, reshape, take, where", "[ad]") {
+  const auto ga = global_random<2>({7, 5}, 14), gb = global_random<2>({3, 5}, 15), gt = global_random<2>({11, 4}, 16);
+  Eigen::Tensor<std::int32_t, 1> gids(6);
+  gids.setValues({3, 0, 10, 3, 7, 1});
+  on_every_mesh("shape ops", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto b = ts::distribute<RY>(mesh, gb);
+    auto table = ts::distribute<XR>(mesh, gt);
+    auto ids = ts::distribute<ts::Spec<ts::S<"y">>>(mesh, gids);
+    auto f = [&](const auto& a, const auto& b, const auto& table) {
+      auto t = ts::transpose<1, 0>(a);                         // [5, 7]
+      auto s = ts::slice(a, {1, 1}, {5, 3});                   // [5, 3]
+      auto p = ts::pad(s, {1, 0}, {0, 2});                     // [6, 5]
+      auto c = ts::concat<0>(a, b);                            // [10, 5]
+      auto r = ts::reshape<ts::Spec<ts::S<"x">, ts::R>>(c, {5, 10});
+      auto e = ts::take<0>(table, ids);                        // [6, 4]
+      auto w = ts::where(a > 0.0, a * 3.0, 2.0 - a);           // [7, 5]
+      return ts::sum<0, 1>(t * t) + ts::sum<0, 1>(ts::exp(p)) + ts::sum<0, 1>(r * r * 0.5) +
+             ts::sum<0, 1>(e * e) + ts::sum<0, 1>(ts::where(a < 0.2, w, 1.0));
+    };
+    return checked_gradients("shape ops", f, a, b, table);
+  });
+}
+
+TEST_CASE("nn function gradients (custom VJPs) equal finite differences and one rank", "[ad]") {
+  const auto gz = global_random<2>({7, 9}, 17, -2, 2);
+  const auto gg = global_random<1>({9}, 18, 0.5, 1.5);
+  const auto gbeta = global_random<1>({9}, 19);
+  Eigen::Tensor<std::int32_t, 1> glabels(7);
+  glabels.setValues({0, 8, 3, 3, 5, 1, 7});
+  on_every_mesh("nn", [&](const M& mesh) {
+    auto z = ts::distribute<XY>(mesh, gz);
+    auto gamma = ts::distribute<Y1>(mesh, gg);
+    auto beta = ts::distribute<R1>(mesh, gbeta);
+    auto labels = ts::distribute<ts::Spec<ts::S<"x">>>(mesh, glabels);
+    auto f = [&](const auto& z, const auto& gamma, const auto& beta) {
+      auto n = ts::nn::layer_norm<1>(z, gamma, beta, 1e-5);
+      auto h = ts::nn::gelu(n) + ts::nn::softmax<1>(z) * 2.0 + ts::nn::log_softmax<0>(z) * 0.1;
+      auto d = ts::nn::dropout(h, 0.25, 99);
+      return ts::nn::cross_entropy(d, labels) + 0.5 * ts::nn::cross_entropy(z * 2.0, labels);
+    };
+    return checked_gradients("nn", f, z, gamma, beta);
+  });
+}
+
+TEST_CASE("in-place operators under a gradient record the new value and keep the old one for the rule", "[ad]") {
+  const auto ga = global_random<2>({5, 6}, 20);
+  const auto gb = global_random<1>({6}, 21);
+  on_every_mesh("in-place", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto b = ts::distribute<Y1>(mesh, gb);
+    auto f = [](const auto& a, const auto& b) {
+      auto y = a * a;
+      y += b;      // broadcast
+      y *= a;      // the old y is what the rule reads
+      y -= 0.5;
+      y /= 2.0;
+      return ts::sum<0, 1>(y);
+    };
+    return checked_gradients("in-place", f, a, b);
+  });
+}
+
+TEST_CASE("a partial input's gradient: partial sums added, scaled and negated keep their partial", "[ad]") {
+  const auto ga = global_random<2>({6, 7}, 22);
+  on_every_mesh("partials", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    auto f = [](const auto& a) {
+      auto p = ts::sum<1>(a);                       // partial sum over y
+      auto q = ts::sum<1>(a * a);
+      auto r = (p + q) * 2.0 - (-p) / 4.0;          // still partial
+      return ts::sum<0>(ts::exp(r * 0.1));
+    };
+    return checked_gradients("partials", f, a);
+  });
+}
+
+TEST_CASE("untracked code records nothing; a gradient of a value the loss ignores is zero; nesting is refused",
+          "[ad]") {
+  const M mesh({world_size(), 1});
+  auto a = ts::distribute<XR>(mesh, global_random<2>({5, 3}, 23));
+  auto b = ts::distribute<XR>(mesh, global_random<2>({5, 3}, 24));
+  // Plain code outside a gradient: no node on any result.
+  auto c = ts::exp(a) * b + 1.0;
+  TS_REQUIRE_ALL(!ts::detail::tracked(c));
+  auto [loss, da, db] = ts::ad::value_and_grad([](const auto& a, const auto&) { return ts::sum<0, 1>(a * a); }, a, b);
+  const Eigen::Tensor<double, 2> zero = db.gather();
+  TS_REQUIRE_ALL(compare(zero, Eigen::Tensor<double, 2>(zero.constant(0.0)), 0) == "");
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(da.gather()), Eigen::Tensor<double, 2>(a.gather() * 2.0), 1e-15) == "");
+  bool refused = false;
+  try {
+    (void)ts::ad::grad([&](const auto& a) { return ts::sum<0, 1>(std::get<0>(ts::ad::grad([](const auto& v) { return ts::sum<0, 1>(v); }, a))); }, a);
+  } catch (const ts::SpecError&) {
+    refused = true;
+  }
+  TS_REQUIRE_ALL(refused);
+  bool map_refused = false;
+  try {
+    (void)ts::ad::grad([](const auto& a) { return ts::sum<0, 1>(ts::map(a, [](double v) { return v * v; })); }, a);
+  } catch (const ts::SpecError&) {
+    map_refused = true;
+  }
+  TS_REQUIRE_ALL(map_refused);
+  (void)loss;
+}
+
+TEST_CASE("a user's custom VJP is used in place of the derived one", "[ad]") {
+  const auto ga = global_random<2>({6, 5}, 25);
+  on_every_mesh("custom_vjp", [&](const M& mesh) {
+    auto a = ts::distribute<XY>(mesh, ga);
+    // softplus with its own derivative: sigmoid(x) dy.
+    auto softplus = [](const auto& x) {
+      return ts::ad::custom_vjp([](const auto& v) { return ts::log(ts::exp(v) + 1.0); },
+                                [](const auto& dy, const auto&, const auto& v) { return dy * ts::sigmoid(v); }, x);
+    };
+    auto f = [&](const auto& a) { return ts::sum<0, 1>(softplus(a) * a); };
+    return checked_gradients("custom_vjp", f, a);
+  });
+}
