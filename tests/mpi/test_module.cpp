@@ -1,0 +1,211 @@
+// Modules written by users (register_parameter / register_module, forward only) trained with
+// derived gradients: names, gradients equal to the one-rank ones on every mesh, an owning
+// optimizer's data-parallel sum done exactly once through any depth of composites, moved
+// modules, double registration refused, parameter groups.
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+using M = ts::Mesh<"data", "model">;
+
+// DESIGN's example, in double.
+struct Mlp : ts::nn::Module {
+  ts::nn::Linear<double, M, ts::Spec<ts::R, ts::S<"model">>> up;    // column-parallel
+  ts::nn::Linear<double, M, ts::Spec<ts::S<"model">, ts::R>> down;  // row-parallel
+  ts::ShardedTensor<double, M, ts::Spec<ts::R>>& scale;
+  explicit Mlp(const M& mesh)
+      : up(mesh, 12, 20, 1), down(mesh, 20, 12, 2),
+        scale(register_parameter("scale", ts::random<double, ts::Spec<ts::R>>(mesh, {12}, 3))) {
+    register_module("up", up);
+    register_module("down", down);
+  }
+  auto operator()(const auto& x) { return down(ts::nn::gelu(up(x))) * scale; }
+};
+
+// A composite of composites: the deferral of data-parallel sums must reach the leaves.
+struct Stack : ts::nn::Module {
+  Mlp first, second;
+  ts::nn::LayerNorm<double, M> norm;
+  explicit Stack(const M& mesh) : first(mesh), second(mesh), norm(mesh, 12) {
+    register_module("first", first);
+    register_module("second", second);
+    register_module("norm", norm);
+  }
+  auto operator()(const auto& x) { return norm(second(first(x) + x)); }
+};
+
+Eigen::Tensor<double, 2> inputs(Eigen::Index rows, Eigen::Index cols) {
+  Eigen::Tensor<double, 2> t(rows, cols);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = std::sin(0.37 * double(i) + 0.1);
+  return t;
+}
+Eigen::Tensor<std::int32_t, 1> classes(Eigen::Index rows, int v) {
+  Eigen::Tensor<std::int32_t, 1> t(rows);
+  for (Eigen::Index i = 0; i < rows; ++i) t(i) = std::int32_t((i * 7 + 3) % v);
+  return t;
+}
+
+template <class Model>
+std::vector<Eigen::Tensor<double, 2>> gathered_gradients(Model& model) {
+  std::vector<Eigen::Tensor<double, 2>> out;
+  model.for_each_module([&](ts::nn::Module&, const std::string&) {});
+  auto add = [&](const auto& g) {
+    const auto v = g.gather();
+    Eigen::Tensor<double, 2> flat(v.size(), 1);
+    for (Eigen::Index i = 0; i < v.size(); ++i) flat.data()[i] = v.data()[i];
+    out.push_back(flat);
+  };
+  if constexpr (requires { model.up; }) {
+    add(model.up.weight_grad());
+    add(model.up.bias_grad());
+    add(model.down.weight_grad());
+    add(model.down.bias_grad());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a module's parameter names: submodules' first with their prefix, then its own", "[module]") {
+  const M mesh({world_size(), 1});
+  Mlp mlp(mesh);
+  const std::vector<std::string> want{"up.weight", "up.bias", "down.weight", "down.bias", "scale"};
+  TS_REQUIRE_ALL(mlp.parameter_names() == want);
+  Stack stack(mesh);
+  const auto names = stack.parameter_names();
+  TS_REQUIRE_ALL(names.size() == 12);
+  TS_REQUIRE_ALL(names.front() == "first.up.weight");
+  TS_REQUIRE_ALL(names.back() == "norm.bias");
+}
+
+TEST_CASE("backward(model, loss) gives every parameter the one-rank gradient on every mesh", "[module]") {
+  const auto gx = inputs(11, 12);
+  const auto gl = classes(11, 12);
+  auto run = [&](const M& mesh) {
+    Mlp mlp(mesh);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+    const auto labels = ts::distribute<ts::Spec<ts::S<"data">>>(mesh, gl);
+    const double loss = ts::ad::backward(mlp, [&] { return ts::nn::cross_entropy(mlp(x), labels); });
+    auto g = gathered_gradients(mlp);
+    const auto s = mlp.parameter_slot("scale");
+    (void)s;
+    // The parameters are plain again after backward: nothing is left on them.
+    TS_REQUIRE_ALL(!ts::detail::tracked(mlp.up.weight()) && !ts::detail::tracked(mlp.scale));
+    return std::make_pair(loss, g);
+  };
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto [want_loss, want] = run(single);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto [loss, got] = run(mesh);
+    TS_REQUIRE_ALL(std::abs(loss - want_loss) <= 1e-13);
+    for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+  }
+}
+
+TEST_CASE("an owning optimizer sums data-parallel gradients exactly once through nested composites", "[module]") {
+  // SGD is not scale-invariant: a gradient summed twice (the data-axis size times too large)
+  // would show in the parameters after one step.
+  const auto gx = inputs(10, 12);
+  auto run = [&](const M& mesh, int steps) {
+    Stack model(mesh);
+    ts::nn::SGD opt({.lr = 0.1f, .momentum = 0.0f, .weight_decay = 0.0f});
+    opt.add(model);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      ts::ad::backward(model, [&] { return ts::sum<0, 1>(ts::square(model(x))) * 0.01; });
+      opt.step();
+    }
+    return std::vector<Eigen::Tensor<double, 2>>{model.first.up.weight().gather(), model.second.down.weight().gather()};
+  };
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto want = run(single, 3);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto got = run(mesh, 3);
+    for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+  }
+}
+
+TEST_CASE("an optimizer keeps updating a layer that moved after opt.add; moved layers keep their parameters",
+          "[module]") {
+  const M mesh({world_size(), 1});
+  using Fc = ts::nn::Linear<double, M, ts::Spec<ts::R, ts::R>>;
+  std::vector<Fc> layers;
+  layers.emplace_back(mesh, 6, 4, 7);
+  ts::nn::SGD opt({.lr = 0.5f});
+  opt.add(layers[0]);
+  for (int i = 0; i < 8; ++i) layers.emplace_back(mesh, 6, 4, std::uint64_t(8 + i));  // reallocates: moves
+  const auto before = Eigen::Tensor<double, 2>(layers[0].weight().gather());
+  const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, inputs(5, 6));
+  ts::ad::backward(layers[0], [&] { return ts::sum<0, 1>(layers[0](x)); });
+  opt.step();
+  const Eigen::Tensor<double, 2> after = layers[0].weight().gather();
+  // d sum(x W + b) / dW = column sums of x, the same for every output.
+  const auto gx = inputs(5, 6);
+  Eigen::Tensor<double, 2> want = before;
+  for (int i = 0; i < 6; ++i) {
+    double c = 0;
+    for (int b = 0; b < 5; ++b) c += gx(b, i);
+    for (int o = 0; o < 4; ++o) want(i, o) -= 0.5 * c;
+  }
+  TS_REQUIRE_ALL(compare(after, want, 1e-12) == "");
+  TS_REQUIRE_ALL(layers[0].parameter_names() == std::vector<std::string>{"weight", "bias"});
+}
+
+TEST_CASE("registering a parameter, a name or a module twice is an error, not a double update", "[module]") {
+  const M mesh({world_size(), 1});
+  Mlp mlp(mesh);
+  auto refused = [](auto&& f) {
+    try {
+      f();
+    } catch (const ts::SpecError&) {
+      return true;
+    }
+    return false;
+  };
+  TS_REQUIRE_ALL(refused([&] { mlp.register_module("up", mlp.down); }));           // a name again
+  TS_REQUIRE_ALL(refused([&] { mlp.register_module("again", mlp.up); }));          // a module again
+  TS_REQUIRE_ALL(refused([&] { mlp.register_parameter("scale", ts::zeros<double, ts::Spec<ts::R>>(mesh, {3})); }));
+  ts::nn::AdamW opt({.lr = 1e-3f});
+  opt.add(mlp);
+  TS_REQUIRE_ALL(refused([&] { opt.add(mlp); }));                                    // the model again
+  TS_REQUIRE_ALL(refused([&] { opt.add(mlp.up.weight(), mlp.up.weight_grad()); }));  // one of its tensors
+}
+
+TEST_CASE("parameter groups: decay_matrices_only keeps biases, norms and vectors out of weight decay", "[module]") {
+  const M mesh({world_size(), 1});
+  Mlp mlp(mesh);
+  ts::nn::AdamW opt({.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.5f});
+  opt.add(mlp, ts::nn::decay_matrices_only(0.5f));
+  const Eigen::Tensor<double, 2> w = mlp.up.weight().gather();
+  const Eigen::Tensor<double, 1> b = mlp.up.bias().gather(), s = mlp.scale.gather();
+  mlp.zero_grad();  // zero gradients: AdamW's step is the decay alone
+  opt.step();
+  const Eigen::Tensor<double, 2> w_want = w * (1.0 - double(0.1f) * double(0.5f));
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(mlp.up.weight().gather()), w_want, 1e-15) == "");
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 1>(mlp.up.bias().gather()), b, 0) == "");
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 1>(mlp.scale.gather()), s, 0) == "");
+}
+
+TEST_CASE("train and eval reach every submodule; zero_grad clears every gradient", "[module]") {
+  const M mesh({world_size(), 1});
+  Stack stack(mesh);
+  stack.eval();
+  bool all_eval = true;
+  stack.for_each_module([&](const ts::nn::Module& m, const std::string&) { all_eval = all_eval && !m.is_training(); });
+  TS_REQUIRE_ALL(all_eval);
+  stack.train();
+  TS_REQUIRE_ALL(stack.second.up.is_training());
+  const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, inputs(4, 12));
+  ts::ad::backward(stack, [&] { return ts::sum<0, 1>(stack(x)); });
+  stack.zero_grad();
+  const Eigen::Tensor<double, 0> total = stack.first.up.weight_grad().gather().abs().sum();
+  TS_REQUIRE_ALL(total() == 0);
+}
