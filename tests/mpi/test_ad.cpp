@@ -318,3 +318,18 @@ TEST_CASE("a user's custom VJP is used in place of the derived one", "[ad]") {
     return checked_gradients("custom_vjp", f, a);
   });
 }
+
+TEST_CASE("causal attention's custom VJP (the fused backward) equals finite differences and one rank", "[ad]") {
+  const auto gq = global_random<4>({5, 3, 2, 4}, 26), gk = global_random<4>({5, 3, 2, 4}, 27);
+  const auto gv = global_random<4>({5, 3, 2, 4}, 28);
+  on_every_mesh("attention", [&](const M& mesh) {
+    using QS = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+    auto q = ts::distribute<QS>(mesh, gq);
+    auto k = ts::distribute<QS>(mesh, gk);
+    auto v = ts::distribute<QS>(mesh, gv);
+    auto f = [](const auto& q, const auto& k, const auto& v) {
+      return ts::sum<0, 1, 2, 3>(ts::square(ts::nn::attention(q, k, v)));
+    };
+    return checked_gradients("attention", f, q, k, v);
+  });
+}

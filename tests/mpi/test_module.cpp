@@ -209,3 +209,35 @@ TEST_CASE("train and eval reach every submodule; zero_grad clears every gradient
   const Eigen::Tensor<double, 0> total = stack.first.up.weight_grad().gather().abs().sum();
   TS_REQUIRE_ALL(total() == 0);
 }
+
+TEST_CASE("a transformer block's derived gradients equal its hand-written backward's on every mesh", "[module]") {
+  Eigen::Tensor<double, 3> gx(3, 5, 8), gw(3, 5, 8);
+  for (Eigen::Index i = 0; i < gx.size(); ++i) gx.data()[i] = std::sin(0.3 * double(i)), gw.data()[i] = std::cos(0.7 * double(i));
+  using Block = ts::nn::TransformerBlock<double, M>;
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const ts::nn::BlockOptions o{.dmodel = 8, .heads = 2, .hidden = 12, .dropout = 0.0, .seed = 5};
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::R>>(mesh, gx);
+    const auto w = ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::R>>(mesh, gw);
+    Block hand(mesh, o), derived(mesh, o);
+    hand.zero_grad();
+    (void)hand.forward(x);
+    (void)hand.backward(w);
+    derived.zero_grad();
+    const double loss = ts::ad::backward(derived, [&] { return ts::sum<0, 1, 2>(derived(x) * w); });
+    TS_REQUIRE_ALL(std::isfinite(loss));
+    std::vector<Eigen::Tensor<double, 1>> a, b;
+    auto flat = [](const auto& t) {
+      const auto v = t.gather();
+      Eigen::Tensor<double, 1> f(v.size());
+      for (Eigen::Index i = 0; i < v.size(); ++i) f(i) = v.data()[i];
+      return f;
+    };
+    hand.for_each_parameter([&](auto&, auto& g) { a.push_back(flat(g)); });
+    derived.for_each_parameter([&](auto&, auto& g) { b.push_back(flat(g)); });
+    TS_REQUIRE_ALL(a.size() == b.size() && a.size() == 13);
+    for (std::size_t i = 0; i < a.size(); ++i) TS_REQUIRE_ALL(compare(b[i], a[i], 1e-12) == "");
+    TS_REQUIRE_ALL(derived.parameter_names().front() == "ln1.weight");
+  }
+}

@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 #include <tuple>
 #include <utility>
 
+#include "tshard/ad/custom_vjp.hpp"
 #include "tshard/nn/init.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/nn/softmax.hpp"
@@ -170,6 +173,27 @@ auto causal_attention_backward(const Q& q, const K& k, const V& v, const P& p, c
   return std::tuple{std::move(dq), std::move(dk), std::move(dv)};
 }
 
+// The context of causal attention alone, for model code under ts::ad: one node whose rule is
+// causal_attention_backward (the probabilities the forward computed are kept for it, as the
+// hand-written layer keeps them). q, k, v [T, B, Dh, H], time-major.
+template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
+auto attention(const Q& q, const K& k, const V& v) {
+  using P = decltype(causal_attention(q, k, v).second);
+  auto probabilities = std::make_shared<std::optional<P>>();
+  return ad::custom_vjp(
+      [probabilities](const auto& qv, const auto& kv, const auto& vv) {
+        auto [context, p] = causal_attention(qv, kv, vv);
+        *probabilities = std::move(p);
+        return context;
+      },
+      [probabilities](const auto& dcontext, const auto&, const auto& qv, const auto& kv, const auto& vv) {
+        auto grads = causal_attention_backward(qv, kv, vv, **probabilities, dcontext);
+        probabilities->reset();
+        return grads;
+      },
+      q, k, v);
+}
+
 // The layer: x [B, T, D] -> [B, T, D]. QKVSpec lays out Wq, Wk, Wv [D, Dh, H]; OutSpec lays out
 // Wo [Dh, H, D]; the bias [D] follows Wo's last dim. Dh = ceil(D / H), so any (D, H) works.
 template <class T, class M, class QKVSpec = Spec<R, R, S<"model">>, class OutSpec = Spec<R, S<"model">, R>>
@@ -188,13 +212,13 @@ class Attention : public Module {
   Attention(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed)
       : mesh_(mesh),
         head_dim_((dmodel + std::max<Eigen::Index>(heads, 1) - 1) / std::max<Eigen::Index>(heads, 1)),
-        wq_(init_proj(mesh, dmodel, heads, seed)),
-        wk_(init_proj(mesh, dmodel, heads, seed + 1)),
-        wv_(init_proj(mesh, dmodel, heads, seed + 2)),
-        wo_(detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads))),
-        bo_(detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads))),
-        wq_grad_(zeros_like(wq_)), wk_grad_(zeros_like(wk_)), wv_grad_(zeros_like(wv_)),
-        wo_grad_(zeros_like(wo_)), bo_grad_(zeros_like(bo_)) {
+        wq_(own_parameter("wq", init_proj(mesh, dmodel, heads, seed))),
+        wk_(own_parameter("wk", init_proj(mesh, dmodel, heads, seed + 1))),
+        wv_(own_parameter("wv", init_proj(mesh, dmodel, heads, seed + 2))),
+        wo_(own_parameter("wo", detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads)))),
+        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))),
+        wq_grad_(gradient_of(wq_)), wk_grad_(gradient_of(wk_)), wv_grad_(gradient_of(wv_)),
+        wo_grad_(gradient_of(wo_)), bo_grad_(gradient_of(bo_)) {
     if (dmodel < 1 || heads < 1)
       throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
                        std::to_string(heads) + " must be positive");
@@ -233,6 +257,19 @@ class Attention : public Module {
     p_.save(p);
     context_.save(context);
     return einsum<"tbkh,khd->btd">(context, wo_) + bo_;  // the heads' partial resolved before the bias
+  }
+
+  // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
+  // attention's is its fused backward (a custom VJP). Nothing is kept in the layer.
+  template <tshard::detail::FloatingTensor X>
+  auto operator()(const X& x) {
+    static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
+    tshard::detail::OperatorScope scope("attention");
+    auto in_use = use();
+    auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
+    auto k = einsum<"btd,dkh->tbkh">(x, wk_);
+    auto v = einsum<"btd,dkh->tbkh">(x, wv_);
+    return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
   }
 
   // dL/dx (a partial over the heads' axes where they are split) for dL/dy of the last forward;
@@ -275,12 +312,13 @@ class Attention : public Module {
 
   M mesh_;
   Eigen::Index head_dim_;
-  Proj wq_, wk_, wv_;
-  Out wo_;
-  Bias bo_;
-  Proj wq_grad_, wk_grad_, wv_grad_;
-  Out wo_grad_;
-  Bias bo_grad_;
+  // In the module's parameter slots (registered as wq, wk, wv, wo, bo).
+  Proj &wq_, &wk_, &wv_;
+  Out& wo_;
+  Bias& bo_;
+  Proj &wq_grad_, &wk_grad_, &wv_grad_;
+  Out& wo_grad_;
+  Bias& bo_grad_;
   detail::SavedActivation<T, M> x_, q_, k_, v_, p_, context_;
 };
 

@@ -33,7 +33,18 @@ template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = 
 class MLP : public Module {
  public:
   MLP(const M& mesh, Eigen::Index dmodel, Eigen::Index hidden, std::uint64_t seed)
-      : mesh_(mesh), fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {}
+      : mesh_(mesh), fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {
+    register_module("fc1", fc1_);
+    register_module("fc2", fc2_);
+  }
+
+  // fc2(gelu(fc1(x))), forward only (derived gradients).
+  template <tshard::detail::FloatingTensor X>
+  auto operator()(const X& x) {
+    tshard::detail::OperatorScope scope("mlp");
+    auto in_use = use();
+    return fc2_(gelu(fc1_(x)));
+  }
 
   Linear<T, M, InSpec>& fc1() { return fc1_; }
   Linear<T, M, OutSpec>& fc2() { return fc2_; }
@@ -109,6 +120,35 @@ constexpr auto expert_axis_of() {
   if constexpr (requires { Specs::expert_axis; }) return Specs::expert_axis;
   else return FixedString("data");
 }
+
+// The block's submodules, as Megatron's layer specs name them: a specs struct may give its own
+// `template <class T, class M> using norm_layer / attention_layer / mlp_layer = ...` (modules
+// built as (mesh, dmodel), (mesh, dmodel, heads, seed) and (mesh, dmodel, hidden, seed), callable
+// on [B, T, D]); absent ones are LayerNorm, Attention and MLP on the struct's specs.
+template <class Specs, class T, class M>
+struct block_layers {
+  static auto norm() {
+    if constexpr (requires { typename Specs::template norm_layer<T, M>; })
+      return std::type_identity<typename Specs::template norm_layer<T, M>>{};
+    else
+      return std::type_identity<LayerNorm<T, M, typename Specs::norm>>{};
+  }
+  static auto attention() {
+    if constexpr (requires { typename Specs::template attention_layer<T, M>; })
+      return std::type_identity<typename Specs::template attention_layer<T, M>>{};
+    else
+      return std::type_identity<Attention<T, M, typename Specs::qkv, typename Specs::attention_out>>{};
+  }
+  static auto mlp() {
+    if constexpr (requires { typename Specs::template mlp_layer<T, M>; })
+      return std::type_identity<typename Specs::template mlp_layer<T, M>>{};
+    else
+      return std::type_identity<MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>>{};
+  }
+  using Norm = typename decltype(norm())::type;
+  using SelfAttention = typename decltype(attention())::type;
+  using Mlp = typename decltype(mlp())::type;
+};
 }  // namespace detail
 
 // y = h + mlp(ln2(h)), h = x + attention(ln1(x)), for x [B, T, D].
@@ -127,14 +167,21 @@ class TransformerBlock : public Module {
                                     .seed = o.seed * 16 + 12});
     else
       mlp_.emplace(mesh, o.dmodel, hidden, o.seed * 16 + 8);
+    register_module("ln1", ln1_);
+    register_module("attention", attention_);
+    register_module("ln2", ln2_);
+    if (mlp_) register_module("mlp", *mlp_);
   }
 
-  using FeedForward = MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>;
+  using Layers = detail::block_layers<Specs, T, M>;
+  using Norm = typename Layers::Norm;
+  using SelfAttention = typename Layers::SelfAttention;
+  using FeedForward = typename Layers::Mlp;
   using Experts = MoE<T, M, detail::expert_axis_of<Specs>(), detail::model_axis_of<Specs>()>;
 
-  LayerNorm<T, M, typename Specs::norm>& ln1() { return ln1_; }
-  LayerNorm<T, M, typename Specs::norm>& ln2() { return ln2_; }
-  Attention<T, M, typename Specs::qkv, typename Specs::attention_out>& attention() { return attention_; }
+  Norm& ln1() { return ln1_; }
+  Norm& ln2() { return ln2_; }
+  SelfAttention& attention() { return attention_; }
   FeedForward& mlp() { return *mlp_; }  // without experts
   Experts& moe() { return *moe_; }      // with experts
   bool has_experts() const { return moe_.has_value(); }
@@ -162,6 +209,27 @@ class TransformerBlock : public Module {
     ln2_.defer_gradient_sums(axes);
     if (moe_) moe_->defer_gradient_sums(axes);
     else mlp_->defer_gradient_sums(axes);
+  }
+
+  // The block forward only, its gradient derived from its submodules' (experts not yet: their
+  // gating has no derivative rule, use forward/backward). Dropout follows train()/eval().
+  template <tshard::detail::FloatingTensor X>
+  auto operator()(const X& x) {
+    static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
+    if (moe_) throw SpecError("tshard::nn::TransformerBlock: a block with experts has no derived gradient yet: call forward and backward");
+    tshard::detail::OperatorScope scope("transformer_block");
+    auto in_use = use();
+    const MicroBatch& mb = current_micro_batch();
+    const bool inference = mb.inference || !is_training();
+    if (mb.index == 0 && !mb.recompute && !inference) ++calls_;
+    auto branch = [&](const auto& y, int site) {
+      using Out = ShardedTensor<T, M, typename std::remove_cvref_t<decltype(y)>::SpecType>;
+      if (o_.dropout <= 0 || inference) return tshard::detail::implicit_reshard<typename Out::SpecType>(y, "transformer_block");
+      return Out(dropout(y, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
+                         mb.row_offset, mb.rows_total > 0 ? mb.rows_total : y.global_shape()[0]));
+    };
+    auto h = x + branch(attention_(ln1_(x)), 0);
+    return h + branch((*mlp_)(ln2_(h)), 1);
   }
 
   template <tshard::detail::FloatingTensor X>
@@ -217,9 +285,9 @@ class TransformerBlock : public Module {
   }
 
   BlockOptions o_;
-  LayerNorm<T, M, typename Specs::norm> ln1_;
-  Attention<T, M, typename Specs::qkv, typename Specs::attention_out> attention_;
-  LayerNorm<T, M, typename Specs::norm> ln2_;
+  Norm ln1_;
+  SelfAttention attention_;
+  Norm ln2_;
   std::optional<FeedForward> mlp_;
   std::optional<Experts> moe_;
   std::uint64_t calls_ = 0;
