@@ -333,3 +333,30 @@ TEST_CASE("causal attention's custom VJP (the fused backward) equals finite diff
     return checked_gradients("attention", f, q, k, v);
   });
 }
+
+TEST_CASE("an in-place update of a parameter under a gradient is refused; of a copy it is differentiated", "[ad]") {
+  const M mesh({world_size(), 1});
+  struct Scaled : ts::nn::Module {
+    ts::ShardedTensor<double, M, XR>& w;
+    explicit Scaled(const M& mesh) : w(register_parameter("w", ts::random<double, XR>(mesh, {5, 3}, 30))) {}
+  } model(mesh);
+  bool refused = false;
+  try {
+    ts::ad::backward(model, [&] {
+      model.w *= 2.0;
+      return ts::sum<0, 1>(model.w);
+    });
+  } catch (const ts::SpecError&) {
+    refused = true;
+  }
+  TS_REQUIRE_ALL(refused);
+  model.zero_grad();
+  ts::ad::backward(model, [&] {
+    auto copy = model.w;
+    copy *= 3.0;
+    copy += model.w;
+    return ts::sum<0, 1>(copy);
+  });
+  const Eigen::Tensor<double, 2> g = model.gradient_of(model.w).gather();
+  TS_REQUIRE_ALL(compare(g, Eigen::Tensor<double, 2>(g.constant(4.0)), 1e-15) == "");
+}

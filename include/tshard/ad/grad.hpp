@@ -51,6 +51,7 @@ std::shared_ptr<TypedGradNode<typename X::Scalar>> make_leaf(const X& x) {
   node->mesh = state_of(x.mesh());
   node->shape = extents_of(x);
   node->primal = X::spec_desc.without_partial();
+  node->leaf_tensor = &x;
   Tape::active()->add(node);
   return node;
 }

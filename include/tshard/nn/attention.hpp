@@ -219,6 +219,7 @@ class Attention : public Module {
         bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))),
         wq_grad_(gradient_of(wq_)), wk_grad_(gradient_of(wk_)), wv_grad_(gradient_of(wv_)),
         wo_grad_(gradient_of(wo_)), bo_grad_(gradient_of(bo_)) {
+    streams_parameters_ = true;  // every forward and backward is bracketed by use()
     if (dmodel < 1 || heads < 1)
       throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
                        std::to_string(heads) + " must be positive");

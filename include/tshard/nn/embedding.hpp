@@ -72,7 +72,9 @@ class Embedding : public Module {
   Embedding(const M& mesh, Eigen::Index vocab, Eigen::Index features, std::uint64_t seed)
       : mesh_(mesh),
         weight_(own_parameter("weight", detail::uniform_init<T, TableSpec>(mesh, {vocab, features}, seed, 1.0))),
-        weight_grad_(gradient_of(weight_)) {}
+        weight_grad_(gradient_of(weight_)) {
+    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+  }
 
   Table& weight() { return weight_; }
   Table& weight_grad() { return weight_grad_; }

@@ -189,7 +189,9 @@ class LayerNorm : public Module {
         beta_(own_parameter("bias", zeros<T, ParamSpec>(mesh, {features}))),  // PyTorch's names
         gamma_grad_(gradient_of(gamma_)),
         beta_grad_(gradient_of(beta_)),
-        eps_(eps) {}
+        eps_(eps) {
+    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+  }
 
   // x normalised over its last dim, forward only (under ts::ad: layer_norm's custom VJP).
   template <tshard::detail::FloatingTensor X>

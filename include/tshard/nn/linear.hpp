@@ -35,7 +35,9 @@ class Linear : public Module {
         bias_(own_parameter(with_bias ? "bias" : "", detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0))),
         weight_grad_(gradient_of(weight_)),
         bias_grad_(gradient_of(bias_)),
-        with_bias_(with_bias) {}
+        with_bias_(with_bias) {
+    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+  }
 
   Weight& weight() { return weight_; }
   Bias& bias() { return bias_; }

@@ -48,6 +48,7 @@ class Module {
   Module(Module&& o) noexcept
       : hooks_(std::move(o.hooks_)),
         deferred_(o.deferred_),
+        streams_parameters_(o.streams_parameters_),
         parameters_(std::move(o.parameters_)),
         spare_(std::move(o.spare_)),
         children_(std::move(o.children_)),
@@ -91,6 +92,20 @@ class Module {
     return child;
   }
 
+  // The gradient of a parameter this module registered (scale -> its gradient, as p.grad).
+  template <class T, class M, class S>
+  ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
+    auto find = [&](const std::vector<std::shared_ptr<detail::ParameterSlot>>& slots) -> ShardedTensor<T, M, S>* {
+      for (const auto& s : slots)
+        if (s->identity() == &value) return &static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
+      return nullptr;
+    };
+    for (const auto& p : parameters_)
+      if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot).grad();
+    if (auto* g = find(spare_)) return *g;
+    throw SpecError("tshard::nn::Module::gradient_of: " + value.describe() + " is not a parameter of this module");
+  }
+
   // Every parameter's name, submodules' first (in registration order, prefixed "name."), then
   // this module's own in registration order.
   std::vector<std::string> parameter_names() const {
@@ -126,6 +141,9 @@ class Module {
     for (auto& c : children_) c.module->for_each_module(f, prefix + c.name + ".");
   }
   bool has_own_parameters() const { return !parameters_.empty(); }
+  // Whether every use of this module's own parameters is bracketed by use() (ZeRO-3 may then
+  // keep them sharded outside): the layers of nn/ do; a user's module need not.
+  bool streams_parameters() const { return streams_parameters_; }
 
   // Zeroes every registered gradient (this module's and its submodules').
   void zero_grad() {
@@ -173,19 +191,6 @@ class Module {
     spare_.push_back(std::move(slot));
     return v;
   }
-  // The gradient of a parameter own_parameter or register_parameter made.
-  template <class T, class M, class S>
-  ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
-    auto find = [&](const std::vector<std::shared_ptr<detail::ParameterSlot>>& slots) -> ShardedTensor<T, M, S>* {
-      for (const auto& s : slots)
-        if (s->identity() == &value) return &static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
-      return nullptr;
-    };
-    for (const auto& p : parameters_)
-      if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot).grad();
-    if (auto* g = find(spare_)) return *g;
-    throw SpecError("tshard::nn::Module: internal: no gradient for " + value.describe());
-  }
 
   // Brackets a forward or backward: parameters present inside (ZeRO-3), released after.
   class Use {
@@ -209,6 +214,7 @@ class Module {
 
   LayerHooks hooks_;
   std::uint32_t deferred_ = 0;
+  bool streams_parameters_ = false;  // set by the layers whose every forward and backward call use()
 
  private:
   struct NamedParameter {

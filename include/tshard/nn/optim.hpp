@@ -86,10 +86,12 @@ class Optimizer {
 
   // Every parameter a module registered, its submodules' included (a module written with
   // register_parameter / register_module). Each module that owns parameters is one bucket whose
-  // gradients are reduced when ts::ad::backward has collected them; the sums over the data axis
-  // are deferred to this optimizer through the whole tree. `group` picks each parameter's
-  // settings by its name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the optimizer
-  // keeps the parameters' handles, so nothing dangles if the model goes first.
+  // gradients are reduced when ts::ad::backward has collected them. Under ZeRO-3 a layer's
+  // parameters are gathered only around its own forward (the layers of nn/ bracket it); a user
+  // module's own parameters, read anywhere in its forward, stay whole (ZeRO-2 for them). The
+  // data-parallel sums are deferred to this optimizer through the whole tree. `group` picks each
+  // parameter's settings by its name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the
+  // optimizer keeps the parameters' handles, so nothing dangles if the model goes first.
   template <class Mod>
     requires(std::is_base_of_v<Module, Mod> && !Layer<Mod>)
   void add(Mod& model, const std::function<ParameterGroup(const ParameterInfo&)>& group = {}) {
@@ -103,7 +105,7 @@ class Optimizer {
       m.for_each_slot(
           [&](const std::string& name, detail::ParameterSlot& slot, const Module& owner) {
             if (&owner != &m) return;  // a submodule's: its own bucket
-            add_module_slot(slot, prefix.empty() ? name : name, group, bucket, finish, deferred);
+            add_module_slot(slot, name, group, m.streams_parameters(), bucket, finish, deferred);
           },
           prefix);
       LayerHooks hooks;
@@ -314,17 +316,17 @@ class Optimizer {
   // One registered parameter of a module: its bucket (made by the first parameter), its group.
   template <class Slot>
   void add_module_slot(Slot& slot, const std::string& name, const std::function<ParameterGroup(const ParameterInfo&)>& group,
-                       BucketBase*& bucket, std::function<void()>& finish, std::uint32_t& deferred) {
+                       bool streamable, BucketBase*& bucket, std::function<void()>& finish, std::uint32_t& deferred) {
     ParameterGroup settings;
     if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
     bool done = false;
-    visit_slot<float>(slot, settings, bucket, finish, deferred, done);
-    visit_slot<double>(slot, settings, bucket, finish, deferred, done);
+    visit_slot<float>(slot, settings, streamable, bucket, finish, deferred, done);
+    visit_slot<double>(slot, settings, streamable, bucket, finish, deferred, done);
     if (!done) throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float or double");
   }
   template <class T, class Slot>
-  void visit_slot(Slot& slot, const ParameterGroup& settings, BucketBase*& bucket, std::function<void()>& finish,
-                  std::uint32_t& deferred, bool& done) {
+  void visit_slot(Slot& slot, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,
+                  std::function<void()>& finish, std::uint32_t& deferred, bool& done) {
     auto* typed = dynamic_cast<detail::ElementParameterSlot<T>*>(&slot);
     if (!typed || done) return;
     done = true;
@@ -338,7 +340,7 @@ class Optimizer {
     }
     auto* b = dynamic_cast<Bucket<T>*>(bucket);
     if (!b) throw SpecError("tshard::nn: a module's own parameters have one element type");
-    register_slot(*b, view, true);
+    register_slot(*b, view, true, streamable);
     b->slots.back().lr = settings.lr;
     b->slots.back().weight_decay = settings.weight_decay;
   }
@@ -348,7 +350,7 @@ class Optimizer {
     register_slot(b, view_of(param, grad, nullptr), layer_owned);
   }
   template <class T>
-  void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool layer_owned) {
+  void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool layer_owned, bool streamable = true) {
     const std::uint32_t data = b.data_mask;
     const bool split_over_data = (view.spec.split_axes() & data) != 0;
     const int n = data ? view.mesh->shape().sizes[std::countr_zero(data)] : 1;
@@ -364,7 +366,7 @@ class Optimizer {
     s.size = view.layout.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
     s.deferred = layer_owned && data && !split_over_data;
-    s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned;
+    s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned && streamable;
     s.chunk = (s.size + n - 1) / n;
     const std::uint32_t all = (1u << view.mesh->shape().axes()) - 1;
     s.replica_axes = all & ~view.spec.split_axes();

@@ -33,6 +33,7 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
     // Under a gradient, y (op)= x is y = y (op) x laid out as y: recorded, and the old value of y
     // that the rule may read stays as it was (its buffer is shared, so y gets a new one).
     if (recording(y, x)) {
+      refuse_in_place_on_leaf(y, name);
       auto r = binary<K>(std::as_const(y), x, name);
       if (detail::extents_of(r) != detail::extents_of(y))
         throw ShapeError(std::string("tshard::") + name + ": the result " + r.describe() +
@@ -91,6 +92,7 @@ Y& compound_scalar(Y& y, S s, const char* name) {
   static_assert(!Y::is_partial || keeps,
                 "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
   if (recording(y)) {  // under a gradient: y = y (op) s, recorded
+    refuse_in_place_on_leaf(y, name);
     y = with_scalar<K, false>(std::as_const(y), s, name);
     return y;
   }

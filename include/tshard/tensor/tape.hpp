@@ -24,6 +24,7 @@ class GradNode {
   // Sends the cotangent back to the inputs (if one arrived), then drops what the rule saved.
   virtual void propagate() = 0;
   std::uint64_t order = 0;  // creation order: the reverse is a topological order
+  const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
 };
 
 // A node of a tensor of element type T. The cotangent is that of the *resolved* value (a partial
@@ -101,6 +102,15 @@ bool tracked(const X& x) {
 template <class... X>
 bool recording(const X&... x) {
   return Tape::active() && !Tape::paused() && (tracked(x) || ...);
+}
+
+// An in-place update of the very tensor a gradient is taken for would replace it (PyTorch refuses
+// it too); a copy of it may be updated.
+template <class Y>
+void refuse_in_place_on_leaf(const Y& y, const char* op) {
+  if (tracked(y) && TensorAccess::node(y)->leaf_tensor == static_cast<const void*>(&y))
+    throw SpecError(std::string("tshard::") + op + ": an in-place update of " + y.describe() +
+                    ", a tensor the gradient is taken for: write y = y (op) x into a new tensor instead");
 }
 
 // What a rule keeps of an operand. tape_value: the value (its buffer shared: a later write to

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Derived gradients against the hand-written backward they replace, in one run each: the step of
+# a stack of transformer blocks (time and the buffer pool's peak) on 2 ranks, meshes
+# {data, model} = {1, 2} and {2, 1}, and the tape's overhead per operator; then the lines of
+# model code of examples/gpt_minimal.cpp. Extra arguments go to the benchmark.
+#   bash bench/run_ad.sh [--dmodel 1024 --heads 16 --batch 8 --seq 256 --layers 2 --reps 5]
+# SkylakeX kernels are chosen for OpenBLAS only where the CPU has AVX-512 (never in tests or CI).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/prepare.sh
+bench_build "libopenblas-dev" tshard_bench_ad
+if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"; fi
+echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-OpenBLAS's own choice}"
+for mesh in model=2 data=2; do
+  mpirun -np 2 ./build-bench/bench/tshard_bench_ad --mesh "$mesh" "$@"
+done
+# Model code of the GPT example: the Block and Gpt modules, blank lines and comments left out.
+lines=$(awk '/^template <class T>$/ { keep = 1 } /^struct Options/ { exit } keep' examples/gpt_minimal.cpp |
+        grep -vE '^\s*$|^\s*//' | wc -l)
+echo "gpt_minimal model code: ${lines} lines (nanoGPT's model.py ~330, forward only; llm.c ~1,100 with hand-written backward)"
