@@ -10,11 +10,12 @@ cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_ad
 if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"; fi
-echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-OpenBLAS's own choice}"
+echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-chosen by OpenBLAS}"
 for mesh in model=2 data=2; do
   mpirun -np 2 ./build-bench/bench/tshard_bench_ad --mesh "$mesh" "$@"
 done
 # Model code of the GPT example: the Block and Gpt modules, blank lines and comments left out.
-lines=$(awk '/^template <class T>$/ { keep = 1 } /^struct Options/ { exit } keep' examples/gpt_minimal.cpp |
-        grep -vE '^\s*$|^\s*//' | wc -l)
-echo "gpt_minimal model code: ${lines} lines (nanoGPT's model.py ~330, forward only; llm.c ~1,100 with hand-written backward)"
+awk '/^template <class T>$/ { keep = 1 } /^struct Options/ { exit } keep' examples/gpt_minimal.cpp |
+  grep -vE '^[[:space:]]*(//.*)?$' > /tmp/tshard_gpt_model_lines.txt
+echo "gpt_minimal model code: $(wc -l < /tmp/tshard_gpt_model_lines.txt) lines" \
+  "(nanoGPT model.py: ~330 lines, forward only; llm.c: ~1,100 with a hand-written backward)"

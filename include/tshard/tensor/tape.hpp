@@ -142,7 +142,10 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->mesh = state_of(out.mesh());
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
-  node->rule = [tag, saved...](TypedGradNode<T>& self) { vjp(tag, std::type_identity<Out>{}, self, saved...); };
+  // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
+  node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
+    vjp(tag, std::type_identity<Out>{}, self, saved...);
+  };
   Tape::active()->add(node);
   TensorAccess::set_node(out, std::move(node));
 }
