@@ -88,22 +88,15 @@ class Embedding : public Module {
   // over the axes splitting V. The ids are kept (shared) for backward.
   template <ShardedTensorType Ids>
   auto forward(const Ids& ids_in) {
-    static_assert(tshard::detail::is_id_tensor_v<Ids>, "tshard: Embedding's ids are an int32 or int64 tensor");
-    static_assert(std::is_same_v<typename Ids::MeshT, M>, "tshard: Embedding's ids live on the table's mesh type");
-    static_assert((Ids::spec_desc.split_axes() & table_desc.split_axes()) == 0,
-                  "tshard: Embedding's ids may not be split over an axis that splits the table");
-    using Out = ShardedTensor<T, M, typename detail::append_dim<typename Ids::SpecType, tshard::detail::dim_at_t<TableSpec, 1>>::type,
-                              typename tshard::detail::partial_of<ReduceOp::Sum,
-                                  typename tshard::detail::dim_axes<tshard::detail::dim_at_t<TableSpec, 0>>::type>::type>;
     tshard::detail::OperatorScope scope("embedding");
     auto in_use = use();
     const auto& ids = tshard::detail::resolved(ids_in, "embedding");
-    Out out = lookup<Out>(ids);
+    auto out = lookup(ids);
     auto& saved = saved_.current();
     saved.hits.clear();
     for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { saved.hits.emplace_back(r, v); });
     saved.rows = ids.padded_size();
-    saved.out_desc = Out::spec_desc.without_partial();
+    saved.out_desc = decltype(out)::spec_desc.without_partial();
     saved.out_shape = tshard::detail::extents_of(out);
     saved.ids_axes = Ids::spec_desc.split_axes();
     saved.present = true;
@@ -148,17 +141,10 @@ class Embedding : public Module {
   // into the table's (a partial sum over the axes splitting the ids, resolved where needed).
   template <ShardedTensorType Ids>
   auto operator()(const Ids& ids_in) {
-    static_assert(tshard::detail::is_id_tensor_v<Ids>, "tshard: Embedding's ids are an int32 or int64 tensor");
-    static_assert(std::is_same_v<typename Ids::MeshT, M>, "tshard: Embedding's ids live on the table's mesh type");
-    static_assert((Ids::spec_desc.split_axes() & table_desc.split_axes()) == 0,
-                  "tshard: Embedding's ids may not be split over an axis that splits the table");
-    using Out = ShardedTensor<T, M, typename detail::append_dim<typename Ids::SpecType, tshard::detail::dim_at_t<TableSpec, 1>>::type,
-                              typename tshard::detail::partial_of<ReduceOp::Sum,
-                                  typename tshard::detail::dim_axes<tshard::detail::dim_at_t<TableSpec, 0>>::type>::type>;
     tshard::detail::OperatorScope scope("embedding");
     auto in_use = use();
     const auto& ids = tshard::detail::resolved(ids_in, "embedding");
-    Out out = lookup<Out>(ids);
+    auto out = lookup(ids);
     if (tshard::detail::recording(weight_))
       tshard::detail::record(out, detail::EmbeddingRows{}, tshard::detail::tape_shape(weight_),
                              tshard::detail::tape_value(ids));
@@ -166,8 +152,16 @@ class Embedding : public Module {
   }
 
  private:
-  template <class Out, class Ids>
-  Out lookup(const Ids& ids) const {
+  // ids [...] -> [..., D], split like the ids and like the table's D, partial over V's axes.
+  template <class Ids>
+  auto lookup(const Ids& ids) const {
+    static_assert(tshard::detail::is_id_tensor_v<Ids>, "tshard: Embedding's ids are an int32 or int64 tensor");
+    static_assert(std::is_same_v<typename Ids::MeshT, M>, "tshard: Embedding's ids live on the table's mesh type");
+    static_assert((Ids::spec_desc.split_axes() & table_desc.split_axes()) == 0,
+                  "tshard: Embedding's ids may not be split over an axis that splits the table");
+    using Out = ShardedTensor<T, M, typename detail::append_dim<typename Ids::SpecType, tshard::detail::dim_at_t<TableSpec, 1>>::type,
+                              typename tshard::detail::partial_of<ReduceOp::Sum,
+                                  typename tshard::detail::dim_axes<tshard::detail::dim_at_t<TableSpec, 0>>::type>::type>;
     tshard::detail::require_same_mesh(weight_, ids, "embedding");
     check(ids);
     std::array<Eigen::Index, Ids::rank + 1> shape{};
