@@ -51,6 +51,12 @@ int main(int argc, char** argv) {
 #elif defined(CASE_split_and_partial)  // an axis both split and partial
   ts::ShardedTensor<float, ts::Mesh<"x", "y">, ts::Spec<ts::S<"x">, ts::R>, ts::PartialSum<"x">>* p = nullptr;
   return p->mesh().rank();
+#elif defined(CASE_grad_not_scalar)  // a gradient of a function that returns a matrix
+  auto w = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto r = ts::ad::value_and_grad([](const auto& v) { return v * 2.0f; }, w);
+#elif defined(CASE_grad_of_ints)  // a gradient with respect to an integer tensor
+  auto w = ts::zeros<std::int32_t, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto r = ts::ad::grad([](const auto& v) { return ts::sum<0, 1>(v); }, w);
 #elif defined(CASE_unknown_axis)  // a spec naming an axis the mesh lacks
   auto t = ts::distribute<ts::Spec<ts::S<"z">, ts::R>>(mesh, g);
 #elif defined(CASE_unknown_axis_size)  // asking a mesh for the size of an axis it lacks
