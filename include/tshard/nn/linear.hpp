@@ -57,24 +57,14 @@ class Linear : public Module {
   // x W + b for x [.., in] of rank 2 or 3; x is kept (shared, not copied) for backward.
   template <ShardedTensorType X>
   auto forward(const X& x_in) {
-    static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
-    static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
     tshard::detail::OperatorScope scope("linear");
     auto in_use = use();
     const auto& x = tshard::detail::resolved(x_in, "linear");
-    if (tshard::detail::extents_of(x)[X::rank - 1] != tshard::detail::extents_of(weight_)[0])
-      throw ShapeError("tshard::nn::Linear::forward: the input " + x.describe() + " does not end in the weight's " +
-                       std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
-                       weight_.describe() + ")");
+    check_input(x, "tshard::nn::Linear::forward");
     saved_.save(x);
     // The bias is added after a row-parallel product's partial is resolved, as in Megatron
     // (one result type whether the layer has a bias or not).
-    auto product = [&] {
-      if constexpr (X::rank == 2)
-        return einsum<"bi,io->bo">(x, weight_);
-      else
-        return einsum<"bti,io->bto">(x, weight_);
-    }();
+    auto product = times_weight(x);
     using Product = decltype(product);
     using Out = ShardedTensor<T, M, typename Product::SpecType>;
     if (with_bias_) {
@@ -97,20 +87,10 @@ class Linear : public Module {
   // nothing is kept in the layer.
   template <ShardedTensorType X>
   auto operator()(const X& x) {
-    static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
-    static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
     tshard::detail::OperatorScope scope("linear");
     auto in_use = use();
-    if (tshard::detail::extents_of(x)[X::rank - 1] != tshard::detail::extents_of(weight_)[0])
-      throw ShapeError("tshard::nn::Linear: the input " + x.describe() + " does not end in the weight's " +
-                       std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
-                       weight_.describe() + ")");
-    auto product = [&] {
-      if constexpr (X::rank == 2)
-        return einsum<"bi,io->bo">(x, weight_);
-      else
-        return einsum<"bti,io->bto">(x, weight_);
-    }();
+    check_input(x, "tshard::nn::Linear");
+    auto product = times_weight(x);
     using Out = ShardedTensor<T, M, typename decltype(product)::SpecType>;
     if (with_bias_) return Out(product + bias_);
     return tshard::detail::implicit_reshard<typename Out::SpecType>(product, "linear");
@@ -147,6 +127,24 @@ class Linear : public Module {
   }
 
  private:
+  template <class X>
+  void check_input(const X& x, const char* op) const {
+    static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");
+    static_assert(std::is_same_v<typename X::Scalar, T>, "tshard: Linear's input has the layer's element type");
+    if (tshard::detail::extents_of(x)[X::rank - 1] != tshard::detail::extents_of(weight_)[0])
+      throw ShapeError(std::string(op) + ": the input " + x.describe() + " does not end in the weight's " +
+                       std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
+                       weight_.describe() + ")");
+  }
+  // x W for x [B, in] or [B, T, in].
+  template <class X>
+  auto times_weight(const X& x) {
+    if constexpr (X::rank == 2)
+      return einsum<"bi,io->bo">(x, weight_);
+    else
+      return einsum<"bti,io->bto">(x, weight_);
+  }
+
   // weight_grad += x^T dy on descriptors: the saved input's type is a run-time fact here.
   template <class DY>
   void add_weight_grad(const DY& dy) {

@@ -95,14 +95,10 @@ class Module {
   // The gradient of a parameter this module registered (scale -> its gradient, as p.grad).
   template <class T, class M, class S>
   ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
-    auto find = [&](const std::vector<std::shared_ptr<detail::ParameterSlot>>& slots) -> ShardedTensor<T, M, S>* {
-      for (const auto& s : slots)
-        if (s->identity() == &value) return &static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
-      return nullptr;
-    };
     for (const auto& p : parameters_)
       if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot).grad();
-    if (auto* g = find(spare_)) return *g;
+    for (const auto& s : spare_)
+      if (s->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
     throw SpecError("tshard::nn::Module::gradient_of: " + value.describe() + " is not a parameter of this module");
   }
 
@@ -141,6 +137,11 @@ class Module {
     for (auto& c : children_) c.module->for_each_module(f, prefix + c.name + ".");
   }
   bool has_own_parameters() const { return !parameters_.empty(); }
+  // f(name, slot) for this module's own parameters (not its submodules'), in registration order.
+  template <class F>
+  void for_each_own_slot(F&& f) const {
+    for (const auto& p : parameters_) f(p.name, *p.slot);
+  }
   // Whether every use of this module's own parameters is bracketed by use() (ZeRO-3 may then
   // keep them sharded outside): the layers of nn/ do; a user's module need not.
   bool streams_parameters() const { return streams_parameters_; }

@@ -102,24 +102,10 @@ class Optimizer {
       any = true;
       BucketBase* bucket = nullptr;
       std::function<void()> finish;
-      m.for_each_slot(
-          [&](const std::string& name, detail::ParameterSlot& slot, const Module& owner) {
-            if (&owner != &m) return;  // a submodule's: its own bucket
-            add_module_slot(slot, name, group, m.streams_parameters(), bucket, finish, deferred);
-          },
-          prefix);
-      LayerHooks hooks;
-      BucketBase* raw = bucket;
-      hooks.gradients_ready = [this, raw] {
-        if (!options_.overlap || no_sync_) return;
-        raw->start_reduction(true);
-        for (auto& other : buckets_) other->test();
-      };
-      if (options_.zero_stage == 3) {
-        hooks.before_use = [raw] { raw->gather_parameters(true); };
-        hooks.after_use = [raw] { raw->release_parameters(); };
-      }
-      m.attach_hooks(std::move(hooks));
+      m.for_each_own_slot([&](const std::string& name, detail::ParameterSlot& slot) {
+        add_module_slot(slot, prefix + name, group, m.streams_parameters(), bucket, finish, deferred);
+      });
+      m.attach_hooks(hooks_for(bucket));
       finish();
     });
     if (any) model.defer_gradient_sums(deferred);
@@ -147,18 +133,7 @@ class Optimizer {
     });
     if (!bucket) return;
     layer.defer_gradient_sums(deferred);
-    BucketBase* raw = bucket;
-    LayerHooks hooks;
-    hooks.gradients_ready = [this, raw] {
-      if (!options_.overlap || no_sync_) return;
-      raw->start_reduction(true);
-      for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
-    };
-    if (options_.zero_stage == 3) {
-      hooks.before_use = [raw] { raw->gather_parameters(true); };
-      hooks.after_use = [raw] { raw->release_parameters(); };
-    }
-    layer.attach_hooks(std::move(hooks));
+    layer.attach_hooks(hooks_for(bucket));
     finish();
   }
 
@@ -303,6 +278,22 @@ class Optimizer {
     auto* raw = b.get();
     buckets_.push_back(std::move(b));
     return *raw;
+  }
+
+  // What a layer or module given whole calls: its bucket's reduction starts when its backward
+  // ends (with overlap), and under ZeRO-3 its parameters are present only around its uses.
+  LayerHooks hooks_for(BucketBase* bucket) {
+    LayerHooks hooks;
+    hooks.gradients_ready = [this, bucket] {
+      if (!options_.overlap || no_sync_) return;
+      bucket->start_reduction(true);
+      for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
+    };
+    if (options_.zero_stage == 3) {
+      hooks.before_use = [bucket] { bucket->gather_parameters(true); };
+      hooks.after_use = [bucket] { bucket->release_parameters(); };
+    }
+    return hooks;
   }
 
   // A parameter is updated once: a second registration (the same tensor through two modules,

@@ -88,54 +88,44 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
  public:
   using Tensor = ShardedTensor<T, M, S>;
 
-  // Owning: the module's own parameter (register_parameter), with a zero gradient.
-  explicit TypedParameterSlot(Tensor value) {
-    Tensor grad(value.mesh(), value.global_shape());
-    tshard::detail::TensorAccess::set_node(value, nullptr);
-    owned_ = std::make_unique<Owned>(Owned{std::move(value), std::move(grad)});
-    value_ = &owned_->value;
-    grad_ = &owned_->grad;
+  // The module's parameter and its gradient, starting at zero.
+  explicit TypedParameterSlot(Tensor value) : value_(std::move(value)), grad_(value_.mesh(), value_.global_shape()) {
+    tshard::detail::TensorAccess::set_node(value_, nullptr);
     zero_grad();
   }
-
-  Tensor& value() { return *value_; }
-  Tensor& grad() { return *grad_; }
+  Tensor& value() { return value_; }
+  Tensor& grad() { return grad_; }
 
   void zero_grad() override {
-    tshard::detail::TensorAccess::acquire_storage(*grad_, false);
-    std::fill(grad_->data(), grad_->data() + grad_->padded_size(), T(0));
+    tshard::detail::TensorAccess::acquire_storage(grad_, false);
+    std::fill(grad_.data(), grad_.data() + grad_.padded_size(), T(0));
   }
   void track() override {
-    leaf_ = tshard::detail::make_leaf(*value_);
-    tshard::detail::TensorAccess::set_node(*value_, leaf_);
+    leaf_ = tshard::detail::make_leaf(value_);
+    tshard::detail::TensorAccess::set_node(value_, leaf_);
   }
   void untrack() override {
-    tshard::detail::TensorAccess::set_node(*value_, nullptr);
+    tshard::detail::TensorAccess::set_node(value_, nullptr);
     leaf_.reset();
   }
   void collect(std::uint32_t deferred) override {
     if (!leaf_ || !leaf_->cotangent) return;
-    tshard::detail::TensorAccess::acquire_storage(*grad_, true);
-    accumulate_gradient(*leaf_->mesh, grad_->data(), Tensor::spec_desc, tshard::detail::extents_of(*grad_),
+    tshard::detail::TensorAccess::acquire_storage(grad_, true);
+    accumulate_gradient(*leaf_->mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
                         leaf_->cotangent.get(), leaf_->cotangent_desc, deferred, "backward");
     leaf_->cotangent.reset();
   }
   int rank() const override { return Tensor::rank; }
   std::vector<Eigen::Index> shape() const override {
-    const auto s = value_->global_shape();
+    const auto s = value_.global_shape();
     return std::vector<Eigen::Index>(s.begin(), s.end());
   }
-  const void* identity() const override { return value_; }
-  ParameterView<T> view() override { return view_of(*value_, *grad_, this->shared_from_this()); }
-  std::string describe() const override { return value_->describe(); }
+  const void* identity() const override { return &value_; }
+  ParameterView<T> view() override { return view_of(value_, grad_, this->shared_from_this()); }
+  std::string describe() const override { return value_.describe(); }
 
  private:
-  struct Owned {
-    Tensor value, grad;
-  };
-  std::unique_ptr<Owned> owned_;
-  Tensor* value_ = nullptr;
-  Tensor* grad_ = nullptr;
+  Tensor value_, grad_;
   std::shared_ptr<tshard::detail::TypedGradNode<T>> leaf_;
 };
 

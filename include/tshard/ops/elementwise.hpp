@@ -396,7 +396,7 @@ auto unary(const X& x, const char* name) {
       if constexpr (by_output)
         record(out, grad::Unary<K>{}, tape_shape(x), tape_output(out));
       else
-        record(out, grad::Unary<K>{}, tape_value(x), tape_shape(tape_output(out)));
+        record(out, grad::Unary<K>{}, tape_value(x), tape_shape(out));
     }
     return out;
   }

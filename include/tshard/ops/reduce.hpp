@@ -52,7 +52,7 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
     reduce_kernel<T>(Op, x.data(), detail::layout_of(x), reduced, out.data(), detail::layout_of(out).padded, OutRank);
     if (recording(x)) {
       if constexpr (Op == ReduceOp::Sum)
-        record(out, grad::Reduce<Op, Dims...>{}, tape_shape(x), tape_shape(tape_output(out)));
+        record(out, grad::Reduce<Op, Dims...>{}, tape_shape(x), tape_shape(out));
       else  // the gradient goes to the elements equal to the result
         record(out, grad::Reduce<Op, Dims...>{}, tape_value(x), tape_output(out));
     }

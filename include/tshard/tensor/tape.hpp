@@ -64,7 +64,7 @@ class Tape {
     n->order = nodes_.size();
     nodes_.push_back(n);
   }
-  // The live nodes created before `end` (the loss's node included), newest first.
+  // The nodes still alive, newest first.
   std::vector<std::shared_ptr<GradNode>> live_nodes_newest_first() const {
     std::vector<std::shared_ptr<GradNode>> out;
     for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it)
