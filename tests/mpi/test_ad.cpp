@@ -98,6 +98,27 @@ void on_every_mesh(const std::string& what, Body&& body) {
   }
 }
 
+// w + 0.25: a second parameter value for a second forward.
+struct W1Shift {
+  template <class W>
+  W operator()(const W& w) const {
+    return W(w + 0.25);
+  }
+};
+// [7, 6] -> [7, 6, 2] holding t and -0.5 t: summed over the last dim, 0.5 t (a cotangent that
+// arrives as a partial sum once that dim is split).
+struct Stack2 {
+  Eigen::Tensor<double, 3> operator()(const Eigen::Tensor<double, 2>& t) const {
+    Eigen::Tensor<double, 3> out(t.dimension(0), t.dimension(1), 2);
+    for (Eigen::Index i = 0; i < t.dimension(0); ++i)
+      for (Eigen::Index j = 0; j < t.dimension(1); ++j) {
+        out(i, j, 0) = t(i, j);
+        out(i, j, 1) = -0.5 * t(i, j);
+      }
+    return out;
+  }
+};
+
 using XY = ts::Spec<ts::S<"x">, ts::S<"y">>;
 using YX = ts::Spec<ts::S<"y">, ts::S<"x">>;
 using XR = ts::Spec<ts::S<"x">, ts::R>;
@@ -359,4 +380,56 @@ TEST_CASE("an in-place update of a parameter under a gradient is refused; of a c
   });
   const Eigen::Tensor<double, 2> g = model.gradient_of(model.w).gather();
   TS_REQUIRE_ALL(compare(g, Eigen::Tensor<double, 2>(g.constant(4.0)), 1e-15) == "");
+}
+
+TEST_CASE("vjp: the pullback of any cotangent spec gives value_and_grad's gradients of <y, dy>; pending pullbacks keep apart",
+          "[ad][vjp]") {
+  const auto gx = global_random<2>({7, 5}, 91), gw1 = global_random<2>({5, 6}, 92);
+  const auto gw2 = global_random<1>({6}, 93);
+  const auto gdy = global_random<2>({7, 6}, 94), gdy2 = global_random<2>({7, 6}, 95);
+  on_every_mesh("vjp", [&](const M& mesh) {
+    const auto x = ts::distribute<XR>(mesh, gx);
+    const auto w1 = ts::distribute<RY>(mesh, gw1);
+    const auto w2 = ts::distribute<R1>(mesh, gw2);
+    auto f = [&](const auto& a, const auto& b) { return ts::nn::gelu(ts::einsum<"bd,dh->bh">(x, a)) * b; };
+    // Two forwards recorded before either pullback runs, as a pipeline's micro-batches are.
+    auto [y, pullback] = ts::ad::vjp(f, w1, w2);
+    auto [y2, pullback2] = ts::ad::vjp(f, W1Shift{}(w1), w2);
+    static_assert(std::is_same_v<decltype(y), decltype(f(w1, w2))>, "vjp returns f's own result");
+    TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(y.gather()), Eigen::Tensor<double, 2>(f(w1, w2).gather()), 0) == "");
+    TS_REQUIRE_ALL(!ts::detail::tracked(y));  // the result is detached: the pullback holds its node
+    // The cotangents come in other layouts than y's: a split one and a partial sum.
+    const auto dy = ts::distribute<YX>(mesh, gdy);
+    const auto dy2 = ts::sum<2>(ts::distribute<ts::Spec<ts::R, ts::R, ts::S<"x">>>(mesh, Stack2{}(gdy2)));
+    auto [dw1b, dw2b] = pullback2(dy2);  // the later forward's pullback first
+    auto [dw1, dw2] = pullback(dy);
+    static_assert(std::is_same_v<decltype(dw1), std::remove_cvref_t<decltype(w1)>>, "a gradient has its primal's type");
+    REQUIRE_THROWS_AS(pullback(dy), ts::SpecError);  // each pullback runs once
+    // value_and_grad of <f(w), dy> is the reference.
+    const auto dyr = ts::distribute<RR>(mesh, gdy);
+    const auto dy2r = ts::distribute<RR>(mesh, Eigen::Tensor<double, 2>(gdy2 * 0.5));  // what dy2 sums to
+    auto [l1, r1, r2] = ts::ad::value_and_grad([&](const auto& a, const auto& b) { return ts::sum<0, 1>(f(a, b) * dyr); }, w1, w2);
+    auto [l2, s1, s2] = ts::ad::value_and_grad(
+        [&](const auto& a, const auto& b) { return ts::sum<0, 1>(f(a, b) * dy2r); }, W1Shift{}(w1), w2);
+    (void)l1;
+    (void)l2;
+    const std::string mismatch =
+        compare(Eigen::Tensor<double, 2>(dw1.gather()), Eigen::Tensor<double, 2>(r1.gather()), 1e-12) +
+        compare(Eigen::Tensor<double, 1>(dw2.gather()), Eigen::Tensor<double, 1>(r2.gather()), 1e-12) +
+        compare(Eigen::Tensor<double, 2>(dw1b.gather()), Eigen::Tensor<double, 2>(s1.gather()), 1e-12) +
+        compare(Eigen::Tensor<double, 1>(dw2b.gather()), Eigen::Tensor<double, 1>(s2.gather()), 1e-12);
+    INFO(mismatch);
+    TS_REQUIRE_ALL(mismatch.empty());
+    // A scalar output is seeded with a number: d(3 loss) = 3 d loss.
+    auto g = [&](const auto& a) { return ts::sum<0, 1>(ts::square(ts::einsum<"bd,dh->bh">(x, a))); };
+    auto [loss, pb] = ts::ad::vjp(g, w1);
+    auto [d3] = pb(3.0);
+    auto [l3, d1] = ts::ad::value_and_grad(g, w1);
+    TS_REQUIRE_ALL(std::abs(value_of(loss) - l3) <= 1e-12 * std::abs(l3));
+    TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(d3.gather()), Eigen::Tensor<double, 2>((d1 * 3.0).gather()), 1e-12) == "");
+    // A cotangent of another shape is a ShapeError on every rank.
+    auto [y3, pb3] = ts::ad::vjp(f, w1, w2);
+    REQUIRE_THROWS_AS(pb3(ts::distribute<RR>(mesh, global_random<2>({6, 7}, 96))), ts::ShapeError);
+    return std::make_tuple(dw1.gather(), dw2.gather(), dw1b.gather());
+  });
 }

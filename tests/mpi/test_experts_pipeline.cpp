@@ -197,6 +197,14 @@ namespace {
 using DSM = ts::Mesh<"data", "stage", "model">;
 using Rows = ts::Spec<ts::S<"data">, ts::R>;
 
+// Rows [offset, offset + b) of t, the micro-batch's, with rows split over data.
+ts::ShardedTensor<double, DM, Rows> micro_batch_rows(const DM& mesh, const Eigen::Tensor<double, 2>& t,
+                                                     const ts::nn::MicroBatch& mb) {
+  const Eigen::Index b = t.dimension(0) / mb.count;
+  return ts::from_function<double, Rows>(mesh, {b, t.dimension(1)},
+                                         [&](const auto& i) { return t(i[0] + mb.row_offset, i[1]); });
+}
+
 struct LinearStage {
   using Activation = ts::ShardedTensor<double, DM, Rows>;
   DM mesh;
@@ -210,9 +218,7 @@ struct LinearStage {
     return Activation(mesh, {input.dimension(0) / mb.count, input.dimension(1)});
   }
   Activation rows_of(const Eigen::Tensor<double, 2>& t, const ts::nn::MicroBatch& mb) const {
-    const Eigen::Index b = t.dimension(0) / mb.count;
-    return ts::from_function<double, Rows>(mesh, {b, t.dimension(1)},
-                                           [&](const auto& i) { return t(i[0] + mb.row_offset, i[1]); });
+    return micro_batch_rows(mesh, t, mb);
   }
   std::optional<Activation> forward(const ts::nn::MicroBatch& mb, const Activation* in) {
     Activation x = first ? rows_of(input, mb) : *in;
@@ -305,4 +311,126 @@ TEST_CASE("a pipeline of Linear stages gives the unpipelined loss and gradients 
   // A batch that does not divide into the micro-batches fails on every rank before any message.
   DSM mesh({1, world_size(), 1});
   REQUIRE_THROWS_AS(pipelined(mesh, 2, {.microbatches = 3}, x, y), ts::ShapeError);
+}
+
+namespace {
+
+// The same chain written forward only, as a ts::nn::Module: Linear layers with gelu between
+// them, the last stage's loss half the mean squared error over its micro-batch, plus a scale
+// of the last stage's own. The pipeline derives every gradient (ts::ad::vjp per micro-batch).
+struct ForwardOnlyStage : ts::nn::Module {
+  using Activation = ts::ShardedTensor<double, DM, Rows>;
+  using Layer = ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>>;
+  DM mesh;
+  Eigen::Tensor<double, 2> input, target;
+  bool first, last;
+  std::vector<std::unique_ptr<Layer>> layers;
+  ts::ShardedTensor<double, DM, ts::Spec<ts::R>>* scale = nullptr;
+
+  ForwardOnlyStage(const DM& m, const Eigen::Tensor<double, 2>& x, const Eigen::Tensor<double, 2>& y, bool f, bool l,
+                   int begin, int end)
+      : mesh(m), input(x), target(y), first(f), last(l) {
+    for (int i = begin; i < end; ++i) {
+      layers.push_back(std::make_unique<Layer>(mesh, x.dimension(1), x.dimension(1), std::uint64_t(40 + i)));
+      register_module("layer" + std::to_string(i), *layers.back());
+    }
+    if (last) scale = &register_parameter("scale", ts::random<double, ts::Spec<ts::R>>(mesh, {x.dimension(1)}, 7));
+  }
+  Activation boundary(const ts::nn::MicroBatch& mb) const {
+    return Activation(mesh, {input.dimension(0) / mb.count, input.dimension(1)});
+  }
+  Activation rows_of(const Eigen::Tensor<double, 2>& t, const ts::nn::MicroBatch& mb) const {
+    return micro_batch_rows(mesh, t, mb);
+  }
+  Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
+    Activation x = first ? rows_of(input, mb) : *in;
+    for (auto& l : layers) x = ts::reshard<Rows>(ts::nn::gelu((*l)(x)));
+    return x;
+  }
+  auto loss(const ts::nn::MicroBatch& mb, const Activation* in) {
+    auto r = forward(mb, in) * *scale - rows_of(target, mb);
+    return ts::sum<0, 1>(ts::square(r)) * (0.5 / double(input.dimension(0) / mb.count));
+  }
+};
+
+// The step's loss (from the run and from forwards alone) and what an owning SGD step with lr 1
+// changed in each parameter (its reduced gradient), gathered in parameter order on every rank.
+struct DerivedStep {
+  double loss = 0, evaluated = 0;
+  std::vector<std::vector<double>> steps;
+  std::uint64_t kept = 0;
+};
+DerivedStep derived_pipelined(const DSM& mesh, int n, const ts::nn::PipelineOptions& o, int zero,
+                              const Eigen::Tensor<double, 2>& x, const Eigen::Tensor<double, 2>& y) {
+  ts::nn::Pipeline<DSM> pipe(mesh, o);
+  const auto [begin, end] = pipe.partition(n);
+  ForwardOnlyStage st(mesh.submesh<"data", "model">(), x, y, pipe.first(), pipe.last(), begin, end);
+  ts::nn::SGD opt({.lr = 1.0f, .momentum = 0.0f, .weight_decay = 0.0f, .zero_stage = zero});
+  opt.add(st);
+  DerivedStep out;
+  out.evaluated = pipe.evaluate(st, x.dimension(0)).loss;
+  opt.gather_parameters();
+  std::vector<std::vector<double>> before;
+  auto flat = [](const auto& t) {
+    const auto g = t.gather();
+    return std::vector<double>(g.data(), g.data() + g.size());
+  };
+  auto parameters = [&] {
+    std::vector<std::vector<double>> p;
+    for (auto& l : st.layers) {
+      p.push_back(flat(l->weight()));
+      p.push_back(flat(l->bias()));
+    }
+    if (st.scale) p.push_back(flat(*st.scale));
+    return p;
+  };
+  before = parameters();
+  opt.zero_grad();
+  const auto stats = pipe.run(st, x.dimension(0));
+  out.loss = stats.loss;
+  out.kept = stats.kept_bytes;
+  opt.step();
+  opt.gather_parameters();
+  const auto after = parameters();
+  // Every stage's changes, in stage order, onto every rank of the stage line.
+  for (int s = 0; s < pipe.stages(); ++s) {
+    const auto [b, e] = ts::nn::Pipeline<DSM>::partition(n, pipe.stages(), s);
+    const int count = 2 * (e - b) + (s == pipe.stages() - 1 ? 1 : 0);
+    for (int k = 0; k < count; ++k) {
+      long size = s == pipe.stage() ? long(after[std::size_t(k)].size()) : 0;
+      ts::detail::broadcast(pipe.stage_comm(), &size, 1, s);
+      std::vector<double> d(static_cast<std::size_t>(size));
+      if (s == pipe.stage())
+        for (std::size_t i = 0; i < d.size(); ++i) d[i] = before[std::size_t(k)][i] - after[std::size_t(k)][i];
+      ts::detail::broadcast(pipe.stage_comm(), d.data(), size, s);
+      out.steps.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a pipeline of stages written forward only derives the unpipelined gradients under GPipe, 1F1B and remat, "
+          "with an owning optimizer at ZeRO 0 and 3",
+          "[pipeline][ad]") {
+  const Eigen::Index b = 4, d = 5;
+  const auto x = random_tensor<2>({b, d}, 53), y = random_tensor<2>({b, d}, 54);
+  DSM self(MPI_COMM_SELF, {1, 1, 1});
+  const auto want = derived_pipelined(self, 3, {}, 0, x, y);
+  REQUIRE(std::abs(want.evaluated - want.loss) <= 1e-14 * want.loss);
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    DSM mesh({sizes[0], sizes[1], sizes[2]});
+    for (auto schedule : {ts::nn::Schedule::GPipe, ts::nn::Schedule::OneFOneB})
+      for (int m : {1, 2, 4})
+        for (bool remat : {false, true})
+          for (int zero : {0, 3}) {
+            INFO("mesh " << sizes[0] << "x" << sizes[1] << "x" << sizes[2] << " " << ts::nn::to_string(schedule)
+                         << " M=" << m << (remat ? " remat" : "") << " ZeRO " << zero);
+            const auto got = derived_pipelined(mesh, 3, {.microbatches = m, .schedule = schedule, .remat = remat}, zero, x, y);
+            TS_REQUIRE_ALL(std::abs(got.loss - want.loss) < 1e-12 * (1 + std::abs(want.loss)));
+            TS_REQUIRE_ALL(std::abs(got.evaluated - want.loss) < 1e-12 * (1 + std::abs(want.loss)));
+            TS_REQUIRE_ALL(close(got.steps, want.steps, 1e-12));
+          }
+  }
 }

@@ -244,3 +244,44 @@ TEST_CASE("a transformer block's derived gradients equal its hand-written backwa
     TS_REQUIRE_ALL(derived.parameter_names().front() == "ln1.weight");
   }
 }
+
+TEST_CASE("vjp(model, f, x): forwards pending at once add their parameter gradients when their pullbacks run", "[module][vjp]") {
+  const auto gx = inputs(11, 12);
+  const Eigen::Tensor<double, 2> gx2 = inputs(11, 12) * 0.5;
+  const auto gl = classes(11, 12);
+  auto run = [&](const M& mesh) {
+    Mlp mlp(mesh);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+    const auto x2 = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx2);
+    const auto labels = ts::distribute<ts::Spec<ts::S<"data">>>(mesh, gl);
+    // backward over the two losses is the reference.
+    const double both = ts::ad::backward(mlp, [&] {
+      return ts::nn::cross_entropy(mlp(x), labels) + ts::nn::cross_entropy(mlp(x2), labels) * 0.5;
+    });
+    auto want = gathered_gradients(mlp);
+    mlp.zero_grad();
+    // Two forwards recorded before either backward, the second through the input's gradient too.
+    auto [l1, pb1] = ts::ad::vjp(mlp, [&](const auto& in) { return ts::nn::cross_entropy(mlp(in), labels); }, x);
+    auto [l2, pb2] = ts::ad::vjp(mlp, [&](const auto& in) { return ts::nn::cross_entropy(mlp(in), labels); }, x2);
+    TS_REQUIRE_ALL(!ts::detail::tracked(mlp.up.weight()));  // parameters are plain between forwards
+    auto [dx2] = pb2(0.5);
+    auto [dx1] = pb1();
+    TS_REQUIRE_ALL(std::abs(double(l1) + 0.5 * double(l2) - both) <= 1e-13);
+    const auto got = gathered_gradients(mlp);
+    for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+    // The input's gradient is value_and_grad's.
+    auto [l, dx] = ts::ad::value_and_grad(
+        [&](const auto& in) { return ts::nn::cross_entropy(mlp(in), labels) * 0.5; }, x2);
+    (void)l;
+    TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(dx2.gather()), Eigen::Tensor<double, 2>(dx.gather()), 1e-12) == "");
+    return got;
+  };
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto want = run(single);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto got = run(mesh);
+    for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+  }
+}

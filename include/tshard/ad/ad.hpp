@@ -8,3 +8,4 @@
 #include "tshard/ad/rules/reduce.hpp"
 #include "tshard/ad/rules/shape.hpp"
 #include "tshard/ad/scalar.hpp"
+#include "tshard/ad/vjp.hpp"

@@ -103,6 +103,9 @@ W leaf_gradient(const TypedGradNode<typename W::Scalar>& node, const W& w) {
   return W(AdoptStorage{}, w.mesh(), w.global_shape(), a.owned ? std::move(a.owned) : node.cotangent);
 }
 
+template <class Model>
+using ParameterLeavesOf = std::remove_cvref_t<decltype(std::declval<Model&>().track_parameters())>;
+
 template <class W>
 void require_differentiable() {
   static_assert(is_sharded_tensor<W>::value, "tshard: gradients are taken with respect to ShardedTensors");
@@ -156,18 +159,19 @@ auto grad(F&& f, const W&... w) {
 template <class Model, class F>
 double backward(Model& model, F&& closure) {
   detail::Tape tape;
-  detail::ActiveTape active(tape);
-  model.track_parameters();
-  struct Untrack {
-    Model& m;
-    ~Untrack() { m.untrack_parameters(); }
-  } untrack{model};
+  detail::ParameterLeavesOf<Model> leaves;
   double loss = 0;
   {
+    detail::ActiveTape active(tape);
+    struct Untrack {
+      Model& m;
+      ~Untrack() { m.untrack_parameters(); }
+    } untrack{model};
+    leaves = model.track_parameters();
     auto result = closure();
     loss = detail::run_backward(tape, result);
   }
-  model.collect_gradients();
+  model.collect_gradients(leaves);
   return loss;
 }
 

@@ -40,6 +40,9 @@ struct LayerHooks {
   std::function<void()> gradients_ready;  // the layer's backward has ended: reduce its gradients
 };
 
+// The leaves one forward's parameters got on its tape, in for_each_module order.
+using ParameterLeaves = std::vector<std::shared_ptr<tshard::detail::GradNode>>;
+
 class Module {
  public:
   Module() = default;
@@ -157,18 +160,29 @@ class Module {
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
-  // ---- what ts::ad::backward(model, loss) calls ----
-  void track_parameters() {
-    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.track(); });
+  // ---- what ts::ad::backward(model, loss) and ts::ad::vjp(model, ...) call ----
+  // Every registered parameter becomes a fresh leaf of the active tape; the leaves come back in
+  // for_each_module order, for collect_gradients once that forward's backward has run.
+  ParameterLeaves track_parameters() {
+    ParameterLeaves leaves;
+    for_each_module([&](Module& m, const std::string&) {
+      for (auto& p : m.parameters_) leaves.push_back(p.slot->track());
+    });
+    return leaves;
   }
   void untrack_parameters() {
     for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.untrack(); });
   }
-  // Adds each parameter's cotangent into its gradient (its data-parallel sum left to an owning
-  // optimizer), then tells the owner, module by module, that the gradients are ready.
-  void collect_gradients() {
-    for_each_module([](Module& m, const std::string&) {
-      for (auto& p : m.parameters_) p.slot->collect(m.deferred_);
+  // Adds each leaf's cotangent into its parameter's gradient (its data-parallel sum left to an
+  // owning optimizer), then tells the owner, module by module, that the gradients are ready.
+  void collect_gradients(const ParameterLeaves& leaves) {
+    std::size_t i = 0;
+    for_each_module([&](Module& m, const std::string&) {
+      for (auto& p : m.parameters_) {
+        if (i >= leaves.size())
+          throw SpecError("tshard::nn::Module: a parameter was registered between a forward and its backward");
+        p.slot->collect(*leaves[i++], m.deferred_);
+      }
       if (!m.parameters_.empty()) m.gradients_ready();
     });
   }

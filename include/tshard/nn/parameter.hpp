@@ -67,9 +67,12 @@ class ParameterSlot {
  public:
   virtual ~ParameterSlot() = default;
   virtual void zero_grad() = 0;
-  virtual void track() = 0;                           // a fresh leaf on the active tape
-  virtual void untrack() = 0;                         // the value is plain again
-  virtual void collect(std::uint32_t deferred) = 0;   // grad += the leaf's cotangent
+  // A fresh leaf on the active tape, set on the value until untrack(). The caller keeps it:
+  // several forwards' leaves may wait for their backward at once (a pipeline's micro-batches).
+  virtual std::shared_ptr<tshard::detail::GradNode> track() = 0;
+  virtual void untrack() = 0;  // the value is plain again
+  // grad += the cotangent of a leaf track() made (dropped from the leaf once added).
+  virtual void collect(tshard::detail::GradNode& leaf, std::uint32_t deferred) = 0;
   virtual int rank() const = 0;
   virtual std::vector<Eigen::Index> shape() const = 0;
   virtual const void* identity() const = 0;           // the value tensor (one registration each)
@@ -100,20 +103,21 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
     tshard::detail::TensorAccess::acquire_storage(grad_, false);
     std::fill(grad_.data(), grad_.data() + grad_.padded_size(), T(0));
   }
-  void track() override {
-    leaf_ = tshard::detail::make_leaf(value_);
-    tshard::detail::TensorAccess::set_node(value_, leaf_);
+  std::shared_ptr<tshard::detail::GradNode> track() override {
+    auto leaf = tshard::detail::make_leaf(value_);
+    tshard::detail::TensorAccess::set_node(value_, leaf);
+    return leaf;
   }
-  void untrack() override {
-    tshard::detail::TensorAccess::set_node(value_, nullptr);
-    leaf_.reset();
-  }
-  void collect(std::uint32_t deferred) override {
-    if (!leaf_ || !leaf_->cotangent) return;
+  void untrack() override { tshard::detail::TensorAccess::set_node(value_, nullptr); }
+  void collect(tshard::detail::GradNode& node, std::uint32_t deferred) override {
+    auto& leaf = static_cast<tshard::detail::TypedGradNode<T>&>(node);
+    if (leaf.leaf_tensor != &value_)
+      throw SpecError("tshard::nn: internal: a gradient collected from another parameter's leaf (" + describe() + ")");
+    if (!leaf.cotangent) return;
     tshard::detail::TensorAccess::acquire_storage(grad_, true);
-    accumulate_gradient(*leaf_->mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
-                        leaf_->cotangent.get(), leaf_->cotangent_desc, deferred, "backward");
-    leaf_->cotangent.reset();
+    accumulate_gradient(*leaf.mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
+                        leaf.cotangent.get(), leaf.cotangent_desc, deferred, "backward");
+    leaf.cotangent.reset();
   }
   int rank() const override { return Tensor::rank; }
   std::vector<Eigen::Index> shape() const override {
@@ -126,7 +130,6 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
 
  private:
   Tensor value_, grad_;
-  std::shared_ptr<tshard::detail::TypedGradNode<T>> leaf_;
 };
 
 }  // namespace tshard::nn::detail

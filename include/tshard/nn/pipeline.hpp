@@ -18,15 +18,30 @@
 // goes back. Layers keep what backward needs per micro-batch (nn/micro_batch.hpp); the pipeline
 // frees it after each backward. Gradients add up over the micro-batches in the layers: sum
 // them once (the optimizer's step), and weight each micro-batch's loss by its share of the batch.
+//
+// Or, written forward only, a stage is a ts::nn::Module with
+//   using Activation = ShardedTensor<...>;
+//   Activation boundary(const MicroBatch&) const;
+//   Activation forward(const MicroBatch&, const Activation* in);  // stages before the last; in: null on stage 0
+//   auto loss(const MicroBatch&, const Activation* in);           // the last stage: the micro-batch's loss, a scalar
+// and its gradients are derived: each micro-batch's forward is recorded on its own tape
+// (ts::ad::vjp), held by the pipeline until its backward task runs the pullback with the
+// gradient that came back, adding d/dp into the stage's parameter gradients. The step's loss is
+// the mean of the micro-batches' losses (each pullback is seeded with 1/M, as PyTorch's pipeline
+// schedules scale them), returned in PipelineStats::loss on every rank. Nothing of a step is
+// kept outside the pipeline's own run: no process-wide micro-batch store is involved.
 #pragma once
 #include <chrono>
+#include <concepts>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tshard/ad/vjp.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/comm/point_to_point.hpp"
@@ -86,9 +101,146 @@ struct PipelineStats {
   std::uint64_t kept_bytes = 0;              // still in use after the step, above its start: the gradients
   std::uint64_t boundary_bytes = 0;          // one stage input (a micro-batch's activation), this rank's block
   int in_flight = 0;                         // the most micro-batches holding activations at once
+  double loss = 0;  // stages with derived gradients: the step's loss (mean over micro-batches), on every rank
   // (The bubble is 1 - busy / step, with the step of the slowest stage: gather busy_seconds and
   // seconds over the stages, as train_transformer does.)
 };
+
+// A stage written forward only, whose gradients the pipeline derives (see the top of the file).
+template <class Stage>
+concept DerivedStage = requires(Stage& s, const MicroBatch& mb, const typename Stage::Activation* in) {
+  { s.forward(mb, in) } -> std::same_as<typename Stage::Activation>;
+  s.loss(mb, in);
+} && tshard::detail::TrackedModel<Stage>;
+
+namespace detail {
+
+// How Pipeline::run computes a task of a stage with a hand-written backward: the layers keep
+// what backward needs per micro-batch, released through the micro-batch store.
+template <class Stage>
+class HandWrittenTasks {
+ public:
+  using Activation = typename Stage::Activation;
+  static constexpr bool derived = false;
+  HandWrittenTasks(Stage& stage, bool first, bool, bool remat) : stage_(stage), first_(first), remat_(remat) {}
+
+  Activation boundary(const MicroBatch& mb) const { return stage_.boundary(mb); }
+
+  std::optional<Activation> forward(const MicroBatch& mb, const Activation* in) {
+    MicroBatchScope scope(mb);
+    auto y = stage_.forward(mb, in);
+    if (remat_) release_micro_batch(mb.index);  // only the stage input stays
+    return y;
+  }
+  std::optional<Activation> backward(const MicroBatch& mb, const Activation* in, const Activation* dy) {
+    if (remat_) {
+      MicroBatch again = mb;
+      again.recompute = true;
+      MicroBatchScope scope(again);
+      (void)stage_.forward(again, first_ ? nullptr : in);
+    }
+    std::optional<Activation> dx;
+    {
+      MicroBatchScope scope(mb);
+      dx = stage_.backward(mb, dy);
+    }
+    release_micro_batch(mb.index);
+    return dx;
+  }
+  double loss() const { return 0; }
+
+ private:
+  Stage& stage_;
+  bool first_, remat_;
+};
+
+// How Pipeline::run computes a task of a stage written forward only: each micro-batch's forward
+// is recorded by ts::ad::vjp and its pullback kept here, per micro-batch, until the backward task
+// (under remat the forward runs untracked and is recorded again in the backward task).
+template <class Stage>
+class DerivedTasks {
+ public:
+  using Activation = typename Stage::Activation;
+  static constexpr bool derived = true;
+  using Pullback = std::function<std::optional<Activation>(const Activation*)>;
+  DerivedTasks(Stage& stage, bool first, bool last, bool remat)
+      : stage_(stage), first_(first), last_(last), remat_(remat) {}
+
+  Activation boundary(const MicroBatch& mb) const { return stage_.boundary(mb); }
+
+  std::optional<Activation> forward(const MicroBatch& mb, const Activation* in) {
+    MicroBatchScope scope(mb);
+    if (remat_) {
+      if (!last_) return stage_.forward(mb, in);
+      losses_ += value_of(stage_.loss(mb, in)) / double(mb.count);
+      return std::nullopt;
+    }
+    auto [y, pullback] = record(mb, in);
+    pullbacks_.resize(std::size_t(mb.count));
+    pullbacks_[std::size_t(mb.index)] = std::move(pullback);
+    return y;
+  }
+  std::optional<Activation> backward(const MicroBatch& mb, const Activation* in, const Activation* dy) {
+    Pullback pullback;
+    if (remat_) {  // the forward again, recorded this time
+      MicroBatch again = mb;
+      again.recompute = true;
+      MicroBatchScope scope(again);
+      pullback = record(again, in).second;
+    } else {
+      auto& slot = pullbacks_.at(std::size_t(mb.index));  // (sized by the forward)
+      pullback = std::move(slot);
+      slot = nullptr;
+    }
+    MicroBatchScope scope(mb);
+    return pullback(dy);
+  }
+  // The mean of the micro-batches' losses, on the last stage.
+  double loss() const { return losses_; }
+
+ private:
+  template <class R>
+  double value_of(const R& r) const {
+    const auto v = tshard::detail::result_tensor(r).gather();
+    return double(v());
+  }
+
+  // The forward of micro-batch mb on the tape, and its pullback: dy (null on the last stage) ->
+  // the input's gradient (none on the first).
+  std::pair<std::optional<Activation>, Pullback> record(const MicroBatch& mb, const Activation* in) {
+    const double share = 1.0 / double(mb.count);
+    if (last_) {
+      auto pull_loss = [&](auto&& recorded) -> std::pair<std::optional<Activation>, Pullback> {
+        auto& [loss, pb] = recorded;
+        if (!mb.recompute) losses_ += value_of(loss) * share;
+        auto kept = std::make_shared<std::remove_cvref_t<decltype(pb)>>(std::move(pb));  // (std::function copies)
+        return {std::nullopt, [kept, share](const Activation*) -> std::optional<Activation> {
+                  return from_tuple((*kept)(share));
+                }};
+      };
+      if (first_) return pull_loss(ad::vjp(stage_, [&] { return stage_.loss(mb, nullptr); }));
+      return pull_loss(ad::vjp(stage_, [&](const Activation& x) { return stage_.loss(mb, &x); }, *in));
+    }
+    auto pull = [](auto&& recorded) -> std::pair<std::optional<Activation>, Pullback> {
+      auto& [y, pb] = recorded;
+      auto kept = std::make_shared<std::remove_cvref_t<decltype(pb)>>(std::move(pb));
+      return {std::move(y), [kept](const Activation* dy) -> std::optional<Activation> {
+                return from_tuple((*kept)(*dy));
+              }};
+    };
+    if (first_) return pull(ad::vjp(stage_, [&] { return stage_.forward(mb, nullptr); }));
+    return pull(ad::vjp(stage_, [&](const Activation& x) { return stage_.forward(mb, &x); }, *in));
+  }
+  static std::optional<Activation> from_tuple(std::tuple<>) { return std::nullopt; }
+  static std::optional<Activation> from_tuple(std::tuple<Activation>&& t) { return std::move(std::get<0>(t)); }
+
+  Stage& stage_;
+  bool first_, last_, remat_;
+  std::vector<Pullback> pullbacks_;
+  double losses_ = 0;
+};
+
+}  // namespace detail
 
 // The pipeline over the mesh axis StageAxis of a mesh M.
 template <class M, FixedString StageAxis = "stage">
@@ -124,7 +276,69 @@ class Pipeline {
   // Throws ShapeError on every rank alike where M does not divide the rows.
   template <class Stage>
   PipelineStats run(Stage& stage, Eigen::Index rows) {
+    if constexpr (DerivedStage<Stage>)
+      return run_tasks(detail::DerivedTasks<Stage>(stage, first(), last(), o_.remat), rows);
+    else
+      return run_tasks(detail::HandWrittenTasks<Stage>(stage, first(), last(), o_.remat), rows);
+  }
+
+  // Forwards alone, for evaluation: `microbatches` micro-batches (0: the pipeline's) stream
+  // through the stages, each stage computing m while the next computes m - 1. Every forward runs
+  // with MicroBatch::inference (no dropout, no random routing, no step counted), and what the
+  // layers keep for backward is released after it; a training step in progress is untouched.
+  // Stages written forward only also get the mean of the micro-batches' losses in the result.
+  template <class Stage>
+  PipelineStats evaluate(Stage& stage, Eigen::Index rows, int microbatches = 0) {
     using Activation = typename Stage::Activation;
+    const int mbs = microbatches > 0 ? microbatches : o_.microbatches;
+    check_rows(rows, mbs);
+    const Eigen::Index b = rows / mbs;
+    PipelineStats st;
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<Activation> input, sending;
+    tshard::detail::PendingMessage outgoing;
+    double losses = 0;
+    for (int m = 0; m < mbs; ++m) {
+      const MicroBatch mb{.index = m, .count = mbs, .row_offset = m * b, .rows_total = rows, .inference = true};
+      tshard::detail::PendingMessage incoming;
+      if (!first()) {
+        input = stage.boundary(mb);
+        incoming = receive(*input, m, true);
+      }
+      st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
+      sending.reset();
+      std::optional<Activation> result;
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        MicroBatchScope scope(mb);
+        const Activation* in = first() ? nullptr : &*input;
+        if constexpr (DerivedStage<Stage>) {
+          if (last()) losses += double(tshard::detail::result_tensor(stage.loss(mb, in)).gather()()) / double(mbs);
+          else result = stage.forward(mb, in);
+        } else {
+          result = stage.forward(mb, in);
+        }
+      }
+      release_micro_batch(detail::kInferenceSlot);
+      st.busy_seconds += seconds_since(t0);
+      input.reset();
+      if (last()) continue;
+      if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
+      sending = std::move(result);
+      outgoing = send(*sending, m, true);
+    }
+    st.idle_seconds += outgoing.wait();
+    if constexpr (DerivedStage<Stage>) st.loss = share_loss(losses);
+    st.seconds = seconds_since(start);
+    return st;
+  }
+
+ private:
+  // One step of any stage kind: the schedule's tasks, their messages and the measurements;
+  // `tasks` computes each task.
+  template <class Tasks>
+  PipelineStats run_tasks(Tasks tasks, Eigen::Index rows) {
+    using Activation = typename Tasks::Activation;
     using T = typename Activation::Scalar;
     const int mbs = o_.microbatches;
     check_rows(rows, mbs);
@@ -150,11 +364,11 @@ class Pipeline {
       tshard::detail::PendingMessage incoming;
       std::optional<Activation> dy;
       if (task.forward && !first()) {
-        inputs[m] = stage.boundary(mb);
+        inputs[m] = tasks.boundary(mb);
         incoming = receive(*inputs[m], m, true);
         st.boundary_bytes = std::uint64_t(inputs[m]->padded_size()) * sizeof(T);
       } else if (!task.forward && !last()) {
-        dy = stage.boundary(mb);
+        dy = tasks.boundary(mb);
         incoming = receive(*dy, m, false);
       }
       st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
@@ -162,28 +376,14 @@ class Pipeline {
       std::optional<Activation> result;
       if (task.forward) {
         const std::uint64_t before = pool_stats().bytes_in_use;
-        busy([&] {
-          MicroBatchScope scope(mb);
-          result = stage.forward(mb, first() ? nullptr : &*inputs[m]);
-        });
+        busy([&] { result = tasks.forward(mb, first() ? nullptr : &*inputs[m]); });
         kept_by_forwards += pool_stats().bytes_in_use - before;
-        if (o_.remat) release_micro_batch(m);  // only the stage input stays
-        else inputs[m].reset();                 // the layers hold what they need
+        if (!o_.remat) inputs[m].reset();  // the layers (or the tape) hold what they need
         st.in_flight = std::max(st.in_flight, ++live);
         if (last()) continue;
         if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
       } else {
-        busy([&] {
-          if (o_.remat) {
-            MicroBatch again = mb;
-            again.recompute = true;
-            MicroBatchScope scope(again);
-            (void)stage.forward(again, first() ? nullptr : &*inputs[m]);
-          }
-          MicroBatchScope scope(mb);
-          result = stage.backward(mb, dy ? &*dy : nullptr);
-        });
-        release_micro_batch(m);
+        busy([&] { result = tasks.backward(mb, inputs[m] ? &*inputs[m] : nullptr, dy ? &*dy : nullptr); });
         inputs[m].reset();
         --live;
         if (first()) continue;
@@ -198,53 +398,16 @@ class Pipeline {
     st.microbatch_activation_bytes = kept_by_forwards / std::uint64_t(mbs);
     st.kept_bytes = stats.bytes_in_use > base ? stats.bytes_in_use - base : 0;
     st.peak_activation_bytes = stats.peak_bytes_in_use > base ? stats.peak_bytes_in_use - base : 0;
+    if constexpr (Tasks::derived) st.loss = share_loss(tasks.loss());
     st.seconds = seconds_since(start);
     return st;
   }
 
-  // Forwards alone, for evaluation: `microbatches` micro-batches (0: the pipeline's) stream
-  // through the stages, each stage computing m while the next computes m - 1. Every forward runs
-  // with MicroBatch::inference (no dropout, no random routing, no step counted), and what the
-  // layers keep for backward is released after it; a training step in progress is untouched.
-  template <class Stage>
-  PipelineStats evaluate(Stage& stage, Eigen::Index rows, int microbatches = 0) {
-    using Activation = typename Stage::Activation;
-    const int mbs = microbatches > 0 ? microbatches : o_.microbatches;
-    check_rows(rows, mbs);
-    const Eigen::Index b = rows / mbs;
-    PipelineStats st;
-    const auto start = std::chrono::steady_clock::now();
-    std::optional<Activation> input, sending;
-    tshard::detail::PendingMessage outgoing;
-    for (int m = 0; m < mbs; ++m) {
-      const MicroBatch mb{.index = m, .count = mbs, .row_offset = m * b, .rows_total = rows, .inference = true};
-      tshard::detail::PendingMessage incoming;
-      if (!first()) {
-        input = stage.boundary(mb);
-        incoming = receive(*input, m, true);
-      }
-      st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
-      sending.reset();
-      std::optional<Activation> result;
-      const auto t0 = std::chrono::steady_clock::now();
-      {
-        MicroBatchScope scope(mb);
-        result = stage.forward(mb, first() ? nullptr : &*input);
-      }
-      release_micro_batch(detail::kInferenceSlot);
-      st.busy_seconds += seconds_since(t0);
-      input.reset();
-      if (last()) continue;
-      if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
-      sending = std::move(result);
-      outgoing = send(*sending, m, true);
-    }
-    st.idle_seconds += outgoing.wait();
-    st.seconds = seconds_since(start);
-    return st;
+  // The last stage's loss, on every rank of the stage line.
+  double share_loss(double loss) const {
+    tshard::detail::broadcast(stage_comm_, &loss, 1, stages_ - 1);
+    return loss;
   }
-
- private:
   static int tag(int microbatch, bool forward) { return 8101 + 2 * microbatch + (forward ? 0 : 1); }
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
