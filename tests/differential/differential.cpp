@@ -8,6 +8,14 @@
 //
 // Every rank draws the same choices from (seed, chain index). A failure prints the chain's steps
 // and the command that replays it alone; the exit status is the number of failed chains (max 100).
+//
+// --grad differentiates each chain (without its "fresh value" step) as a function of its start
+// tensor, under ts::ad::value_and_grad, of the loss <chain(w), D> for a random D. The gradient
+// must equal (1) the one-rank gradient of the same chain (MPI_COMM_SELF) to 1e-10, and (2) the
+// central differences along a random direction (at h and h / 2, extrapolated) to 1e-6. Where the chain replayed at w +- h v takes
+// another decision (a division avoided, a taming step) or its one-sided differences disagree (a
+// kink of abs, relu, max or where within h), the finite-difference check of that chain is skipped
+// and counted; the one-rank check never is.
 #include <tshard/tshard.hpp>
 
 #include <cmath>
@@ -221,9 +229,11 @@ struct Chain {
     });
   }
 
+  bool differentiable = false;  // no "fresh value" step: the chain stays a function of its start
+
   void step() {
     const Eigen::Index n0 = serial.dimension(0), n1 = serial.dimension(1);
-    switch (draw.below(12)) {
+    switch (draw.below(differentiable ? 11 : 12)) {
       case 0: {  // reshard
         const int to = draw.below(size_of(Specs{}));
         note("reshard to " + spec_name(to, mesh));
@@ -508,8 +518,122 @@ struct Chain {
 struct Options {
   long chains = 100, first = 0, length = 6;
   std::uint64_t seed = 1;
-  bool verbose = false;
+  bool verbose = false, grad = false;
 };
+
+// ---- --grad: the chain as a differentiable function of its start tensor ----
+
+// What one replay of a chain gave: its loss <value, D> (resolved, the same type for any spec),
+// its steps, and "" or what differed from the serial reference.
+struct Replay {
+  std::vector<std::string> steps;
+  std::string mismatch;
+};
+
+// The chain's start drawn from `draw`: its spec and serial value.
+struct Start {
+  int spec = 0;
+  E2 serial;
+};
+Start draw_start(Draw& draw) {
+  Start st;
+  const Eigen::Index a = draw.positive_extent(), b = draw.positive_extent();
+  st.spec = draw.below(size_of(Specs{}));
+  st.serial = draw.tensor(a, b);
+  return st;
+}
+
+// The chain from w (a tensor of the start's spec on `mesh`, tracked or not) with the choices of
+// `draw` as it was after the start, then <value, D> for a D drawn from (seed, chain, shape).
+template <class W>
+auto replay_loss(const M2& mesh, Draw draw, long length, const E2& start, const W& w, std::uint64_t dir_seed, Replay& out) {
+  Chain chain{mesh, draw, start, Value(w), {}};
+  chain.differentiable = true;
+  for (long s = 0; s < length; ++s) {
+    chain.step();
+    chain.tame();
+  }
+  out.steps = chain.steps;
+  out.mismatch = chain.mismatch();
+  Draw dir{std::mt19937_64(dir_seed + 31 * std::uint64_t(chain.serial.dimension(0)) + std::uint64_t(chain.serial.dimension(1)))};
+  const auto d = ts::distribute<Spec<R, R>>(mesh, dir.tensor(chain.serial.dimension(0), chain.serial.dimension(1)));
+  return std::visit([&](const auto& x) { return ts::reshard<Spec<>>(ts::sum<0, 1>(x * d)); }, *chain.value);
+}
+
+double number(const ts::ShardedTensor<double, M2, Spec<>>& t) { return Eigen::Tensor<double, 0>(t.gather())(); }
+
+struct GradOutcome {
+  std::string why;             // "" when the chain passed
+  bool fd_skipped = false;     // the finite-difference check did not apply (a decision or a kink within h)
+  std::vector<std::string> steps;
+};
+
+// Chain c under value_and_grad on `mesh`, against one rank and against central differences.
+GradOutcome check_gradient(const M2& mesh, const M2& single, const Options& o, long c) {
+  Draw draw{std::mt19937_64(o.seed * 1000003ULL + std::uint64_t(c) + 0x9e3779b9ULL)};
+  const Start start = draw_start(draw);
+  const long length = 1 + draw.below(int(o.length));
+  const std::uint64_t dir_seed = o.seed * 7919ULL + std::uint64_t(c);
+  GradOutcome out;
+  with_spec(Specs{}, start.spec, [&]<class Sp>(Sp*) {
+    using W = ts::ShardedTensor<double, M2, Sp>;
+    auto gradient_on = [&](const M2& m, Replay& r) {
+      const W w = ts::distribute<Sp>(m, start.serial);
+      auto [loss, g] = ts::ad::value_and_grad(
+          [&](const auto& x) { return replay_loss(m, draw, length, start.serial, x, dir_seed, r); }, w);
+      return std::make_pair(loss, E2(g.gather()));
+    };
+    Replay base, alone;
+    const auto [loss, g] = gradient_on(mesh, base);
+    out.steps = base.steps;
+    out.steps.insert(out.steps.begin(), "start [" + std::to_string(start.serial.dimension(0)) + ", " +
+                                            std::to_string(start.serial.dimension(1)) + "] " + spec_name(start.spec, mesh));
+    if (!base.mismatch.empty()) {
+      out.why = "value: " + base.mismatch;
+      return;
+    }
+    const auto [loss1, g1] = gradient_on(single, alone);
+    std::ostringstream why;
+    if (!(std::abs(loss - loss1) <= 1e-10 * (1 + std::abs(loss1)))) why << "loss " << loss << ", one rank " << loss1;
+    for (Eigen::Index i = 0; i < g.size() && why.str().empty(); ++i)
+      if (!(std::abs(g.data()[i] - g1.data()[i]) <= 1e-10 * (1 + std::abs(g1.data()[i]))))
+        why << "gradient element " << i << " is " << g.data()[i] << ", one rank " << g1.data()[i];
+    if (!why.str().empty()) {
+      out.why = why.str();
+      return;
+    }
+    // Central differences along v, replayed untracked; skipped where the replay decides otherwise
+    // or the one-sided differences disagree (a kink within h).
+    Draw vdraw{std::mt19937_64(dir_seed ^ 0x5bd1e995ULL)};
+    const E2 v = vdraw.tensor(start.serial.dimension(0), start.serial.dimension(1));
+    const double h = 1e-5;
+    auto at = [&](double t, bool& same) {
+      const E2 shifted = start.serial + t * v;
+      Replay r;
+      const double l = number(replay_loss(mesh, draw, length, shifted, ts::distribute<Sp>(mesh, shifted), dir_seed, r));
+      same = same && r.steps == base.steps;
+      return l;
+    };
+    bool same = true;
+    const double up = at(h, same), down = at(-h, same), up2 = at(h / 2, same), down2 = at(-h / 2, same);
+    double analytic = 0;
+    for (Eigen::Index i = 0; i < g.size(); ++i) analytic += g.data()[i] * v.data()[i];
+    // Richardson's extrapolation of the central differences at h and h / 2 (error O(h^4)): a
+    // steep third derivative (sqrt near 0, c / x) no longer passes for a wrong gradient.
+    const double central = (up - down) / (2 * h), half = (up2 - down2) / h, forward = (up - loss) / h,
+                 backward = (loss - down) / h, extrapolated = (4 * half - central) / 3;
+    const double scale = std::max({1.0, std::abs(extrapolated), std::abs(analytic)});
+    if (!same || std::abs(forward - backward) > 1e-3 * scale || std::abs(central - half) > 1e-3 * scale) {
+      out.fd_skipped = true;
+      return;
+    }
+    if (!(std::abs(analytic - extrapolated) <= 1e-6 * scale)) {
+      why << "directional derivative " << analytic << " by the gradient, " << extrapolated << " by central differences";
+      out.why = why.str();
+    }
+  });
+  return out;
+}
 
 }  // namespace
 
@@ -524,6 +648,7 @@ int main(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::uint64_t(value());
     else if (a == "--length") o.length = value();
     else if (a == "--verbose") o.verbose = true;
+    else if (a == "--grad") o.grad = true;
     else {
       if (ts::Environment::world_rank() == 0) std::fprintf(stderr, "tshard_differential: unknown option %s\n", a.c_str());
       return 2;
@@ -536,6 +661,36 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<M2>> meshes;  // one per shape: mesh creation is collective
   for (int a : divisors) meshes.push_back(std::unique_ptr<M2>(new M2({a, p / a})));
   long failed = 0, steps = 0;
+  if (o.grad) {
+    const M2 single(MPI_COMM_SELF, {1, 1});
+    long skipped = 0;
+    for (long c = o.first; c < o.first + o.chains; ++c) {
+      const M2& mesh = *meshes[std::size_t(c % long(meshes.size()))];
+      GradOutcome r;
+      try {
+        r = check_gradient(mesh, single, o, c);
+      } catch (const std::exception& e) {
+        r.why = std::string("threw: ") + e.what();
+      }
+      skipped += r.fd_skipped ? 1 : 0;
+      steps += long(r.steps.size());
+      if ((!r.why.empty() || o.verbose) && rank == 0) {
+        std::printf("%s gradient chain %ld (seed %llu) on mesh %d x %d: %s%s\n", r.why.empty() ? "ok" : "FAILED", c,
+                    (unsigned long long)o.seed, mesh.size<"x">(), mesh.size<"y">(), r.why.c_str(),
+                    r.fd_skipped ? " (finite differences skipped)" : "");
+        for (const auto& s : r.steps) std::printf("    %s\n", s.c_str());
+        if (!r.why.empty())
+          std::printf("  replay: mpirun -np %d ./tshard_differential --grad --seed %llu --first %ld --chains 1 --length %ld\n",
+                      p, (unsigned long long)o.seed, c, o.length);
+      }
+      failed += r.why.empty() ? 0 : 1;
+    }
+    if (rank == 0)
+      std::printf("tshard_differential --grad: %ld chains (%ld steps) on %d ranks, seed %llu, first %ld: %ld failed, "
+                  "%ld without the finite-difference check (a decision or a kink within h)\n",
+                  o.chains, steps, p, (unsigned long long)o.seed, o.first, failed, skipped);
+    return int(std::min<long>(failed, 100));
+  }
   for (long c = o.first; c < o.first + o.chains; ++c) {
     Draw draw{std::mt19937_64(o.seed * 1000003ULL + std::uint64_t(c))};
     const M2& mesh = *meshes[std::size_t(draw.below(int(meshes.size())))];

@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tshard/ad/custom_vjp.hpp"
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/init.hpp"
 #include "tshard/nn/micro_batch.hpp"
@@ -190,15 +192,16 @@ class MoE : public Module {
 
   MoE(const M& mesh, const MoEOptions& o)
       : mesh_(mesh), o_(o), hidden_(o.hidden > 0 ? o.hidden : 4 * o.dmodel),
-        router_(detail::uniform_init<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)}, o.seed * 4 + 1,
-                                                    1.0 / std::sqrt(double(o.dmodel)))),
-        wi_(detail::uniform_init<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)}, o.seed * 4 + 2,
-                                            1.0 / std::sqrt(double(o.dmodel)))),
-        wo_(detail::uniform_init<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)}, o.seed * 4 + 3,
-                                             1.0 / std::sqrt(double(hidden_)))),
-        router_grad_(zeros<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)})),
-        wi_grad_(zeros<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)})),
-        wo_grad_(zeros<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)})) {
+        router_(own_parameter("router", detail::uniform_init<T, RouterSpec>(mesh, {o.dmodel, Eigen::Index(o.experts)},
+                                                                            o.seed * 4 + 1, 1.0 / std::sqrt(double(o.dmodel))))),
+        wi_(own_parameter("expert_in", detail::uniform_init<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)},
+                                                                       o.seed * 4 + 2, 1.0 / std::sqrt(double(o.dmodel))))),
+        wo_(own_parameter("expert_out", detail::uniform_init<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)},
+                                                                         o.seed * 4 + 3, 1.0 / std::sqrt(double(hidden_))))),
+        router_grad_(gradient_of(router_)),
+        wi_grad_(gradient_of(wi_)),
+        wo_grad_(gradient_of(wo_)) {
+    streams_parameters_ = true;  // every forward and backward is bracketed by use()
     if (o.experts < 1) throw ShapeError("tshard::nn::MoE: " + std::to_string(o.experts) + " experts; at least 1 is needed");
     if (!(o.capacity_factor > 0))
       throw ShapeError("tshard::nn::MoE: the capacity factor " + std::to_string(o.capacity_factor) + " is not positive");
@@ -300,6 +303,83 @@ class MoE : public Module {
     return y;
   }
 
+  // The layer forward only, its gradient derived (ts::ad): the same operators as forward(), the
+  // top-2 gate a custom VJP (its hand-written backward, the load-balancing term's gradient
+  // included), the dispatch mask a constant. Routing statistics and the auxiliary loss are
+  // kept as forward() keeps them.
+  template <tshard::detail::FloatingTensor XIn>
+  X operator()(const XIn& x_in) {
+    static_assert(XIn::rank == 3, "tshard: MoE takes x [G, S, D] (groups of S tokens)");
+    static_assert(std::is_same_v<typename XIn::Scalar, T>, "tshard: MoE's input has the layer's element type");
+    tshard::detail::OperatorScope scope("moe");
+    auto in_use = use();
+    X x = reshard<XSpec>(x_in);
+    tshard::detail::require_same_mesh(router_, x, "moe");
+    if (tshard::detail::extents_of(x)[2] != tshard::detail::extents_of(router_)[0])
+      throw ShapeError("tshard::nn::MoE: the input " + x.describe() + " does not end in the router's " +
+                       std::to_string(tshard::detail::extents_of(router_)[0]) + " features");
+    const MicroBatch& mb = current_micro_batch();
+    const bool inference = mb.inference || !is_training();
+    if (mb.index == 0 && !mb.recompute && !inference) ++calls_;
+    const Eigen::Index groups = tshard::detail::extents_of(x)[0], s_len = tshard::detail::extents_of(x)[1],
+                       e = o_.experts, c = capacity(s_len);
+    const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
+    using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;
+    using Probs = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>;
+    // What the gate's backward needs, shared by its forward and backward.
+    struct Gate {
+      std::optional<Probs> probs;
+      std::optional<Mask> dispatch;
+      std::vector<detail::Route> routes;
+      std::vector<T> density;
+      double aux_grad = 0;
+    };
+    auto gate = std::make_shared<Gate>();
+    Saved& sv = saved_.current();
+    sv = Saved{};
+    auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
+    const bool random = o_.random_routing && !inference;
+    const std::uint64_t seed = tshard::detail::splitmix64(o_.seed * 1000033 + calls_);
+    Mask combine = ad::custom_vjp(
+        [&](const auto& l) {
+          Mask comb(mesh_, {groups, s_len, e, c}), disp(mesh_, {groups, s_len, e, c});
+          Probs probs(mesh_, {groups, s_len, e});
+          const auto& lay = tshard::detail::layout_of(l);
+          const Eigen::Index gp = lay.padded[0];
+          gate->routes.assign(std::size_t(gp * s_len), detail::Route{});
+          gate->density.assign(std::size_t(gp * e), T(0));
+          RoutingStats local;
+          const double aux = detail::top2_gating<T>(l.data(), gp, lay.valid[0], s_len, e, c, random, seed, lay.offset[0],
+                                                    mb.row_offset, total_groups, comb.data(), disp.data(), probs.data(),
+                                                    gate->routes.data(), gate->density.data(), local);
+          double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
+          tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums,
+                                     all, 3, ReduceOp::Sum);
+          sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
+          sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
+          gate->aux_grad = o_.aux_weight / double(total_groups);
+          gate->probs.emplace(std::move(probs));
+          gate->dispatch.emplace(std::move(disp));
+          return comb;
+        },
+        [gate, groups, s_len, e](const auto& dcombine, const auto&, const auto& l) {
+          Probs dlogits(l.mesh(), {groups, s_len, e});
+          const auto& lay = tshard::detail::layout_of(dlogits);
+          detail::top2_gating_backward<T>(dcombine.data(), gate->probs->data(), gate->routes.data(), gate->density.data(),
+                                          lay.padded[0], lay.valid[0], s_len, e, gate->aux_grad, dlogits.data());
+          return dlogits;
+        },
+        logits);
+    // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split; the experts'
+    // MLP; back to groups split (the partial over Model resolved) and combined.
+    auto dispatched = einsum<"gsec,gsm->gcme">(*gate->dispatch, x);
+    auto xe = reshard<ExpertSplit>(dispatched);
+    auto h = einsum<"gcme,mhe->gche">(xe, wi_);        // [G, C, H, E], H split over Model
+    auto ye = einsum<"gche,hme->gcme">(gelu(h), wo_);  // partial over Model
+    auto yg = reshard<GroupSplit>(ye);
+    return X(einsum<"gsec,gcme->gsm">(combine, yg));
+  }
+
   template <tshard::detail::FloatingTensor DY>
   X backward(const DY& dy_in) {
     tshard::detail::OperatorScope scope("moe_backward");
@@ -357,12 +437,12 @@ class MoE : public Module {
   M mesh_;
   MoEOptions o_;
   Eigen::Index hidden_;
-  Router router_;
-  In wi_;
-  Out wo_;
-  Router router_grad_;
-  In wi_grad_;
-  Out wo_grad_;
+  Router& router_;  // (in the module's parameter slots: they stay put when the layer moves)
+  In& wi_;
+  Out& wo_;
+  Router& router_grad_;
+  In& wi_grad_;
+  Out& wo_grad_;
   detail::PerMicroBatch<Saved> saved_;
   std::uint64_t calls_ = 0;
 };

@@ -171,6 +171,7 @@ class TransformerBlock : public Module {
     register_module("attention", attention_);
     register_module("ln2", ln2_);
     if (mlp_) register_module("mlp", *mlp_);
+    else register_module("moe", *moe_);
   }
 
   using Layers = detail::block_layers<Specs, T, M>;
@@ -211,12 +212,11 @@ class TransformerBlock : public Module {
     else mlp_->defer_gradient_sums(axes);
   }
 
-  // The block forward only, its gradient derived from its submodules' (experts not yet: their
-  // gating has no derivative rule, use forward/backward). Dropout follows train()/eval().
+  // The block forward only, its gradient derived from its submodules' (the experts' gate through
+  // its custom VJP). Dropout follows train()/eval().
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
-    if (moe_) throw SpecError("tshard::nn::TransformerBlock: a block with experts has no derived gradient yet: call forward and backward");
     tshard::detail::OperatorScope scope("transformer_block");
     auto in_use = use();
     const MicroBatch& mb = current_micro_batch();
@@ -229,6 +229,8 @@ class TransformerBlock : public Module {
                          mb.row_offset, mb.rows_total > 0 ? mb.rows_total : y.global_shape()[0]));
     };
     auto h = x + branch(attention_(ln1_(x)), 0);
+    using Y = decltype(h + branch((*mlp_)(ln2_(h)), 1));
+    if (moe_) return reshard<typename Y::SpecType>(h + branch((*moe_)(ln2_(h)), 1));
     return h + branch((*mlp_)(ln2_(h)), 1);
   }
 
