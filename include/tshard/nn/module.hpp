@@ -162,10 +162,10 @@ class Module {
 
   // ---- what ts::ad::backward(model, loss) and ts::ad::vjp(model, ...) call ----
   // Every registered parameter becomes a fresh leaf of the active tape; the leaves come back in
-  // for_each_module order, for collect_gradients once that forward's backward has run.
+  // for_each_module_children_first order, for collect_gradients once that forward's backward ran.
   ParameterLeaves track_parameters() {
     ParameterLeaves leaves;
-    for_each_module([&](Module& m, const std::string&) {
+    for_each_module_children_first([&](Module& m) {
       for (auto& p : m.parameters_) leaves.push_back(p.slot->track());
     });
     return leaves;
@@ -174,17 +174,25 @@ class Module {
     for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.untrack(); });
   }
   // Adds each leaf's cotangent into its parameter's gradient (its data-parallel sum left to an
-  // owning optimizer), then tells the owner, module by module, that the gradients are ready.
+  // owning optimizer), and tells each module's owner that its gradients are ready once its
+  // submodules' and its own are in: a layer an optimizer took whole (opt.add(block)) starts its
+  // reduction then, as its hand-written backward would at its end.
   void collect_gradients(const ParameterLeaves& leaves) {
     std::size_t i = 0;
-    for_each_module([&](Module& m, const std::string&) {
+    for_each_module_children_first([&](Module& m) {
       for (auto& p : m.parameters_) {
         if (i >= leaves.size())
           throw SpecError("tshard::nn::Module: a parameter was registered between a forward and its backward");
         p.slot->collect(*leaves[i++], m.deferred_);
       }
-      if (!m.parameters_.empty()) m.gradients_ready();
+      m.gradients_ready();
     });
+  }
+  // f(module) for every submodule before its parent (post-order).
+  template <class F>
+  void for_each_module_children_first(F&& f) {
+    for (auto& c : children_) c.module->for_each_module_children_first(f);
+    f(*this);
   }
 
   // ---- what an optimizer sets ----

@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "tshard/comm/stats.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::detail {
@@ -25,6 +27,9 @@ class GradNode {
   virtual void propagate() = 0;
   std::uint64_t order = 0;  // creation order: the reverse is a topological order
   const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
+  // The operator path the forward ran under ("transformer_block/moe"): a rule's collectives are
+  // counted under it + "/backward", as a hand-written backward's are under its own name.
+  std::string label;
 };
 
 // A node of a tensor of element type T. The cotangent is that of the *resolved* value (a partial
@@ -44,6 +49,7 @@ class TypedGradNode final : public GradNode {
     if (!cotangent || !rule) return;
     auto r = std::move(rule);
     rule = nullptr;
+    OperatorScope scope(label.empty() ? std::string("backward") : label + "/backward");
     r(*this);
   }
 };
@@ -142,6 +148,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->mesh = state_of(out.mesh());
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
+  if (!operator_stack().empty()) node->label = current_operator();
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
     vjp(tag, std::type_identity<Out>{}, self, saved...);
