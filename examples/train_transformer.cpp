@@ -175,9 +175,10 @@ std::int32_t token(const Options& o, long step, Eigen::Index b, Eigen::Index t) 
 // The model as a pipeline stage: stage s of K holds its share of the blocks, the first stage the
 // embeddings, the last the final layernorm, the output projection and the loss. Every layer lives
 // on the stage's {data, model} mesh; seeds depend on the global layer index, so the stages hold
-// exactly the layers of the unpipelined model.
+// exactly the layers of the unpipelined model. It is written forward only (a ts::nn::Module with
+// forward and loss): the pipeline derives its gradients, micro-batch by micro-batch.
 template <class T>
-class LanguageModel {
+class LanguageModel : public ts::nn::Module {
   using Rows = ts::Spec<ts::S<"data">, ts::R>;  // [B, T] ids: batch over data
   using ActivationSpec = ts::Spec<ts::S<"data">, ts::R, ts::R>;
 
@@ -200,6 +201,15 @@ class LanguageModel {
     if (last_) {
       norm_.emplace(sub_, o.dmodel);
       head_.emplace(sub_, o.dmodel, o.vocab, std::uint64_t(o.seed) * 1000 + 3);
+    }
+    if (first_) {
+      register_module("tokens", *tokens_);
+      register_module("positions", *positions_);
+    }
+    for (std::size_t b = 0; b < blocks_.size(); ++b) register_module("block" + std::to_string(begin + int(b)), *blocks_[b]);
+    if (last_) {
+      register_module("norm", *norm_);
+      register_module("head", *head_);
     }
     {  // the stages that need tokens read them (every stage knows the held-out file's rows)
       auto open = [&](std::optional<ts::io::NpyRows<std::int32_t>>& rows, const std::string& file, const char* flag,
@@ -314,15 +324,16 @@ class LanguageModel {
   std::int64_t dropped() const { return dropped_; }
   T loss() const { return loss_; }  // this stage's share of the step's loss
 
-  // ---- the pipeline stage ----
+  // ---- the pipeline stage, forward only ----
   Activation boundary(const ts::nn::MicroBatch& mb) const { return Activation(sub_, {rows(mb), o_.seq, o_.dmodel}); }
 
-  std::optional<Activation> forward(const ts::nn::MicroBatch& mb, const Activation* in) {
+  // The stage's input (the embeddings on the first stage) through its blocks.
+  Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
     std::optional<Activation> x;
     if (first_) x.emplace(embed(mb));
     const Activation* cur = first_ ? &*x : in;
     for (auto& b : blocks_) {
-      x.emplace(activation(b->forward(*cur)));
+      x.emplace(activation((*b)(*cur)));
       cur = &*x;
       if (b->has_experts() && !mb.recompute && !mb.inference) {  // the load-balancing term, and what was dropped
         loss_ += b->auxiliary_loss();
@@ -330,51 +341,29 @@ class LanguageModel {
         dropped_ += b->moe().routing().dropped;
       }
     }
-    if (!last_) {
-      if (!x) x.emplace(*cur);  // a stage without layers passes its input on
-      return x;
-    }
-    auto labels = ids(mb, 1);
-    auto logits = head_->forward(norm_->forward(*cur));  // [b, T, V], V split over model
-    const T loss = ts::nn::cross_entropy(logits, labels);
-    if (mb.inference) {  // sums over the held-out tokens
-      const double tokens = double(rows(mb)) * double(o_.seq);
-      eval_loss_ += double(loss) * tokens;
-      eval_hits_ += double(ts::nn::accuracy(logits, labels)) * tokens;
-      return std::nullopt;
-    }
-    if (!mb.recompute) loss_ += loss * share(mb);  // the mean over the whole batch
-    saved_.resize(std::size_t(mb.count));
-    saved_[std::size_t(mb.index)] = Saved{std::move(logits), std::move(labels)};
-    return std::nullopt;
+    if (!x) x.emplace(*cur);  // a stage without layers passes its input on
+    return std::move(*x);
   }
 
-  std::optional<Activation> backward(const ts::nn::MicroBatch& mb, const Activation* dy) {
-    std::optional<Activation> dx;
-    if (last_) {
-      auto& s = *saved_[std::size_t(mb.index)];
-      auto dlogits = ts::nn::cross_entropy_backward(s.logits, s.labels);
-      if (mb.count > 1) dlogits *= share(mb);
-      dx.emplace(activation(norm_->backward(head_->backward(dlogits))));
-      saved_[std::size_t(mb.index)].reset();
-    } else {
-      dx.emplace(*dy);
+  // The last stage: the micro-batch's mean next-token cross-entropy (logits [b, T, V] split over
+  // the vocabulary, never gathered). Evaluating, it adds to the held-out sums instead.
+  auto loss(const ts::nn::MicroBatch& mb, const Activation* in) {
+    const Activation x = forward(mb, in);
+    auto labels = ids(mb, 1);
+    auto logits = (*head_)((*norm_)(x));
+    auto loss = ts::nn::cross_entropy(logits, labels);
+    if (mb.inference) {  // sums over the held-out tokens
+      const double tokens = double(rows(mb)) * double(o_.seq);
+      eval_loss_ += double(T(loss)) * tokens;
+      eval_hits_ += double(ts::nn::accuracy(logits, labels)) * tokens;
+    } else if (!mb.recompute) {
+      loss_ += T(loss) * share(mb);  // the mean over the whole batch
     }
-    for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b) dx.emplace(activation((*b)->backward(*dx)));
-    if (first_) {
-      tokens_->backward(*dx);
-      positions_->backward(*dx);
-      return std::nullopt;
-    }
-    return dx;
+    return loss;
   }
 
  private:
   using Block = ts::nn::TransformerBlock<T, Sub>;
-  struct Saved {
-    ts::ShardedTensor<T, Sub, ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>> logits;
-    ts::ShardedTensor<std::int32_t, Sub, Rows> labels;
-  };
 
   Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
   T share(const ts::nn::MicroBatch& mb) const { return mb.count > 1 ? T(1) / T(mb.count) : T(1); }
@@ -434,7 +423,7 @@ class LanguageModel {
   Activation embed(const ts::nn::MicroBatch& mb) {
     auto positions = ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq},
                                                            [](const auto& i) { return std::int32_t(i[1]); });
-    return activation(tokens_->forward(ids(mb, 0)) + positions_->forward(positions));  // the vocab's partial resolved
+    return activation((*tokens_)(ids(mb, 0)) + (*positions_)(positions));  // the vocab's partial resolved
   }
 
   Sub sub_;
@@ -449,7 +438,6 @@ class LanguageModel {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::optional<ts::nn::LayerNorm<T, Sub>> norm_;
   std::optional<ts::nn::Linear<T, Sub, ts::Spec<ts::R, ts::S<"model">>>> head_;
-  std::vector<std::optional<Saved>> saved_;
   std::optional<ts::io::NpyRows<std::int32_t>> data_, eval_;
   struct BlockKey {
     bool eval = false;
