@@ -296,3 +296,49 @@ TEST_CASE("vjp(model, f, x): forwards pending at once add their parameter gradie
     for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
   }
 }
+
+namespace {
+// Three Linear layers in a chain.
+struct Chain : ts::nn::Module {
+  ts::nn::Linear<double, M, ts::Spec<ts::R, ts::S<"model">>> a, b, c;
+  explicit Chain(const M& mesh) : a(mesh, 6, 6, 1), b(mesh, 6, 6, 2), c(mesh, 6, 6, 3) {
+    register_module("a", a);
+    register_module("b", b);
+    register_module("c", c);
+  }
+  auto operator()(const auto& x) { return c(ts::nn::gelu(b(ts::nn::gelu(a(x))))); }
+};
+}  // namespace
+
+TEST_CASE("each module is reported ready as soon as its gradients are final, while the backward still runs", "[module]") {
+  // Three Linear layers in a chain: the backward reaches the last one first. Its owner hears of it
+  // then (to start reducing, as DDP overlaps), while the first layer's gradient is still zero.
+  const M mesh({world_size(), 1});
+  Chain chain(mesh);
+  std::vector<std::string> order;
+  bool first_still_zero_when_last_ready = false;
+  auto zero = [](const auto& g) {
+    const auto v = g.gather();
+    for (Eigen::Index i = 0; i < v.size(); ++i)
+      if (v.data()[i] != 0) return false;
+    return true;
+  };
+  chain.a.attach_hooks({.gradients_ready = [&] { order.push_back("a"); }});
+  chain.b.attach_hooks({.gradients_ready = [&] { order.push_back("b"); }});
+  chain.c.attach_hooks({.gradients_ready = [&] {
+    order.push_back("c");
+    first_still_zero_when_last_ready = zero(chain.a.weight_grad());
+  }});
+  const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, inputs(5, 6));
+  ts::ad::backward(chain, [&] { return ts::sum<0, 1>(ts::square(chain(x))); });
+  TS_REQUIRE_ALL((order == std::vector<std::string>{"c", "b", "a"}));
+  TS_REQUIRE_ALL(first_still_zero_when_last_ready);
+  TS_REQUIRE_ALL(!zero(chain.a.weight_grad()));
+  // The same through vjp's pullback.
+  order.clear();
+  chain.zero_grad();
+  auto [y, pullback] = ts::ad::vjp(chain, [&](const auto& in) { return ts::sum<0, 1>(ts::square(chain(in))); }, x);
+  (void)pullback();
+  TS_REQUIRE_ALL((order == std::vector<std::string>{"c", "b", "a"}));
+  TS_REQUIRE_ALL(first_still_zero_when_last_ready);
+}

@@ -3,7 +3,9 @@
 // The forward runs with a tape active; its result's cotangent, 1, is sent back node by node in
 // reverse creation order, each node's saved values freed as soon as its rule has run.
 #pragma once
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -66,10 +68,21 @@ constexpr bool is_rank0_tensor_v = [] {
     return false;
 }();
 
+// Runs every live node of the tape, newest first, calling progress(order) after each: every node
+// of that order or newer has run.
+template <class Progress>
+void propagate_all(Tape& tape, Progress&& progress) {
+  PauseRecording pause;
+  for (auto& n : tape.live_nodes_newest_first()) {
+    n->propagate();
+    progress(n->order);
+  }
+}
+
 // The loss's value (the same on every rank) after sending it its cotangent, 1, and running
-// every rule back to the leaves.
-template <class R>
-double run_backward(Tape& tape, const R& result) {
+// every rule back to the leaves (progress as propagate_all's).
+template <class R, class Progress = void (*)(std::uint64_t)>
+double run_backward(Tape& tape, const R& result, Progress&& progress = [](std::uint64_t) {}) {
   static_assert(is_loss_v<R> || is_rank0_tensor_v<R>,
                 "tshard: the function differentiated returns a scalar: cross_entropy's result or a full "
                 "reduction such as ts::sum<0, 1>(y) (a rank-0 tensor)");
@@ -89,8 +102,7 @@ double run_backward(Tape& tape, const R& result) {
     one.get()[0] = T(1);
     add_cotangent(*node, node->primal, std::move(one));
   }
-  PauseRecording pause;
-  for (auto& n : tape.live_nodes_newest_first()) n->propagate();
+  propagate_all(tape, progress);
   return value;
 }
 
@@ -104,7 +116,8 @@ W leaf_gradient(const TypedGradNode<typename W::Scalar>& node, const W& w) {
 }
 
 template <class Model>
-using ParameterLeavesOf = std::remove_cvref_t<decltype(std::declval<Model&>().track_parameters())>;
+using GradientCollectorOf =
+    std::remove_cvref_t<decltype(std::declval<Model&>().gradient_collector(std::declval<Model&>().track_parameters()))>;
 
 template <class W>
 void require_differentiable() {
@@ -159,7 +172,7 @@ auto grad(F&& f, const W&... w) {
 template <class Model, class F>
 double backward(Model& model, F&& closure) {
   detail::Tape tape;
-  detail::ParameterLeavesOf<Model> leaves;
+  std::optional<detail::GradientCollectorOf<Model>> collector;
   double loss = 0;
   {
     detail::ActiveTape active(tape);
@@ -167,11 +180,13 @@ double backward(Model& model, F&& closure) {
       Model& m;
       ~Untrack() { m.untrack_parameters(); }
     } untrack{model};
-    leaves = model.track_parameters();
+    collector.emplace(model.gradient_collector(model.track_parameters()));
     auto result = closure();
-    loss = detail::run_backward(tape, result);
+    // Each module's gradients are collected, and reported ready to an owning optimizer (which
+    // may start reducing them), as soon as every node that reads its parameters has run.
+    loss = detail::run_backward(tape, result, [&](std::uint64_t order) { collector->advance(order); });
   }
-  model.collect_gradients(leaves);
+  collector->finish();
   return loss;
 }
 

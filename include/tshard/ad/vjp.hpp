@@ -10,6 +10,7 @@
 //   auto [dx] = pb(0.25);                            // d/dp into their gradients (a scalar y is
 //                                                    // seeded with a number, 1 by default)
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,7 +28,15 @@ template <class Model>
 concept TrackedModel = requires(Model& m) {
   m.track_parameters();
   m.untrack_parameters();
-  m.collect_gradients(m.track_parameters());
+  m.gradient_collector(m.track_parameters());
+};
+
+// A model's part in a pullback: advance(order) once every node of that order or newer has run
+// (a module whose parameters are all final then has its gradients collected and reported
+// ready), finish() at the end.
+struct ModelGradients {
+  std::function<void(std::uint64_t)> advance;
+  std::function<void()> finish;
 };
 
 // The tensor whose node a forward's result carries (ad::Scalar: its rank-0 tensor).
@@ -65,7 +74,7 @@ class Pullback {
  public:
   Pullback(std::shared_ptr<detail::Tape> tape, std::shared_ptr<detail::TypedGradNode<T>> output,
            std::tuple<X...> primals, std::tuple<std::shared_ptr<detail::TypedGradNode<typename X::Scalar>>...> leaves,
-           std::function<void()> collect)
+           detail::ModelGradients collect)
       : tape_(std::move(tape)),
         output_(std::move(output)),
         primals_(std::move(primals)),
@@ -112,13 +121,12 @@ class Pullback {
     done_ = true;
   }
   std::tuple<X...> finish() {
-    {
-      detail::PauseRecording pause;
-      for (auto& n : tape_->live_nodes_newest_first()) n->propagate();
-    }
+    detail::propagate_all(*tape_, [&](std::uint64_t order) {
+      if (collect_.advance) collect_.advance(order);
+    });
     output_.reset();
-    if (collect_) collect_();
-    collect_ = nullptr;
+    if (collect_.finish) collect_.finish();
+    collect_ = {};
     auto out = [&]<std::size_t... I>(std::index_sequence<I...>) {
       return std::tuple<X...>{detail::leaf_gradient(*std::get<I>(leaves_), std::get<I>(primals_))...};
     }(std::index_sequence_for<X...>{});
@@ -130,7 +138,7 @@ class Pullback {
   std::shared_ptr<detail::TypedGradNode<T>> output_;  // null where the output depends on no input
   std::tuple<X...> primals_;  // each input's shape and spec (no buffer): its gradient's type
   std::tuple<std::shared_ptr<detail::TypedGradNode<typename X::Scalar>>...> leaves_;
-  std::function<void()> collect_;  // a model's: parameter cotangents into their gradients
+  detail::ModelGradients collect_;  // a model's: parameter cotangents into their gradients
   bool done_ = false;
 };
 
@@ -139,7 +147,7 @@ namespace detail_vjp {
 // A model's part in a forward: track() makes its parameters leaves of the active tape and returns
 // what adds their cotangents into the gradients later; untrack() makes them plain again.
 struct ModelTracking {
-  std::function<std::function<void()>()> track;
+  std::function<tshard::detail::ModelGradients()> track;
   std::function<void()> untrack;
 };
 
@@ -152,7 +160,7 @@ auto record_forward(F&& f, const ModelTracking& model, const X&... x) {
                 "tshard: the function given to ad::vjp returns a ShardedTensor or a scalar (cross_entropy's result)");
   auto tape = std::make_shared<tshard::detail::Tape>();
   std::tuple<X...> leaves{tshard::detail::tape_value(x)...};
-  std::function<void()> collect;
+  tshard::detail::ModelGradients collect;
   std::optional<R> result;
   std::tuple<std::shared_ptr<tshard::detail::TypedGradNode<typename X::Scalar>>...> nodes;
   {
@@ -204,8 +212,10 @@ template <class Model, class F, class... X>
   requires detail::TrackedModel<Model> && (detail::is_sharded_tensor<X>::value && ...)
 auto vjp(Model& model, F&& f, const X&... x) {
   const detail_vjp::ModelTracking tracking{
-      [&model]() -> std::function<void()> {
-        return [&model, leaves = model.track_parameters()] { model.collect_gradients(leaves); };
+      [&model]() -> detail::ModelGradients {
+        auto collector = std::make_shared<detail::GradientCollectorOf<Model>>(
+            model.gradient_collector(model.track_parameters()));
+        return {[collector](std::uint64_t order) { collector->advance(order); }, [collector] { collector->finish(); }};
       },
       [&model] { model.untrack_parameters(); }};
   return detail_vjp::record_forward(std::forward<F>(f), tracking, x...);

@@ -69,7 +69,7 @@ class Linear : public Module {
     using Out = ShardedTensor<T, M, typename Product::SpecType>;
     if (with_bias_) {
       if constexpr (Product::is_partial) {
-        return Out(std::move(product) + bias_);
+        return with_bias(std::move(product));
       } else {
         Out y(std::move(product));
         y += bias_;  // in place: no second output buffer
@@ -92,7 +92,7 @@ class Linear : public Module {
     check_input(x, "tshard::nn::Linear");
     auto product = times_weight(x);
     using Out = ShardedTensor<T, M, typename decltype(product)::SpecType>;
-    if (with_bias_) return Out(product + bias_);
+    if (with_bias_) return with_bias(std::move(product));
     return tshard::detail::implicit_reshard<typename Out::SpecType>(product, "linear");
   }
 
@@ -127,6 +127,19 @@ class Linear : public Module {
   }
 
  private:
+  // product + b in the product's spec. Where the partial resolved and the bias's split give
+  // another layout (an input split over the weight's output axis: its contraction is a partial
+  // over it), the sum is moved back into it.
+  template <class P>
+  auto with_bias(P&& product) {
+    using Out = ShardedTensor<T, M, typename std::remove_cvref_t<P>::SpecType>;
+    using Sum = std::remove_cvref_t<decltype(std::forward<P>(product) + bias_)>;
+    if constexpr (std::is_same_v<Sum, Out>)
+      return Out(std::forward<P>(product) + bias_);
+    else
+      return tshard::detail::implicit_reshard<typename Out::SpecType>(std::forward<P>(product) + bias_, "linear");
+  }
+
   template <class X>
   void check_input(const X& x, const char* op) const {
     static_assert(X::rank == 2 || X::rank == 3, "tshard: Linear takes inputs [B, in] or [B, T, in]");

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -174,20 +175,69 @@ class Module {
     for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.untrack(); });
   }
   // Adds each leaf's cotangent into its parameter's gradient (its data-parallel sum left to an
-  // owning optimizer), and tells each module's owner that its gradients are ready once its
-  // submodules' and its own are in: a layer an optimizer took whole (opt.add(block)) starts its
-  // reduction then, as its hand-written backward would at its end.
-  void collect_gradients(const ParameterLeaves& leaves) {
-    std::size_t i = 0;
-    for_each_module_children_first([&](Module& m) {
-      for (auto& p : m.parameters_) {
-        if (i >= leaves.size())
+  // owning optimizer) and reports each module ready to its owner once its submodules' and its
+  // own gradients are in. ts::ad drives it while the backward runs: advance(order) as nodes
+  // finish, so a layer an optimizer took whole starts reducing as its backward ends (DDP's
+  // overlap), finish() at the end.
+  class GradientCollector {
+   public:
+    GradientCollector(Module& root, ParameterLeaves leaves) : root_(&root), leaves_(std::move(leaves)) {}
+    // Every node of creation order >= `order` has run.
+    void advance(std::uint64_t order) {
+      if (!planned_) plan();
+      while (next_ < entries_.size() && entries_[next_].threshold >= order) fire(entries_[next_++]);
+    }
+    void finish() {
+      if (!planned_) plan();
+      while (next_ < entries_.size()) fire(entries_[next_++]);
+    }
+
+   private:
+    // The order in which modules become final, read once the forward has recorded its nodes
+    // (each leaf's oldest consumer is known then).
+    void plan() {
+      planned_ = true;
+      std::size_t i = 0;
+      // Post-order: children before parents. A module is final when the oldest node reading any
+      // parameter of its subtree has run.
+      std::vector<std::uint64_t> subtree;  // per entry, the threshold of its subtree
+      root_->for_each_module_children_first([&](Module& m) {
+        Entry e{std::numeric_limits<std::uint64_t>::max(), &m, i, m.parameters_.size()};
+        if (i + e.count > leaves_.size())
           throw SpecError("tshard::nn::Module: a parameter was registered between a forward and its backward");
-        p.slot->collect(*leaves[i++], m.deferred_);
-      }
-      m.gradients_ready();
-    });
-  }
+        for (std::size_t k = i; k < i + e.count; ++k) e.threshold = std::min(e.threshold, leaves_[k]->first_consumer);
+        i += e.count;
+        // Its submodules are the entries just before it that are not yet claimed by a parent.
+        for (std::size_t c = 0; c < m.children_.size(); ++c) {
+          e.threshold = std::min(e.threshold, subtree.back());
+          subtree.pop_back();
+        }
+        entries_.push_back(e);
+        subtree.push_back(e.threshold);
+      });
+      // Descending thresholds; a stable sort keeps children before their parent on ties.
+      std::stable_sort(entries_.begin(), entries_.end(),
+                       [](const Entry& a, const Entry& b) { return a.threshold > b.threshold; });
+    }
+    struct Entry {
+      std::uint64_t threshold;
+      Module* module;
+      std::size_t first, count;  // its own parameters' leaves
+    };
+    void fire(const Entry& e) {
+      std::size_t k = e.first;
+      for (auto& p : e.module->parameters_) p.slot->collect(*leaves_[k++], e.module->deferred_);
+      e.module->gradients_ready();
+    }
+    Module* root_;
+    ParameterLeaves leaves_;
+    std::vector<Entry> entries_;
+    std::size_t next_ = 0;
+    bool planned_ = false;
+  };
+  GradientCollector gradient_collector(ParameterLeaves leaves) { return GradientCollector(*this, std::move(leaves)); }
+  void collect_gradients(const ParameterLeaves& leaves) { gradient_collector(leaves).finish(); }
+
   // f(module) for every submodule before its parent (post-order).
   template <class F>
   void for_each_module_children_first(F&& f) {

@@ -7,8 +7,10 @@
 // the operator's tag (`vjp(tag, ...)` in namespace detail::grad), as JAX keeps a primitive and
 // its transpose rule apart. So the operators need nothing of ad/ to record.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -26,6 +28,9 @@ class GradNode {
   // Sends the cotangent back to the inputs (if one arrived), then drops what the rule saved.
   virtual void propagate() = 0;
   std::uint64_t order = 0;  // creation order: the reverse is a topological order
+  // The oldest node whose rule adds into this one's cotangent: once the backward has run every
+  // node down to it, this cotangent is final (a parameter's gradient can be reduced then).
+  std::uint64_t first_consumer = std::numeric_limits<std::uint64_t>::max();
   const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
   // The operator path the forward ran under ("transformer_block/moe"): a rule's collectives are
   // counted under it + "/backward", as a hand-written backward's are under its own name.
@@ -140,6 +145,15 @@ X tape_output(const X& x) {
   return X(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x));
 }
 
+// A rule that keeps `s` adds into s's node: note the rule's node (of creation order `order`) as
+// one of its consumers.
+template <class S>
+void note_consumer(const S& s, std::uint64_t order) {
+  if constexpr (is_sharded_tensor<S>::value) {
+    if (const auto& n = TensorAccess::node(s)) n->first_consumer = std::min(n->first_consumer, order);
+  }
+}
+
 // Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/.
 template <class Out, class Tag, class... Saved>
 void record(Out& out, Tag tag, Saved... saved) {
@@ -149,6 +163,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
   if (!operator_stack().empty()) node->label = current_operator();
+  (note_consumer(saved, Tape::active()->size()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
     vjp(tag, std::type_identity<Out>{}, self, saved...);
