@@ -4,7 +4,7 @@
 # its own chains. The suite runs a fast slice of 300 chains on 1, 2, 3, 4 and 6 ranks.
 #   bash scripts/differential.sh [--chains 1250] [--seed 1] [--length 10] [--ranks "1 2 3 4 5 6 7 8"] [--grad]
 # --grad differentiates the chains instead (ts::ad::value_and_grad against one rank and central
-# differences; the suite runs 80 such chains per rank count).
+# differences; the suite runs 300 such chains per rank count).
 # 1250 chains on each of 1..8 ranks is 10,000 chains; add 12 and 16 to --ranks for many ranks
 # (oversubscribed). A failure prints the chain and its replay command; the exit status is non-zero.
 set -euo pipefail
