@@ -342,3 +342,31 @@ TEST_CASE("each module is reported ready as soon as its gradients are final, whi
   TS_REQUIRE_ALL((order == std::vector<std::string>{"c", "b", "a"}));
   TS_REQUIRE_ALL(first_still_zero_when_last_ready);
 }
+
+TEST_CASE("a model's micro-batch context is its own, set by its owner through its tree: dropout sees rows at their place",
+          "[module]") {
+  // Dropout masks depend on a row's place in the whole batch: a block told that its input is rows
+  // [2, 4) of a batch of 4 drops what the whole batch's forward drops there. Another model in the
+  // same process keeps the default context (the whole batch), and so does the global one.
+  Eigen::Tensor<double, 3> gx(4, 5, 8);
+  for (Eigen::Index i = 0; i < gx.size(); ++i) gx.data()[i] = std::sin(0.3 * double(i));
+  Eigen::Tensor<double, 3> rows = gx.slice(Eigen::array<Eigen::Index, 3>{2, 0, 0}, Eigen::array<Eigen::Index, 3>{2, 5, 8});
+  using Block = ts::nn::TransformerBlock<double, M>;
+  const M mesh({world_size(), 1});
+  const ts::nn::BlockOptions o{.dmodel = 8, .heads = 2, .hidden = 12, .dropout = 0.3, .seed = 9};
+  Block whole(mesh, o), part(mesh, o), other(mesh, o);
+  using X = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+  const Eigen::Tensor<double, 3> yw = whole(ts::distribute<X>(mesh, gx)).gather();
+  part.set_micro_batch({.index = 0, .count = 2, .row_offset = 2, .rows_total = 4});
+  TS_REQUIRE_ALL(part.attention().micro_batch().row_offset == 2);  // through the whole tree
+  const Eigen::Tensor<double, 3> yp = part(ts::distribute<X>(mesh, rows)).gather();
+  const Eigen::Tensor<double, 3> yo = other(ts::distribute<X>(mesh, gx)).gather();
+  const Eigen::Tensor<double, 3> want = yw.slice(Eigen::array<Eigen::Index, 3>{2, 0, 0}, Eigen::array<Eigen::Index, 3>{2, 5, 8});
+  TS_REQUIRE_ALL(compare(yp, want, 1e-13) == "");
+  TS_REQUIRE_ALL(compare(yo, yw, 0) == "");
+  TS_REQUIRE_ALL(ts::nn::current_micro_batch().row_offset == 0 && other.micro_batch().rows_total == 0);
+  // Without the context the part's masks are those of a batch of its own 2 rows: different.
+  Block alone(mesh, o);
+  const Eigen::Tensor<double, 3> ya = alone(ts::distribute<X>(mesh, rows)).gather();
+  TS_REQUIRE_ALL(compare(ya, want, 1e-13) != "");
+}

@@ -57,6 +57,7 @@ class Module {
         spare_(std::move(o.spare_)),
         children_(std::move(o.children_)),
         training_(o.training_),
+        micro_batch_(o.micro_batch_),
         parent_(o.parent_) {
     // Member submodules move next and find this module as their parent; others stay put.
     for (auto& c : children_) c.module->parent_ = this;
@@ -160,6 +161,16 @@ class Module {
   }
   void eval() { train(false); }
   bool is_training() const { return training_; }
+
+  // Which micro-batch this module's forward belongs to: where its rows sit in the whole batch
+  // (dropout masks and expert routing depend on it), whether it is an evaluation's or a
+  // recomputation's. Its owner (a pipeline) sets it through the whole tree; by default the
+  // forward is the whole batch, micro-batch 0 of 1. Each model has its own: nothing
+  // process-wide is read by a forward written for ts::ad.
+  const MicroBatch& micro_batch() const { return micro_batch_; }
+  void set_micro_batch(const MicroBatch& mb) {
+    for_each_module([&mb](Module& m, const std::string&) { m.micro_batch_ = mb; });
+  }
 
   // ---- what ts::ad::backward(model, loss) and ts::ad::vjp(model, ...) call ----
   // Every registered parameter becomes a fresh leaf of the active tape; the leaves come back in
@@ -319,6 +330,7 @@ class Module {
   std::vector<std::shared_ptr<detail::ParameterSlot>> spare_;  // unregistered (own_parameter(""))
   std::vector<NamedChild> children_;
   bool training_ = true;
+  MicroBatch micro_batch_;
   Module* parent_ = nullptr;  // the module this one is registered in, if any
 };
 

@@ -318,7 +318,7 @@ class MoE : public Module {
     if (tshard::detail::extents_of(x)[2] != tshard::detail::extents_of(router_)[0])
       throw ShapeError("tshard::nn::MoE: the input " + x.describe() + " does not end in the router's " +
                        std::to_string(tshard::detail::extents_of(router_)[0]) + " features");
-    const MicroBatch& mb = current_micro_batch();
+    const MicroBatch& mb = micro_batch();  // the model's own context, set by its pipeline
     const bool inference = mb.inference || !is_training();
     if (mb.index == 0 && !mb.recompute && !inference) ++calls_;
     const Eigen::Index groups = tshard::detail::extents_of(x)[0], s_len = tshard::detail::extents_of(x)[1],

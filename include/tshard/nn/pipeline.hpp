@@ -26,7 +26,8 @@
 //   auto loss(const MicroBatch&, const Activation* in);           // the last stage: the micro-batch's loss, a scalar
 // and its gradients are derived: each micro-batch's forward is recorded on its own tape
 // (ts::ad::vjp), held by the pipeline until its backward task runs the pullback with the
-// gradient that came back, adding d/dp into the stage's parameter gradients. The step's loss is
+// gradient that came back, adding d/dp into the stage's parameter gradients. The micro-batch is
+// the stage module's own context (Module::micro_batch(), set through its tree for each task). The step's loss is
 // the mean of the micro-batches' losses (each pullback is seeded with 1/M, as PyTorch's pipeline
 // schedules scale them), returned in PipelineStats::loss on every rank. Nothing of a step is
 // kept outside the pipeline's own run: no process-wide micro-batch store is involved.
@@ -154,6 +155,18 @@ class HandWrittenTasks {
   bool first_, remat_;
 };
 
+// A stage module's micro-batch for a scope, back to the whole batch after.
+class StageMicroBatch {
+ public:
+  StageMicroBatch(Module& stage, const MicroBatch& mb) : stage_(stage) { stage_.set_micro_batch(mb); }
+  ~StageMicroBatch() { stage_.set_micro_batch(MicroBatch{}); }
+  StageMicroBatch(const StageMicroBatch&) = delete;
+  StageMicroBatch& operator=(const StageMicroBatch&) = delete;
+
+ private:
+  Module& stage_;
+};
+
 // How Pipeline::run computes a task of a stage written forward only: each micro-batch's forward
 // is recorded by ts::ad::vjp and its pullback kept here, per micro-batch, until the backward task
 // (under remat the forward runs untracked and is recorded again in the backward task).
@@ -169,7 +182,7 @@ class DerivedTasks {
   Activation boundary(const MicroBatch& mb) const { return stage_.boundary(mb); }
 
   std::optional<Activation> forward(const MicroBatch& mb, const Activation* in) {
-    MicroBatchScope scope(mb);
+    StageMicroBatch scope(stage_, mb);
     if (remat_) {
       if (!last_) return stage_.forward(mb, in);
       losses_ += value_of(stage_.loss(mb, in)) / double(mb.count);
@@ -185,14 +198,13 @@ class DerivedTasks {
     if (remat_) {  // the forward again, recorded this time
       MicroBatch again = mb;
       again.recompute = true;
-      MicroBatchScope scope(again);
+      StageMicroBatch scope(stage_, again);
       pullback = record(again, in).second;
     } else {
       auto& slot = pullbacks_.at(std::size_t(mb.index));  // (sized by the forward)
       pullback = std::move(slot);
       slot = nullptr;
     }
-    MicroBatchScope scope(mb);
     return pullback(dy);
   }
   // The mean of the micro-batches' losses, on the last stage.
@@ -310,12 +322,13 @@ class Pipeline {
       std::optional<Activation> result;
       const auto t0 = std::chrono::steady_clock::now();
       {
-        MicroBatchScope scope(mb);
         const Activation* in = first() ? nullptr : &*input;
         if constexpr (DerivedStage<Stage>) {
+          detail::StageMicroBatch scope(stage, mb);
           if (last()) losses += double(tshard::detail::result_tensor(stage.loss(mb, in)).gather()()) / double(mbs);
           else result = stage.forward(mb, in);
         } else {
+          MicroBatchScope scope(mb);
           result = stage.forward(mb, in);
         }
       }

@@ -213,13 +213,14 @@ class TransformerBlock : public Module {
   }
 
   // The block forward only, its gradient derived from its submodules' (the experts' gate through
-  // its custom VJP). Dropout follows train()/eval().
+  // its custom VJP). Dropout follows train()/eval(); its masks see the rows at their place in the
+  // whole batch through micro_batch().
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
     tshard::detail::OperatorScope scope("transformer_block");
     auto in_use = use();
-    const MicroBatch& mb = current_micro_batch();
+    const MicroBatch& mb = micro_batch();  // the model's own context, set by its pipeline
     const bool inference = mb.inference || !is_training();
     if (mb.index == 0 && !mb.recompute && !inference) ++calls_;
     auto branch = [&](const auto& y, int site) {
