@@ -203,6 +203,19 @@ TEST_CASE("einsum gradients under every strategy choose their own strategies and
     };
     return checked_gradients("batched einsum", f, a, b);
   });
+  // An index summed inside one operand alone: its gradient is broadcast back over that index.
+  const auto gp = global_random<2>({5, 7}, 14), gq = global_random<2>({7, 4}, 15), gr = global_random<2>({4, 7}, 16);
+  on_every_mesh("einsum summing an index inside one operand", [&](const M& mesh) {
+    auto p = ts::distribute<XY>(mesh, gp);
+    auto q = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, gq);
+    auto r = ts::distribute<RY>(mesh, gr);
+    auto f = [](const auto& p, const auto& q, const auto& r) {
+      auto left = ts::einsum<"ij,jk->k">(p, q);   // i summed inside p
+      auto right = ts::einsum<"ij,kj->i">(p, r);  // k summed inside r
+      return ts::sum<0>(ts::square(left)) + ts::sum<0>(ts::tanh(right));
+    };
+    return checked_gradients("einsum ij,jk->k and ij,kj->i", f, p, q, r);
+  });
 }
 
 TEST_CASE("reshard gradients go back by the transpose rule: no gather, partial sums resolved once", "[ad]") {

@@ -2,6 +2,8 @@
 // operand, each deducing its own spec and strategy as any einsum does (GSPMD section 3.5): a
 // gradient contracting a split batch gives a partial sum, resolved where it is read.
 #pragma once
+#include <algorithm>
+#include <array>
 #include <type_traits>
 
 #include "tshard/ad/cotangent.hpp"
@@ -20,7 +22,48 @@ constexpr EinsumLabels gradient_labels(const EinsumLabels& e, bool left) {
   return g;
 }
 
+// An operand gradient's labels without those it cannot know: labels summed inside that operand
+// alone appear in neither the cotangent nor the other operand.
+constexpr EinsumLabels known_part(const EinsumLabels& g) {
+  EinsumLabels r = g;
+  r.no = 0;
+  for (int i = 0; i < g.no; ++i)
+    if (g.in_a(g.o[i]) >= 0 || g.in_b(g.o[i]) >= 0) r.o[r.no++] = g.o[i];
+  return r;
+}
+// The known part times ones over the unknown labels, in the operand's order: an outer product,
+// the transpose of summing those labels away (d/dx sum_i x_i = 1 for every i).
+constexpr EinsumLabels broadcast_back(const EinsumLabels& g) {
+  const EinsumLabels k = known_part(g);
+  EinsumLabels r;
+  r.na = k.no;
+  r.a = k.o;
+  for (int i = 0; i < g.no; ++i)
+    if (g.in_a(g.o[i]) < 0 && g.in_b(g.o[i]) < 0) r.b[r.nb++] = g.o[i];
+  r.no = g.no;
+  r.o = g.o;
+  return r;
+}
+
 namespace grad {
+
+// The contribution of einsum<G>(u, v) to an operand x whose labels are G's output, where some of
+// them are summed inside x alone: the einsum of the labels it knows, broadcast back over the rest.
+template <EinsumLabels G, class X, class U, class V>
+auto operand_gradient(const X& x, const U& u, const V& v) {
+  if constexpr (outputs_known(G)) {
+    return einsum_labeled<G>(u, v, EinsumStrategy::Auto, "backward");
+  } else {
+    constexpr EinsumLabels B = broadcast_back(G);
+    using T = typename X::Scalar;
+    std::array<Eigen::Index, std::size_t(B.nb)> extents{};
+    for (int i = 0; i < B.nb; ++i) extents[std::size_t(i)] = extents_of(x)[std::size_t(G.in_o(B.b[i]))];
+    ShardedTensor<T, typename X::MeshT, Replicated<B.nb>> ones(x.mesh(), extents);  // replicated: no padding
+    std::fill(ones.data(), ones.data() + ones.padded_size(), T(1));
+    return einsum_labeled<B>(einsum_labeled<known_part(G)>(u, v, EinsumStrategy::Auto, "backward"), ones,
+                             EinsumStrategy::Auto, "backward");
+  }
+}
 
 // Whether two label lists are the same letters in the same order.
 constexpr bool same_labels(const EinsumLabels& e) {
@@ -35,7 +78,10 @@ void vjp(Einsum<E>, std::type_identity<Out>, TypedGradNode<T>& self, const A& a,
   const bool ta = tracked(a), tb = tracked(b);
   if (!ta && !tb) return;
   constexpr bool full_contraction = E.no == 0 && same_labels(E);  // "ij,ij->": the cotangent scales
-  constexpr bool by_einsums = E.no > 0 && outputs_known(gradient_labels(E, true)) && outputs_known(gradient_labels(E, false));
+  // Each gradient is an einsum of the cotangent with the other operand; labels summed inside one
+  // operand alone are broadcast back over (the transpose of that sum).
+  constexpr bool by_einsums = E.no > 0 && known_part(gradient_labels(E, true)).no > 0 &&
+                              known_part(gradient_labels(E, false)).no > 0;
   if constexpr (full_contraction) {
     const auto g = cotangent(std::type_identity<Out>{}, self, a.mesh());
     const T s = g.data()[0];  // rank 0, replicated: the same on every rank
@@ -43,12 +89,12 @@ void vjp(Einsum<E>, std::type_identity<Out>, TypedGradNode<T>& self, const A& a,
     if (tb) accumulate(b, a * s);
   } else if constexpr (by_einsums) {
     const auto g = cotangent(std::type_identity<Out>{}, self, a.mesh());
-    if (ta) accumulate(a, einsum_labeled<gradient_labels(E, true)>(g, b, EinsumStrategy::Auto, "backward"));
-    if (tb) accumulate(b, einsum_labeled<gradient_labels(E, false)>(a, g, EinsumStrategy::Auto, "backward"));
+    if (ta) accumulate(a, operand_gradient<gradient_labels(E, true)>(a, g, b));
+    if (tb) accumulate(b, operand_gradient<gradient_labels(E, false)>(b, a, g));
   } else {
     throw SpecError(
-        "tshard::ad: this einsum sums an index away inside one operand (or contracts to a scalar in another "
-        "order): its gradient is not derived; sum that index first (ts::sum), then contract");
+        "tshard::ad: this einsum contracts to a scalar, or sums every index of an operand away, in a form whose "
+        "gradient is not derived; sum first (ts::sum), then contract");
   }
 }
 
