@@ -58,6 +58,17 @@ std::shared_ptr<TypedGradNode<typename X::Scalar>> make_leaf(const X& x) {
   return node;
 }
 
+// Makes each element of `leaves` (copies of the arguments, buffers shared) a fresh leaf of the
+// active tape, in place (a leaf knows its tensor's address); returns their nodes.
+template <class... X>
+auto make_leaves(std::tuple<X...>& leaves) {
+  auto nodes = std::apply([](auto&... v) { return std::make_tuple(make_leaf(v)...); }, leaves);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (TensorAccess::set_node(std::get<I>(leaves), std::get<I>(nodes)), ...);
+  }(std::index_sequence_for<X...>{});
+  return nodes;
+}
+
 template <class R>
 constexpr bool is_loss_v = ad::is_scalar<std::remove_cvref_t<R>>::value;
 template <class R>
@@ -143,10 +154,7 @@ auto value_and_grad(F&& f, const W&... w) {
   detail::Tape tape;
   detail::ActiveTape active(tape);
   std::tuple<W...> leaves{detail::tape_value(w)...};
-  const auto nodes = std::apply([](auto&... x) { return std::make_tuple(detail::make_leaf(x)...); }, leaves);
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    (detail::TensorAccess::set_node(std::get<I>(leaves), std::get<I>(nodes)), ...);
-  }(std::index_sequence_for<W...>{});
+  const auto nodes = detail::make_leaves(leaves);
   double loss = 0;
   {
     auto result = std::apply(f, std::as_const(leaves));

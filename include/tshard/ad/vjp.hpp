@@ -165,10 +165,7 @@ auto record_forward(F&& f, const ModelTracking& model, const X&... x) {
   std::tuple<std::shared_ptr<tshard::detail::TypedGradNode<typename X::Scalar>>...> nodes;
   {
     tshard::detail::ActiveTape active(*tape);
-    nodes = std::apply([](auto&... v) { return std::make_tuple(tshard::detail::make_leaf(v)...); }, leaves);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (tshard::detail::TensorAccess::set_node(std::get<I>(leaves), std::get<I>(nodes)), ...);
-    }(std::index_sequence_for<X...>{});
+    nodes = tshard::detail::make_leaves(leaves);
     // The parameters are plain again as soon as the forward ends, throwing or not (the tape holds
     // what it needs of them), so the next forward tracks them afresh on its own tape.
     struct Untrack {
@@ -184,11 +181,8 @@ auto record_forward(F&& f, const ModelTracking& model, const X&... x) {
     }
     result.emplace(std::apply(f, std::as_const(leaves)));
   }
-  auto* out = tshard::detail::node_of(tshard::detail::result_tensor(*result));
-  std::shared_ptr<tshard::detail::TypedGradNode<typename Y::Scalar>> output;
-  if (out)
-    output = std::static_pointer_cast<tshard::detail::TypedGradNode<typename Y::Scalar>>(
-        tshard::detail::TensorAccess::node(tshard::detail::result_tensor(*result)));
+  auto output = std::static_pointer_cast<tshard::detail::TypedGradNode<typename Y::Scalar>>(
+      tshard::detail::TensorAccess::node(tshard::detail::result_tensor(*result)));  // null: no input reached it
   std::tuple<X...> primals{X(tshard::detail::AdoptStorage{}, x.mesh(), x.global_shape(), nullptr)...};
   R y = tshard::detail::detached(std::move(*result));
   return std::pair<R, Pullback<R, X...>>(

@@ -174,7 +174,7 @@ class Module {
 
   // ---- what ts::ad::backward(model, loss) and ts::ad::vjp(model, ...) call ----
   // Every registered parameter becomes a fresh leaf of the active tape; the leaves come back in
-  // for_each_module_children_first order, for collect_gradients once that forward's backward ran.
+  // for_each_module_children_first order, for gradient_collector once that forward's backward runs.
   ParameterLeaves track_parameters() {
     ParameterLeaves leaves;
     for_each_module_children_first([&](Module& m) {
@@ -247,7 +247,6 @@ class Module {
     bool planned_ = false;
   };
   GradientCollector gradient_collector(ParameterLeaves leaves) { return GradientCollector(*this, std::move(leaves)); }
-  void collect_gradients(const ParameterLeaves& leaves) { gradient_collector(leaves).finish(); }
 
   // f(module) for every submodule before its parent (post-order).
   template <class F>

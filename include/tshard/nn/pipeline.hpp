@@ -116,6 +116,13 @@ concept DerivedStage = requires(Stage& s, const MicroBatch& mb, const typename S
 
 namespace detail {
 
+// The value of a stage's loss (ad::Scalar or a rank-0 tensor, maybe partial), the same on every
+// rank of its stage.
+template <class R>
+double loss_value(const R& r) {
+  return double(tshard::detail::result_tensor(r).gather()());
+}
+
 // How Pipeline::run computes a task of a stage with a hand-written backward: the layers keep
 // what backward needs per micro-batch, released through the micro-batch store.
 template <class Stage>
@@ -185,7 +192,7 @@ class DerivedTasks {
     StageMicroBatch scope(stage_, mb);
     if (remat_) {
       if (!last_) return stage_.forward(mb, in);
-      losses_ += value_of(stage_.loss(mb, in)) / double(mb.count);
+      losses_ += loss_value(stage_.loss(mb, in)) / double(mb.count);
       return std::nullopt;
     }
     auto [y, pullback] = record(mb, in);
@@ -211,12 +218,6 @@ class DerivedTasks {
   double loss() const { return losses_; }
 
  private:
-  template <class R>
-  double value_of(const R& r) const {
-    const auto v = tshard::detail::result_tensor(r).gather();
-    return double(v());
-  }
-
   // The forward of micro-batch mb on the tape, and its pullback: dy (null on the last stage) ->
   // the input's gradient (none on the first).
   std::pair<std::optional<Activation>, Pullback> record(const MicroBatch& mb, const Activation* in) {
@@ -224,7 +225,7 @@ class DerivedTasks {
     if (last_) {
       auto pull_loss = [&](auto&& recorded) -> std::pair<std::optional<Activation>, Pullback> {
         auto& [loss, pb] = recorded;
-        if (!mb.recompute) losses_ += value_of(loss) * share;
+        if (!mb.recompute) losses_ += loss_value(loss) * share;
         auto kept = std::make_shared<std::remove_cvref_t<decltype(pb)>>(std::move(pb));  // (std::function copies)
         return {std::nullopt, [kept, share](const Activation*) -> std::optional<Activation> {
                   return from_tuple((*kept)(share));
@@ -325,7 +326,7 @@ class Pipeline {
         const Activation* in = first() ? nullptr : &*input;
         if constexpr (DerivedStage<Stage>) {
           detail::StageMicroBatch scope(stage, mb);
-          if (last()) losses += double(tshard::detail::result_tensor(stage.loss(mb, in)).gather()()) / double(mbs);
+          if (last()) losses += detail::loss_value(stage.loss(mb, in)) / double(mbs);
           else result = stage.forward(mb, in);
         } else {
           MicroBatchScope scope(mb);

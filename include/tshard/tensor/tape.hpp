@@ -32,8 +32,8 @@ class GradNode {
   // node down to it, this cotangent is final (a parameter's gradient can be reduced then).
   std::uint64_t first_consumer = std::numeric_limits<std::uint64_t>::max();
   const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
-  // The operator path the forward ran under ("transformer_block/moe"): a rule's collectives are
-  // counted under it + "/backward", as a hand-written backward's are under its own name.
+  // What a rule's collectives are counted under: the forward's operator path + "/backward"
+  // ("transformer_block/moe/backward"), as a hand-written backward's are under its own name.
   std::string label;
 };
 
@@ -54,7 +54,7 @@ class TypedGradNode final : public GradNode {
     if (!cotangent || !rule) return;
     auto r = std::move(rule);
     rule = nullptr;
-    OperatorScope scope(label.empty() ? std::string("backward") : label + "/backward");
+    OperatorScope scope(label.empty() ? std::string("backward") : label);
     r(*this);
   }
 };
@@ -162,7 +162,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->mesh = state_of(out.mesh());
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
-  if (!operator_stack().empty()) node->label = current_operator();
+  if (!operator_stack().empty()) node->label = current_operator() + "/backward";
   (note_consumer(saved, Tape::active()->size()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
