@@ -5,6 +5,9 @@
 // split by.
 #pragma once
 #include <mpi.h>
+#if defined(TSHARD_USE_BLAS) && TSHARD_USE_BLAS
+#include <cblas.h>  // OpenBLAS's: openblas_get_corename
+#endif
 
 #include <algorithm>
 #include <cstddef>
@@ -14,6 +17,16 @@
 namespace tshard_bench {
 
 // Rank and size in MPI_COMM_WORLD (what tshard::Environment::world_rank / world_size return).
+// The kernels OpenBLAS runs (its core name: "Haswell", "SkylakeX", "Zen", ...), or "none"
+// where the benchmark was built without BLAS.
+inline const char* blas_kernels() {
+#if defined(TSHARD_USE_BLAS) && TSHARD_USE_BLAS
+  return openblas_get_corename();
+#else
+  return "none";
+#endif
+}
+
 inline int world_rank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);

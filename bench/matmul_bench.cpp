@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (world_rank() == 0)
-    std::printf("matmul benchmark, %d ranks, n = %d, median of %d interleaved runs (OPENBLAS_CORETYPE=%s)\n",
-                world_size(), n, reps, std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "default");
+    std::printf("matmul benchmark, %d ranks, n = %d, median of %d interleaved runs (OpenBLAS kernels %s)\n",
+                world_size(), n, reps, blas_kernels());
   if (types != "fp32") run<double>(n, reps);
   if (types != "fp64") run<float>(n, reps);
   return 0;

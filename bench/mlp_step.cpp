@@ -437,14 +437,12 @@ int main(int argc, char** argv) {
     if (root()) std::fprintf(stderr, "--B and --H must be positive multiples of the rank count (%d)\n", p);
     return 1;
   }
-  const char* core = std::getenv("OPENBLAS_CORETYPE");
   if (root()) {
     std::printf("MLP training step benchmark, %d ranks, float, B=%d D=%d H=%d, median of %d interleaved runs "
-                "(OPENBLAS_CORETYPE=%s, local products: %s)\n",
-                p, o.B, o.D, o.H, o.reps, core ? core : "default", ts::local_gemm_backend());
-    std::printf("reproduce: OPENBLAS_CORETYPE=%s bash bench/run_mlp_step.sh --B %d --D %d --H %d --reps %d --steps %d --peak-n %d%s\n",
-                core ? core : "SkylakeX", o.B, o.D, o.H, o.reps, o.steps, o.peak_n,
-                core ? "" : "  (this run had OpenBLAS's default kernels: the script sets SkylakeX)");
+                "(OpenBLAS kernels %s, local products: %s)\n",
+                p, o.B, o.D, o.H, o.reps, blas_kernels(), ts::local_gemm_backend());
+    std::printf("reproduce: OPENBLAS_CORETYPE=%s bash bench/run_mlp_step.sh --B %d --D %d --H %d --reps %d --steps %d --peak-n %d\n",
+                blas_kernels(), o.B, o.D, o.H, o.reps, o.steps, o.peak_n);
   }
   const double peak = measure_peak(o.peak_n, o.reps);
   if (root())

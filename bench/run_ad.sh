@@ -4,13 +4,11 @@
 # {data, model} = {1, 2} and {2, 1}, and the tape's overhead per operator; then the lines of
 # model code of examples/gpt_minimal.cpp. Extra arguments go to the benchmark.
 #   bash bench/run_ad.sh [--dmodel 1024 --heads 16 --batch 8 --seq 256 --layers 2 --reps 5]
-# SkylakeX kernels are chosen for OpenBLAS only where the CPU has AVX-512 (never in tests or CI).
+# OpenBLAS's kernels: bench/prepare.sh (SkylakeX only where the CPU has AVX-512).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_ad
-if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"; fi
-echo "OpenBLAS kernels: ${OPENBLAS_CORETYPE:-chosen by OpenBLAS}"
 for mesh in model=2 data=2; do
   mpirun -np 2 ./build-bench/bench/tshard_bench_ad --mesh "$mesh" "$@"
 done

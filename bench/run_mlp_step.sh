@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs the MLP training-step benchmark on 2 ranks:
 #   bash bench/run_mlp_step.sh [--B 256] [--D 1024] [--H 4096] [--reps 7] [--steps 3] [--peak-n 4096]
-# OpenBLAS 0.3.21 picks slower AVX2 kernels on this CPU; SkylakeX kernels are set for this
-# command alone (never in tests or CI).
+# OpenBLAS's kernels: bench/prepare.sh (SkylakeX only where the CPU has AVX-512).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_mlp_step
-OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}" mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
+mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
   ./build-bench/bench/tshard_bench_mlp_step "$@"

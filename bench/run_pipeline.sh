@@ -15,7 +15,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" train_transformer
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
 run() { mpirun -np 2 ./build-bench/examples/train_transformer "$@"; }
 size=(--dmodel 512 --heads 8 --batch 16 --seq 128 --vocab 64 --layers 4 --steps 4 --peak-n 2048)
 echo "== bubble on stage=2"

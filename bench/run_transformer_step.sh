@@ -5,13 +5,11 @@
 # reduction overlapped with backward or not; then the MLP step benchmark (nn layers against
 # the hand-written step). Any extra arguments go to train_transformer.
 #   bash bench/run_transformer_step.sh [--layers 2] [--steps 4]
-# OpenBLAS 0.3.21 picks slower kernels on this CPU; SkylakeX kernels are set for this command
-# alone (never in tests or CI).
+# OpenBLAS's kernels: bench/prepare.sh (SkylakeX only where the CPU has AVX-512).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" train_transformer tshard_bench_mlp_step
-export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-SkylakeX}"
 size=(--dmodel 1024 --heads 16 --batch 8 --seq 256 --vocab 1024 --layers 2 --steps 4 --peak-n 4096)
 for run in "model=2" "data=2" "data=2 --overlap" "data=2 --zero 2" "data=2 --zero 3"; do
   mesh=${run%% *}

@@ -379,8 +379,6 @@ class Optimizer {
     updates_.push_back([bucket](const Options& o, long t) {
       const int c = bucket->data_coord();
       for (auto& s : bucket->slots) {
-        T* p = bucket->parameter_base(s);
-        const T* g = bucket->gradient_base(s);
         const Index base = s.owned_begin(c);
         s.for_each_run_in(base, s.owned_end(c), [&](Index off, Index len) {
           T* st[Rule::states > 0 ? Rule::states : 1];
@@ -389,9 +387,9 @@ class Optimizer {
             Options own = o;
             if (s.lr) own.lr = *s.lr;
             if (s.weight_decay) own.weight_decay = *s.weight_decay;
-            Rule::template update<T>(own, t, p + off, g + off, st, len);
+            Rule::template update<T>(own, t, bucket->parameter_at(s, off), bucket->gradient_at(s, off), st, len);
           } else {
-            Rule::template update<T>(o, t, p + off, g + off, st, len);
+            Rule::template update<T>(o, t, bucket->parameter_at(s, off), bucket->gradient_at(s, off), st, len);
           }
         });
         s.reduced.reset();

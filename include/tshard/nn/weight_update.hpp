@@ -195,10 +195,9 @@ class Bucket : public BucketBase {
     }
   }
 
-  // The gradient this rank updates with, at local index i of the block.
-  const T* gradient_base(Slot<T>& s) {
-    return s.reduced ? s.reduced.get() - s.owned_begin(c_) : s.grad();
-  }
+  // The gradient this rank updates with, from local index i of the block on (i in the owned
+  // range): a reduced chunk holds the owned range alone, so its index is relative to the chunk.
+  T* gradient_at(Slot<T>& s, Index i) { return s.reduced ? s.reduced.get() + (i - s.owned_begin(c_)) : s.grad() + i; }
 
   double squared_norm() override {
     double sum = 0;
@@ -210,9 +209,9 @@ class Bucket : public BucketBase {
       for (int a = 0; a < tshard::detail::kMaxAxes; ++a)
         if ((axes & (1u << a)) && coords[a] != 0) counted = false;
       if (!counted) continue;
-      const T* g = gradient_base(s);
       s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
-        for (Index i = off; i < off + n; ++i) sum += double(g[i]) * double(g[i]);
+        const T* g = gradient_at(s, off);
+        for (Index i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
       });
     }
     return sum;
@@ -220,15 +219,16 @@ class Bucket : public BucketBase {
 
   void scale_gradients(double f) override {
     for (auto& s : slots) {
-      T* g = s.reduced ? s.reduced.get() - s.owned_begin(c_) : s.grad();
       s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
-        for (Index i = off; i < off + n; ++i) g[i] = T(g[i] * f);
+        T* g = gradient_at(s, off);
+        for (Index i = 0; i < n; ++i) g[i] = T(g[i] * f);
       });
     }
   }
 
-  // The parameter this rank updates, at local index i of the block.
-  T* parameter_base(Slot<T>& s) { return s.streamed ? s.master.get() - s.owned_begin(c_) : s.param(); }
+  // The parameter this rank updates, from local index i of the block on (i in the owned range):
+  // a streamed parameter's master copy holds the owned range alone.
+  T* parameter_at(Slot<T>& s, Index i) { return s.streamed ? s.master.get() + (i - s.owned_begin(c_)) : s.param() + i; }
 
   void gather_parameters(bool streamed) override {
     auto takes = [&](const Slot<T>& s) { return s.sharded && s.streamed == streamed; };
