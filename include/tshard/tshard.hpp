@@ -29,6 +29,7 @@
 
 #include "tshard/io/checkpoint.hpp"
 #include "tshard/io/npy.hpp"
+#include "tshard/io/safetensors.hpp"
 #if defined(TSHARD_WITH_HDF5)  // the component tshard::hdf5
 #include "tshard/io/hdf5.hpp"
 #endif

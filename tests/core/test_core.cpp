@@ -11,6 +11,7 @@
 #include "tshard/core/spec.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 #include "tshard/io/npy_format.hpp"
+#include "tshard/io/safetensors_format.hpp"
 #include "tshard/reshard/plan.hpp"
 
 using namespace tshard::detail;
@@ -213,6 +214,81 @@ TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
   }
   INFO(parsed << " parsed, " << rejected << " rejected");
   REQUIRE(parsed + rejected == iterations);
+}
+
+// The safetensors header parser (and the JSON reader under it) take whatever a file holds, as the
+// .npy one: seeded mutations of valid headers either parse, with every tensor's bytes inside the
+// data the header promises, or throw IoError. TSHARD_FUZZ_ITERATIONS for more.
+TEST_CASE("the safetensors header parser survives mutated headers", "[safetensors]") {
+  using tshard::io::detail::SafetensorsEntry;
+  using tshard::io::detail::safetensors_header;
+  const std::vector<std::string> seeds = {
+      safetensors_header({SafetensorsEntry{"a.weight", "F32", {3, 4}, 0, 48}, SafetensorsEntry{"b", "BF16", {5}, 48, 58}},
+                         {{"format", "pt"}}),
+      safetensors_header({SafetensorsEntry{"x", "F64", {}, 0, 8}}, {}),
+      safetensors_header({SafetensorsEntry{"\"q\\uote\"\n", "I64", {2, 0, 7}, 0, 0}}, {{"k", "v\tw"}}),
+      [] {  // as another writer may lay it out: spaces, no padding to 8 bytes
+        const std::string json = "{ \"t\" : {\"shape\": [2], \"dtype\": \"F16\", \"data_offsets\": [0, 4]}}";
+        std::string len(8, '\0');
+        len[0] = char(json.size());
+        return len + json;
+      }()};
+  for (const auto& s : seeds) {
+    const auto h = tshard::io::detail::parse_safetensors_header(s.data(), s.size(), "seed");
+    REQUIRE(h.data_offset == std::int64_t(s.size()));
+  }
+  const auto h = tshard::io::detail::parse_safetensors_header(seeds[2].data(), seeds[2].size(), "seed");
+  REQUIRE(h.tensors.at(0).name == "\"q\\uote\"\n");  // names and metadata round-trip through JSON escapes
+  REQUIRE(h.metadata.at("k") == "v\tw");
+  long iterations = 200000;
+  if (const char* n = std::getenv("TSHARD_FUZZ_ITERATIONS")) iterations = std::atol(n);
+  std::uint64_t state = 6789;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return std::uint32_t(state >> 33);
+  };
+  long parsed = 0, rejected = 0;
+  for (long i = 0; i < iterations; ++i) {
+    std::string s = seeds[next() % seeds.size()];
+    const int edits = 1 + int(next() % 4);
+    for (int e = 0; e < edits && !s.empty(); ++e) {
+      const std::size_t at = next() % s.size();
+      switch (next() % 5) {
+        case 0: s[at] = char(next()); break;
+        case 1: s.insert(at, 1, "[]{},:\"\\u0123456789.eE-+ tfn"[next() % 28]); break;
+        case 2: s.erase(at, 1 + next() % 8); break;
+        case 3: s.resize(at); break;
+        default: s[at] = char(s[at] ^ (1 << (next() % 8))); break;
+      }
+    }
+    try {
+      const auto m = tshard::io::detail::parse_safetensors_header(s.data(), s.size(), "mutant");
+      REQUIRE(m.data_offset <= std::int64_t(s.size()));
+      for (const auto& t : m.tensors) REQUIRE((t.begin <= t.end && t.end <= m.data_bytes));
+      ++parsed;
+    } catch (const tshard::IoError&) {
+      ++rejected;
+    }
+  }
+  INFO(parsed << " parsed, " << rejected << " rejected");
+  REQUIRE(parsed + rejected == iterations);
+  REQUIRE(parsed > 0);
+}
+
+TEST_CASE("bfloat16 and float16 bits convert to the floats they stand for", "[safetensors]") {
+  using namespace tshard::io::detail;
+  REQUIRE(bfloat16_to_float(0x3f80) == 1.0f);
+  REQUIRE(bfloat16_to_float(0xc040) == -3.0f);
+  REQUIRE(float_to_bfloat16(1.0f + 1.0f / 256) == 0x3f80);  // a tie rounds to even
+  REQUIRE(float_to_bfloat16(1.0f + 3.0f / 256) == 0x3f82);
+  REQUIRE(float16_to_float(0x3c00) == 1.0f);
+  REQUIRE(float16_to_float(0xc000) == -2.0f);
+  REQUIRE(float16_to_float(0x7bff) == 65504.0f);               // the largest half
+  REQUIRE(float16_to_float(0x0001) == std::ldexp(1.0f, -24));  // the smallest subnormal
+  REQUIRE(float16_to_float(0x0200) == std::ldexp(1.0f, -15));
+  REQUIRE(std::isinf(float16_to_float(0xfc00)));
+  REQUIRE(std::isnan(float16_to_float(0x7e00)));
+  REQUIRE(std::signbit(float16_to_float(0x8000)));
 }
 
 TEST_CASE("for_each_index walks a box column-major, merges whole leading dims, and stops on false") {

@@ -194,3 +194,224 @@ TEST_CASE("a trace holds every rank's operators and collectives as Chrome trace 
   MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
   TS_REQUIRE_ALL(ok == 1);
 }
+
+// ---- safetensors ----
+
+namespace {
+
+// A safetensors file as another writer (numpy's tobytes, PyTorch) lays it out: the header, then
+// each tensor's bytes in C order (the last index fastest), written by the first rank.
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<std::int64_t> shape;
+  std::string bytes;
+};
+void write_raw_safetensors(const std::string& path, const std::vector<RawTensor>& tensors) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    std::vector<ts::io::detail::SafetensorsEntry> entries;
+    std::int64_t at = 0;
+    for (const auto& t : tensors) {
+      entries.push_back({t.name, t.dtype, t.shape, at, at + std::int64_t(t.bytes.size())});
+      at += std::int64_t(t.bytes.size());
+    }
+    std::ofstream f(path, std::ios::binary);
+    const std::string header = ts::io::detail::safetensors_header(entries, {{"format", "pt"}});
+    f.write(header.data(), std::streamsize(header.size()));
+    for (const auto& t : tensors) f.write(t.bytes.data(), std::streamsize(t.bytes.size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+// want's elements row after row, each converted by `encode` to the bytes of a file's dtype.
+template <class F>
+std::string c_order_bytes(const Eigen::Tensor<double, 2>& want, F encode) {
+  std::string out;
+  for (Eigen::Index i = 0; i < want.dimension(0); ++i)
+    for (Eigen::Index j = 0; j < want.dimension(1); ++j) {
+      const auto v = encode(want(i, j));
+      out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+    }
+  return out;
+}
+// Values every dtype holds exactly: multiples of 1/8 below 64 in magnitude.
+Eigen::Tensor<double, 2> exact_values(Eigen::Index r, Eigen::Index c, int salt) {
+  Eigen::Tensor<double, 2> v(r, c);
+  for (Eigen::Index i = 0; i < v.size(); ++i) v.data()[i] = double(((i * 37 + salt * 11) % 509) - 254) / 8.0;
+  return v;
+}
+std::uint16_t half_bits(double v) {  // v a multiple of 1/8 below 64: exact in binary16
+  if (v == 0) return 0;
+  const std::uint16_t sign = v < 0 ? 0x8000 : 0;
+  int e = 0;
+  const double m = std::frexp(std::abs(v), &e);  // |v| = m 2^e, m in [0.5, 1)
+  return std::uint16_t(sign | std::uint16_t((e - 1 + 15) << 10) | std::uint16_t(std::lround((2 * m - 1) * 1024)));
+}
+
+}  // namespace
+
+TEST_CASE("save_safetensors and load_safetensors round-trip bitwise across specs and meshes for every element type",
+          "[io][safetensors]") {
+  const std::string path = scratch_file("roundtrip.safetensors");
+  auto check = [&]<class T>(T*) {
+    const Eigen::Tensor<T, 2> want = typed_values<T>(7, 5, 3);
+    on_every_mesh([&](M2& mesh, auto sizes) {
+      for_each_pair(Specs2{}, Specs2{}, [&]<class A, class B>(A*, B*) {
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<A>(mesh) << " -> " << spec_name<B>(mesh));
+        const auto x = ts::distribute<A>(mesh, want);
+        ts::io::save_safetensors(path, {{"w", x}, {"w.t", ts::distribute<B>(mesh, Eigen::Tensor<T, 2>(want.shuffle(
+                                                                                     Eigen::array<int, 2>{1, 0})))}});
+        TS_REQUIRE_ALL(bitwise_equal<T>(ts::io::load_safetensors<T, B>(mesh, path, "w").gather(), want));
+        ts::io::SafetensorsReader in(mesh.comm(), path);
+        TS_REQUIRE_ALL((in.shape("w") == std::vector<std::int64_t>{7, 5} && in.shape("w.t") == std::vector<std::int64_t>{5, 7}));
+        const Eigen::Tensor<T, 2> back = in.load<T, A>(mesh, "w.t", {5, 7}).gather();
+        TS_REQUIRE_ALL(bitwise_equal<T>(Eigen::Tensor<T, 2>(back.shuffle(Eigen::array<int, 2>{1, 0})), want));
+      });
+    });
+  };
+  check(static_cast<float*>(nullptr));
+  check(static_cast<double*>(nullptr));
+  check(static_cast<std::int32_t*>(nullptr));
+  check(static_cast<std::int64_t*>(nullptr));
+  // The file is C order with the global shape, as PyTorch and numpy read it: a[i, j] == x(i, j).
+  M2 world({world_size(), 1});
+  const Eigen::Tensor<double, 2> x = values(4, 3, 2);
+  ts::io::save_safetensors(path, {{"x", ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(world, x)}}, {{"format", "pt"}});
+  int ok = 1;
+  if (world_rank() == 0) {
+    std::ifstream f(path, std::ios::binary);
+    const std::string whole((std::istreambuf_iterator<char>(f)), {});
+    const auto h = ts::io::detail::parse_safetensors_header(whole.data(), whole.size(), path);
+    ok = h.tensors.size() == 1 && h.tensors[0].shape == std::vector<std::int64_t>{4, 3} && h.metadata.at("format") == "pt" &&
+         h.data_offset % 8 == 0 && whole.size() == std::size_t(h.data_offset + 96) &&
+         whole.substr(std::size_t(h.data_offset)) == c_order_bytes(x, [](double v) { return v; });
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(ok == 1);
+  // A rank-3 tensor written on the world, read on one rank alone.
+  Eigen::Tensor<float, 3> cube(4, 3, 5);
+  for (Eigen::Index i = 0; i < cube.size(); ++i) cube.data()[i] = 0.25f * float(i) - 3;
+  ts::io::save_safetensors(path, {{"cube", ts::distribute<ts::Spec<ts::R, ts::S<"x">, ts::R>>(world, cube)}});
+  M2 self(MPI_COMM_SELF, {1, 1});
+  const Eigen::Tensor<float, 3> alone =
+      ts::io::load_safetensors<float, ts::Spec<ts::S<"x">, ts::R, ts::R>>(self, path, "cube").gather();
+  TS_REQUIRE_ALL(std::memcmp(alone.data(), cube.data(), sizeof(float) * 60) == 0);
+  remove_on_rank0(path);
+}
+
+TEST_CASE("ranks that hold different tensors (pipeline stages) write one safetensors file together", "[io][safetensors]") {
+  const std::string path = scratch_file("stages.safetensors");
+  // Each rank alone is a stage: it lists its own tensor on its own one-rank mesh, and rank 0 a
+  // shared one too.
+  M2 self(MPI_COMM_SELF, {1, 1});
+  const Eigen::Tensor<double, 2> mine = values(3, world_rank() + 2, world_rank());
+  const auto local = ts::distribute<ts::Spec<ts::R, ts::R>>(self, mine);
+  ts::io::save_safetensors(MPI_COMM_WORLD, path, {{"stage" + std::to_string(world_rank()), local}});
+  M2 world({1, world_size()});
+  ts::io::SafetensorsReader in(MPI_COMM_WORLD, path);
+  TS_REQUIRE_ALL(int(in.names().size()) == world_size());
+  for (int r = 0; r < world_size(); ++r) {
+    const auto back = in.load<double, ts::Spec<ts::R, ts::S<"y">>>(world, "stage" + std::to_string(r));
+    TS_REQUIRE_ALL(compare(back.gather(), values(3, r + 2, r)) == "");
+  }
+  // Two ranks listing one name with two shapes is an error on every rank, and nothing is written.
+  if (world_size() > 1) {
+    TS_REQUIRE_ALL(io_error([&] { ts::io::save_safetensors(MPI_COMM_WORLD, path + "2", {{"same", local}}); },
+                            "two shapes"));
+    TS_REQUIRE_ALL(!std::filesystem::exists(path + "2"));
+  }
+  remove_on_rank0(path);
+}
+
+TEST_CASE("load_safetensors reads BF16, F16, F32 and F64 files as other writers lay them out, and models split over files",
+          "[io][safetensors]") {
+  const std::string path = scratch_file("typed.safetensors");
+  const Eigen::Tensor<double, 2> want = exact_values(6, 5, 1);
+  write_raw_safetensors(path, {{"bf16", "BF16", {6, 5}, c_order_bytes(want, [](double v) {
+                                  return ts::io::detail::float_to_bfloat16(float(v)); })},
+                               {"f16", "F16", {6, 5}, c_order_bytes(want, half_bits)},
+                               {"f32", "F32", {6, 5}, c_order_bytes(want, [](double v) { return float(v); })},
+                               {"f64", "F64", {6, 5}, c_order_bytes(want, [](double v) { return v; })},
+                               {"ids", "I64", {6, 5}, c_order_bytes(want, [](double v) { return std::int64_t(8 * v); })}});
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    ts::io::SafetensorsReader in(mesh.comm(), path);
+    for_each_type(Specs2{}, [&]<class S>(S*) {
+      for (const char* dtype : {"bf16", "f16", "f32", "f64"}) {
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<S>(mesh) << " " << dtype);
+        TS_REQUIRE_ALL(compare(in.load<double, S>(mesh, dtype).gather(), want) == "");
+        const Eigen::Tensor<float, 2> f = in.load<float, S>(mesh, dtype).gather();
+        TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(f.cast<double>()), want) == "");
+      }
+      const Eigen::Tensor<std::int32_t, 2> ids = in.load<std::int32_t, S>(mesh, "ids").gather();
+      TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(ids.cast<double>() / 8.0), want) == "");
+    });
+  });
+  // Hugging Face's sharded layout: an index naming, per tensor, the file that holds it.
+  const std::string dir = scratch_file("sharded_model");
+  if (world_rank() == 0) std::filesystem::create_directories(dir);
+  write_raw_safetensors(dir + "/part-1.safetensors", {{"a.weight", "F32", {6, 5}, c_order_bytes(want, [](double v) { return float(v); })}});
+  write_raw_safetensors(dir + "/part-2.safetensors", {{"b.weight", "BF16", {6, 5}, c_order_bytes(want, [](double v) {
+                                                         return ts::io::detail::float_to_bfloat16(float(-v)); })}});
+  if (world_rank() == 0)
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << "{\"metadata\": {\"total_size\": 180},\n \"weight_map\": {\"a.weight\": \"part-1.safetensors\", "
+           "\"b.weight\": \"part-2.safetensors\"}}\n";
+  MPI_Barrier(MPI_COMM_WORLD);
+  M2 mesh({1, world_size()});
+  for (const std::string& source : {dir, dir + "/model.safetensors.index.json"}) {
+    ts::io::SafetensorsReader in(MPI_COMM_WORLD, source);
+    TS_REQUIRE_ALL((in.names() == std::vector<std::string>{"a.weight", "b.weight"} && in.dtype("b.weight") == "BF16"));
+    TS_REQUIRE_ALL(compare(in.load<double, ts::Spec<ts::R, ts::S<"y">>>(mesh, "a.weight").gather(), want) == "");
+    TS_REQUIRE_ALL(compare(in.load<double, ts::Spec<ts::S<"y">, ts::R>>(mesh, "b.weight").gather(),
+                           Eigen::Tensor<double, 2>(-want)) == "");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  remove_on_rank0(path);
+}
+
+TEST_CASE("a missing, truncated or corrupt safetensors file, tensor, shape or dtype is an IoError on every rank",
+          "[io][safetensors]") {
+  M2 mesh({world_size(), 1});
+  using S = ts::Spec<ts::S<"x">, ts::R>;
+  const std::string good = scratch_file("good.safetensors"), bad = scratch_file("bad.safetensors");
+  ts::io::save_safetensors(good, {{"w", ts::distribute<S>(mesh, values(4, 3, 2))}});
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, scratch_file("missing.safetensors"), "w"); },
+                          "cannot open"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, good, "v"); }, "has no tensor \"v\""));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::SafetensorsReader(mesh.comm(), good).load<double, S>(mesh, "w", {3, 4}); },
+                          "has shape [4, 3], not [3, 4]"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, ts::Spec<ts::S<"x">>>(mesh, good, "w"); }, "rank 2"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<std::int32_t, S>(mesh, good, "w"); }, "does not convert"));
+  std::string whole;
+  {
+    std::ifstream f(good, std::ios::binary);
+    whole.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto write_bad = [&](const std::string& bytes) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::ofstream(bad, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+    MPI_Barrier(MPI_COMM_WORLD);
+  };
+  write_bad(whole.substr(0, whole.size() - 8));  // one element short
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, bad, "w"); }, "truncated"));
+  write_bad(whole.substr(0, 30));  // inside the header
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, bad, "w"); }, "header"));
+  std::string corrupt = whole;
+  corrupt.replace(corrupt.find("\"shape\":[4,3]"), 13, "\"shape\":[4,4]");  // the offsets no longer fit the shape
+  write_bad(corrupt);
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, bad, "w"); }, "data_offsets"));
+  write_bad(std::string("\x05\0\0\0\0\0\0\0{\"a\":", 13));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::load_safetensors<double, S>(mesh, bad, "w"); }, "not valid JSON"));
+  write_bad("{\"weight_map\": {\"w\": \"no-such-part.safetensors\"}}");
+  TS_REQUIRE_ALL(io_error([&] { ts::io::SafetensorsReader(mesh.comm(), bad); }, "is not a valid safetensors file"));
+  const std::string index = scratch_file("bad.index.json");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::ofstream(index) << "{\"weight_map\": {\"v\": \"" + good + "\"}}";
+  MPI_Barrier(MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(io_error([&] { ts::io::SafetensorsReader(mesh.comm(), index); }, "does not hold it"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::save_safetensors("/proc/no/such/dir/x.safetensors", {{"w", ts::distribute<S>(mesh, values(4, 3, 2))}}); },
+                          "cannot open"));
+  remove_on_rank0(good);
+  remove_on_rank0(bad);
+  remove_on_rank0(index);
+}

@@ -5,6 +5,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,11 +34,19 @@ struct FileBox {
   Index elements() const { return volume(count, rank); }
 };
 
+// The element type of a file box: tshard's element types, and the raw 16-bit words of dtypes
+// converted after reading (bfloat16, float16).
+template <class T>
+MPI_Datatype file_datatype() {
+  if constexpr (std::is_same_v<T, std::uint16_t>) return MPI_UINT16_T;
+  else return mpi_datatype<T>();
+}
+
 // The file view and memory datatypes of a box: subarrays in the file's order and in the
 // rank's column-major buffer (a C-order box is moved as `count` contiguous elements).
 template <class T>
 struct BoxTypes {
-  MPI_Datatype etype = mpi_datatype<T>(), file = etype, memory = etype;
+  MPI_Datatype etype = file_datatype<T>(), file = etype, memory = etype;
   int count = 0;
   std::uint64_t bytes = 0;
   BoxTypes(const FileBox& box, bool take_part) {
