@@ -40,14 +40,14 @@ struct ParameterInfo {
 // A parameter group's own settings; an empty member keeps the optimizer's (which later changes
 // to opt.options(), such as a learning-rate schedule, then reach).
 struct ParameterGroup {
-  std::optional<float> lr;
-  std::optional<float> weight_decay;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
 };
 // nanoGPT's recipe: weight decay for matrices and embeddings (rank >= 2), none for biases and
 // norms. opt.add(model, ts::nn::decay_matrices_only(0.1f)).
-inline std::function<ParameterGroup(const ParameterInfo&)> decay_matrices_only(float weight_decay) {
+inline std::function<ParameterGroup(const ParameterInfo&)> decay_matrices_only(double weight_decay) {
   return [weight_decay](const ParameterInfo& p) {
-    return ParameterGroup{.lr = std::nullopt, .weight_decay = p.rank >= 2 ? weight_decay : 0.0f};
+    return ParameterGroup{.lr = std::nullopt, .weight_decay = p.rank >= 2 ? weight_decay : 0.0};
   };
 }
 
@@ -426,12 +426,15 @@ class Optimizer {
 // the overlapped reduction of a transformer's gradients spent 54-209 ms per step inside MPI
 // here against 37-52 ms for the blocking one in step() (bench/run_transformer_step.sh); turn
 // it on where the network progresses transfers on its own.
+// The settings are doubles, so a double-precision run can follow a reference that writes
+// betas=(0.9, 0.95) exactly; the defaults are the float values they always were (1e-3f, ...),
+// so programs that keep them, or pass floats, compute bitwise what they did.
 struct AdamWOptions {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
+  double lr = 1e-3f;
+  double beta1 = 0.9f;
+  double beta2 = 0.999f;
+  double eps = 1e-8f;
+  double weight_decay = 0.01f;
   int zero_stage = 0;
   const char* data_axis = "data";
   bool overlap = false;
