@@ -1,4 +1,4 @@
-// File I/O: tshard's save_npy / load_npy and (with tshard::hdf5) io::save / io::load of a 1 GiB
+// File I/O: tshard's save_npy / load_npy, save_safetensors / load_safetensors and (with tshard::hdf5) io::save / io::load of a 1 GiB
 // float tensor against writing and reading the same bytes with plain MPI_File_write_at_all /
 // MPI_File_read_at_all, each rank its contiguous half, side by side (interleaved medians).
 // Two layouts: columns split (each rank's block is contiguous in the column-major file) and rows
@@ -76,11 +76,20 @@ int main(int argc, char** argv) {
       [&] { raw_io(false); }, [&] { raw_rows(false); },
       [&] { (void)ts::io::load_npy<float, ts::Spec<ts::R, ts::S<"x">>>(mesh, npy); },
       [&] { (void)ts::io::load_npy<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, npy); }};
+  // safetensors: C order, so a rows-split block is contiguous in the file (a transposition per
+  // block in memory) and a columns-split one strided; the save fsyncs and renames (atomic).
+  const std::string st = dir + "/tshard_bench.safetensors";
+  names.insert(names.begin() + 4, {"save_safetensors rows split", "save_safetensors columns split"});
+  names.insert(names.end(), {"load_safetensors rows split", "load_safetensors columns split"});
+  writes.push_back([&] { ts::io::save_safetensors(st, {{"x", rows}}); });
+  writes.push_back([&] { ts::io::save_safetensors(st, {{"x", cols}}); });
+  reads.push_back([&] { (void)ts::io::load_safetensors<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, st, "x"); });
+  reads.push_back([&] { (void)ts::io::load_safetensors<float, ts::Spec<ts::R, ts::S<"x">>>(mesh, st, "x"); });
 #if defined(TSHARD_WITH_HDF5)
   // Row-major datasets (h5py's f["x"][i, j] == x(i, j)) transpose each block; column-major ones
   // (dims reversed) move it as it is.
   const std::string h5f = dir + "/tshard_bench_f.h5";
-  names.insert(names.begin() + 4, {"io::save columns split", "io::save rows split", "io::save column-major, cols",
+  names.insert(names.begin() + 6, {"io::save columns split", "io::save rows split", "io::save column-major, cols",
                                    "io::save column-major, rows"});
   names.insert(names.end(), {"io::load columns split", "io::load rows split", "io::load column-major, cols",
                              "io::load column-major, rows"});
@@ -96,6 +105,7 @@ int main(int argc, char** argv) {
   const auto w = tshard_bench::interleaved(writes, reps, 1);
   raw_io(true);
   ts::io::save_npy(npy, cols);
+  ts::io::save_safetensors(st, {{"x", rows}});
 #if defined(TSHARD_WITH_HDF5)
   ts::io::save(h5, "x", cols);
   ts::io::save(h5f, "x", cols, ts::io::Order::column_major);
@@ -114,6 +124,7 @@ int main(int argc, char** argv) {
     }
     std::remove(raw.c_str());
     std::remove(npy.c_str());
+    std::remove(st.c_str());
     std::remove(h5.c_str());
 #if defined(TSHARD_WITH_HDF5)
     std::remove(h5f.c_str());

@@ -415,3 +415,56 @@ TEST_CASE("a missing, truncated or corrupt safetensors file, tensor, shape or dt
   remove_on_rank0(bad);
   remove_on_rank0(index);
 }
+
+TEST_CASE("a safetensors file numpy writes (C order, float16 and float64) reads on every spec, and numpy reads ours",
+          "[io][safetensors]") {
+  const std::string python = world_rank() == 0 ? python_with("numpy") : "";
+  int have = python.empty() ? 0 : 1;
+  MPI_Bcast(&have, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!have) {
+    WARN("python3-numpy is not installed: numpy's files are not checked");
+    return;
+  }
+  const std::string theirs = scratch_file("numpy.safetensors"), ours = scratch_file("ours.safetensors");
+  const Eigen::Tensor<double, 2> want = exact_values(5, 7, 4);
+  int ok = 1;
+  if (world_rank() == 0) {  // the format by hand, as a user without the safetensors package writes it
+    const std::string script =
+        "import json, struct, numpy as np\n"
+        "a = np.array(" + python_list(want) + ")\n"
+        "parts = [('h', a.astype(np.float16)), ('d', a.astype(np.float64))]\n"
+        "header, blobs, at = {}, [], 0\n"
+        "for name, x in parts:\n"
+        "    b = np.ascontiguousarray(x).tobytes()\n"
+        "    header[name] = {'dtype': {'float16': 'F16', 'float64': 'F64'}[str(x.dtype)], 'shape': list(x.shape),"
+        " 'data_offsets': [at, at + len(b)]}\n"
+        "    blobs.append(b); at += len(b)\n"
+        "j = json.dumps(header).encode()\n"
+        "open('" + theirs + "', 'wb').write(struct.pack('<Q', len(j)) + j + b''.join(blobs))\n";
+    ok = std::system((python + " -c \"" + script + "\"").c_str()) == 0 ? 1 : 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(ok == 1);
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    ts::io::SafetensorsReader in(mesh.comm(), theirs);
+    for_each_type(Specs2{}, [&]<class S>(S*) {
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<S>(mesh));
+      TS_REQUIRE_ALL(compare(in.load<double, S>(mesh, "h").gather(), want) == "");
+      TS_REQUIRE_ALL(compare(in.load<double, S>(mesh, "d").gather(), want) == "");
+    });
+  });
+  M2 mesh({world_size(), 1});
+  ts::io::save_safetensors(ours, {{"x", ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(mesh, want)}});
+  if (world_rank() == 0) {
+    const std::string script = "import json, struct, sys, numpy as np\n"
+                               "b = open('" + ours + "', 'rb').read(); n = struct.unpack('<Q', b[:8])[0]\n"
+                               "e = json.loads(b[8:8 + n])['x']; s, t = e['data_offsets']\n"
+                               "a = np.frombuffer(b[8 + n + s:8 + n + t], dtype=np.float64).reshape(e['shape'])\n"
+                               "sys.exit(0 if np.array_equal(a, np.array(" + python_list(want) + ")) else 1)\n";
+    ok = std::system((python + " -c \"" + script + "\"").c_str()) == 0 ? 1 : 0;
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(ok == 1);
+  remove_on_rank0(theirs);
+  remove_on_rank0(ours);
+}
