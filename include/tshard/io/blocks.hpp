@@ -35,27 +35,27 @@ void c_order_copy(const tshard::detail::ShardLayout& layout, const T* from, T* t
   Extents c_stride{};
   c_stride[r - 1] = 1;
   for (int d = r - 2; d >= 0; --d) c_stride[d] = c_stride[d + 1] * layout.valid[d + 1];
-  constexpr Index B = 64;
+  // Tiles of 128 along the first dim by 8 along the last: the strided side of a tile touches 8
+  // cache lines, which stay in L1 even when the stride is a power of two (with 64 x 64 tiles,
+  // 64 lines 32 KiB apart shared one 8-way set: 4x slower here).
+  constexpr Index BA = 128, BB = 8;
   const Index ls = col_stride[r - 1], fs = c_stride[0];
   tshard::detail::for_each_index(layout.valid, 1, r - 1, [&](const Extents& mid) {
     const Index col = tshard::detail::offset_of(mid, col_stride, 1, r - 1);
     const Index c = tshard::detail::offset_of(mid, c_stride, 1, r - 1);
-    for (Index i0 = 0; i0 < n0; i0 += B) {
-      const Index a_end = std::min(n0, i0 + B);
-      for (Index il = 0; il < nl; il += B) {
-        const Index b_end = std::min(nl, il + B);
-        // The inner loop writes contiguously: along the last dim in C order, the first in ours.
-        if constexpr (ToCOrder) {
-          for (Index a = i0; a < a_end; ++a) {
+    for (Index i0 = 0; i0 < n0; i0 += BA) {
+      const Index a_end = std::min(n0, i0 + BA);
+      for (Index il = 0; il < nl; il += BB) {
+        const Index b_end = std::min(nl, il + BB);
+        for (Index a = i0; a < a_end; ++a) {
+          if constexpr (ToCOrder) {  // reads 8 lines strided by ls, writes a run of the C row
             T* __restrict__ dst = to + c + a * fs;
             const T* __restrict__ src = from + col + a;
             for (Index b = il; b < b_end; ++b) dst[b] = src[b * ls];
-          }
-        } else {
-          for (Index b = il; b < b_end; ++b) {
-            T* __restrict__ dst = to + col + b * ls;
-            const T* __restrict__ src = from + c + b;
-            for (Index a = i0; a < a_end; ++a) dst[a] = src[a * fs];
+          } else {  // reads a run of the C row, writes 8 lines strided by ls
+            T* __restrict__ dst = to + col + a;
+            const T* __restrict__ src = from + c + a * fs;
+            for (Index b = il; b < b_end; ++b) dst[b * ls] = src[b];
           }
         }
       }
