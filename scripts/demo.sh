@@ -25,6 +25,6 @@ text=/usr/share/common-licenses/GPL-3
 if ((ranks % 2 == 0)); then mesh="data=$((ranks / 2)),model=2"; else mesh="data=$ranks"; fi
 echo "== train_llama on $ranks ranks, mesh $mesh, text $text"
 mpirun -np "$ranks" --oversubscribe --allow-run-as-root ./build/examples/train_llama --mesh "$mesh" --text "$text" \
-  --steps 800 --seq 64 --batch 16 --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --lr 4e-3 --eval-every 200 \
-  --generate 200 --prompt "The licensee " --temperature 0.6 --top-k 8 --show-sharding "$@" |
+  --steps 800 --seq 128 --batch 8 --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --lr 4e-3 --eval-every 200 \
+  --generate 120 --prompt "The licensee " --temperature 0.6 --top-k 8 --show-sharding "$@" |
   awk '!/^step/ || $2 % 50 == 0'
