@@ -6,12 +6,14 @@ file read here with json + numpy), the same bytes of text, AdamW and clipping fr
     python3 llama_reference.py --init w.safetensors --text README.md --steps 5 --layers 2 \
         --dmodel 32 --heads 4 --kv-heads 2 --hidden 128 --seq 16 --batch 5 [--lr 3e-3 --clip 1]
 
-Prints "step <n> loss <%.17g>" per step (double precision throughout).
+Prints "step <n> loss <%.17g>" per step (double precision, or --float), and with --time the
+tokens/s of the steps after the first (--threads N sets torch's threads).
 """
 import argparse
 import json
 import math
 import struct
+import time
 
 import numpy as np
 import torch
@@ -19,7 +21,7 @@ import torch
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32}
 
 
-def load_safetensors(path):
+def load_safetensors(path, dtype=np.float64):
     with open(path, "rb") as f:
         data = f.read()
     n = struct.unpack("<Q", data[:8])[0]
@@ -35,7 +37,7 @@ def load_safetensors(path):
             arr = words.view(np.float32)
         else:
             arr = np.frombuffer(raw, dtype=DTYPES[e["dtype"]])
-        out[name] = torch.from_numpy(arr.astype(np.float64).reshape(e["shape"]).copy())
+        out[name] = torch.from_numpy(arr.astype(dtype).reshape(e["shape"]).copy())
     return out
 
 
@@ -55,8 +57,8 @@ def forward(p, ids, a):
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.float64) / Dh))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    cos, sin = emb.cos().to(a.dtype), emb.sin().to(a.dtype)
+    mask = torch.full((T, T), float("-inf"), dtype=a.dtype).triu(1)
     x = p["model.embed_tokens.weight"][ids]
     for l in range(a.layers):
         at = "model.layers.%d." % l
@@ -86,10 +88,16 @@ def main():
                                 ("--seq", int, 16), ("--batch", int, 8), ("--lr", float, 3e-3), ("--clip", float, 1.0),
                                 ("--weight-decay", float, 0.1)]:
         ap.add_argument(flag, type=kind, default=default)
+    ap.add_argument("--float", action="store_true")
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    a.dtype = torch.float32 if a.float else torch.float64
     a.kv_heads = a.kv_heads or a.heads
     a.hidden = a.hidden or 4 * a.dmodel
-    p = load_safetensors(a.init)
+    p = load_safetensors(a.init, np.float32 if a.float else np.float64)
     for t in p.values():
         t.requires_grad_(True)
     text = open(a.text, "rb").read()
@@ -100,7 +108,10 @@ def main():
     rest = [t for t in p.values() if t.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    start = None
     for step in range(a.steps):
+        if step == 1:
+            start = time.perf_counter()
         rows = [text[((step * a.batch + b) % windows) * length:][:length] for b in range(a.batch)]
         batch = torch.tensor([list(r) for r in rows], dtype=torch.long)
         logits = forward(p, batch[:, :-1], a)
@@ -110,7 +121,11 @@ def main():
         if a.clip > 0:
             torch.nn.utils.clip_grad_norm_(list(p.values()), a.clip)
         opt.step()
-        print("step %d loss %.17g" % (step, loss.item()))
+        print("step %d loss %.17g" % (step, loss.item()), flush=True)
+    if a.time and a.steps > 1:
+        seconds = time.perf_counter() - start
+        print("pytorch %s, %d threads: %.0f tokens/s" % ("float" if a.float else "double", torch.get_num_threads(),
+                                                        (a.steps - 1) * a.batch * a.seq / seconds))
 
 
 if __name__ == "__main__":

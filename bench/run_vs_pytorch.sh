@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tshard against PyTorch on this CPU: the Llama of examples/train_llama.cpp on 2 ranks against
+# the same model written as ordinary PyTorch (tests/reference/llama_reference.py: Debian's
+# python3-torch, 2 threads, the same OpenBLAS), started from the same weights (a safetensors
+# file train_llama writes) on the same bytes of text, float. Prints both tokens/s, their ratio,
+# and the losses side by side. The size of bench/run_transformer_step.sh (D 1024, 16 heads,
+# batch 8 x 256 tokens, 2 layers), with the bytes of README.md (vocab 256).
+#   bash bench/run_vs_pytorch.sh [--steps 6] [--mesh data=2]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/prepare.sh
+bench_build "libopenblas-dev python3-torch python3-numpy" train_llama
+steps=6
+mesh=model=2
+while (($#)); do
+  case $1 in
+    --steps) steps=$2; shift 2 ;;
+    --mesh) mesh=$2; shift 2 ;;
+    *) echo "run_vs_pytorch.sh: unknown option $1"; exit 2 ;;
+  esac
+done
+size=(--layers 2 --dmodel 1024 --heads 16 --kv-heads 16 --hidden 4096 --seq 256 --batch 8 --lr 3e-4 --text README.md)
+weights=$(mktemp -d)/llama.safetensors
+./build-bench/examples/train_llama "${size[@]}" --steps 0 --save-safetensors "$weights" > /dev/null
+mpirun -np 2 ./build-bench/examples/train_llama --mesh "$mesh" "${size[@]}" --steps "$steps" --init "$weights" > /tmp/tshard_vs_torch_ours.txt
+OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 tests/reference/llama_reference.py --init "$weights" "${size[@]}" \
+  --steps "$steps" --float --time --threads 2 > /tmp/tshard_vs_torch_theirs.txt
+ours=$(grep '^mesh' /tmp/tshard_vs_torch_ours.txt | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+theirs=$(grep '^pytorch' /tmp/tshard_vs_torch_theirs.txt | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+echo "losses (tshard $mesh | PyTorch):"
+paste <(grep '^step' /tmp/tshard_vs_torch_ours.txt) <(grep '^step' /tmp/tshard_vs_torch_theirs.txt | awk '{print $4}') |
+  awk '{printf "  step %s  %.7f  %.7f  (relative difference %.1e)\n", $2, $4, $5, ($4 - $5) / $5}'
+echo "tshard on 2 ranks ($mesh): $ours tokens/s; PyTorch, 2 threads: $theirs tokens/s; ratio $(echo "$ours $theirs" | awk '{printf "%.2f", $1 / $2}')"
+rm -rf "$(dirname "$weights")"
