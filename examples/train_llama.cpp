@@ -425,13 +425,25 @@ class LlamaStage : public ts::nn::Module {
     return loss;
   }
 
-  // Sampling on one stage: the logits of `ids` [1, t] at positions [offset, offset + t), through
-  // the KV caches of every layer.
-  Eigen::Tensor<T, 3> cached_logits(const Ids& ids, Index offset, std::vector<KvCache<T>>& caches) {
-    const Index t = ids.global_shape()[1];
+  // Sampling with KV caches: positions [offset, offset + t) of the sequence through this stage's
+  // layers. Pipelined, the activations go on to the next stage's rank of the same data and model
+  // coordinates (`line`: the ranks along "stage"); the last stage returns the last logits.
+  Eigen::Tensor<T, 3> cached_logits(const std::vector<std::int32_t>& seq, Index offset, std::vector<KvCache<T>>& caches,
+                                    MPI_Comm line, int s) {
+    const Index t = Index(seq.size()) - offset;
     const Positions<T> pos(sub_, t, c_.head_dim, offset);
-    auto x = ts::reshard<::Activation>((*model.embed_tokens)(ids));
+    Activation x(sub_, {1, t, c_.dmodel});
+    const int bytes = int(x.padded_size() * Index(sizeof(T)));
+    if (first_)
+      x = ts::reshard<::Activation>((*model.embed_tokens)(ts::from_function<std::int32_t, Rows>(
+          sub_, {1, t}, [&](const auto& i) { return seq[std::size_t(offset + i[1])]; })));
+    else
+      MPI_Recv(x.data(), bytes, MPI_BYTE, s - 1, 0, line, MPI_STATUS_IGNORE);
     for (std::size_t l = 0; l < model.list.size(); ++l) x = (*model.list[l])(x, pos, &caches[l]);
+    if (!last_) {
+      MPI_Send(x.data(), bytes, MPI_BYTE, s + 1, 0, line);
+      return {};
+    }
     Index at[3] = {0, t - 1, 0}, one[3] = {1, 1, c_.vocab};
     return ts::slice(logits(x), at, one).gather();
   }
@@ -658,31 +670,27 @@ std::int32_t pick(const Eigen::Tensor<T, 3>& logits, const Options& o, std::uint
   return std::int32_t(z[k - 1].second);
 }
 
-// N tokens after the prompt: through the KV caches where the model is on one stage, else (or with
-// --no-kv-cache) by a forward of the whole sequence for each token.
+// N tokens after the prompt: through the KV caches (each stage its layers'), or with
+// --no-kv-cache by a forward of the whole sequence through the pipeline for each token.
 template <class T>
 std::vector<std::int32_t> generate(const M& mesh, const Options& o, LlamaStage<T>& stage, ts::nn::Pipeline<M>& pipe) {
   std::vector<std::int32_t> seq;
   for (unsigned char ch : o.prompt) seq.push_back(std::int32_t(ch % o.vocab));
   if (seq.empty()) seq.push_back(0);
   const std::size_t prompt = seq.size();
-  const Sub& sub = stage.stage_mesh();
   std::vector<KvCache<T>> caches(stage.model.list.size());
   for (int n = 0; n < o.generate; ++n) {
     Eigen::Tensor<T, 3> logits;
-    if (mesh.size<"stage">() == 1 && o.kv_cache) {
+    if (o.kv_cache) {
       const Index offset = n == 0 ? 0 : Index(seq.size()) - 1;  // the prompt at once, then one token at a time
-      const Index t = Index(seq.size()) - offset;
-      auto ids = ts::from_function<std::int32_t, ts::Spec<S<"data">, R>>(
-          sub, {1, t}, [&](const auto& i) { return seq[std::size_t(offset + i[1])]; });
-      logits = stage.cached_logits(ids, offset, caches);
-    } else {  // the last stage has the logits; its first rank tells everyone the token
+      logits = stage.cached_logits(seq, offset, caches, mesh.comm<"stage">(), mesh.coord<"stage">());
+    } else {  // the last stage has the logits
       stage.set_sequence(&seq);
       (void)pipe.evaluate(stage, 1, 1);
       stage.set_sequence(nullptr);
       if (pipe.last()) logits = stage.next_logits();
     }
-    std::int32_t next = pipe.last() ? pick(logits, o, std::uint64_t(n)) : 0;
+    std::int32_t next = pipe.last() ? pick(logits, o, std::uint64_t(n)) : 0;  // its first rank tells everyone
     const int root = (mesh.size<"stage">() - 1) * mesh.size<"model">();  // coordinates (0, K-1, 0)
     MPI_Bcast(&next, 1, MPI_INT32_T, root, mesh.comm());
     seq.push_back(next);
@@ -826,7 +834,7 @@ int run_all(const M& mesh, const Options& o, const std::vector<unsigned char>* t
       }
       std::printf("sampling: %zu tokens in %.3f s, %.1f tokens/s (%s)\n", run.sample.size(), run.sampling_seconds,
                   double(run.sample.size()) / std::max(run.sampling_seconds, 1e-9),
-                  mesh.size<"stage">() == 1 && o.kv_cache ? "KV cache" : "a whole forward per token");
+                  o.kv_cache ? "KV cache" : "a whole forward per token");
     }
     const int timed = std::max(1, o.steps - run.first_step - 1);
     const double tokens = double(o.batch * o.seq), per_step = run.seconds / timed;
