@@ -277,6 +277,56 @@ TEST_CASE("with_halo takes asymmetric widths Halo{before, after} per dim", "[hal
   TS_REQUIRE_ALL(fail.empty());
 }
 
+// with_halo_transpose is with_halo's adjoint: for x and, on every rank, any block e of the
+// extended shape, the sum over ranks of <with_halo(x), e> equals the sum over ranks of
+// <x's block, with_halo_transpose(e)'s block>. Checked with random x and e.
+template <class S, class M, int R>
+std::string check_with_halo_transpose(M& mesh, const std::array<Eigen::Index, R>& shape, const std::array<ts::Halo, R>& w,
+                                      ts::Boundary b) {
+  Eigen::Index dims[R];
+  std::copy(shape.begin(), shape.end(), dims);
+  const auto x = ts::random<double, S>(mesh, dims, 17);
+  ts::Halo widths[R];
+  std::copy(w.begin(), w.end(), widths);
+  const Eigen::Tensor<double, R> ext = ts::with_halo(x, widths, b);
+  Eigen::Tensor<double, R> e(ext.dimensions());
+  for (Eigen::Index i = 0; i < e.size(); ++i) e.data()[i] = std::sin(1.7 * double(i) + 0.3 * double(mesh.rank()) + 0.1);
+  const auto y = ts::with_halo_transpose(x, e, widths, b);
+  double sums[2] = {0, 0}, all[2];
+  for (Eigen::Index i = 0; i < e.size(); ++i) sums[0] += ext.data()[i] * e.data()[i];
+  const Eigen::Tensor<double, R> xl = x.local_valid(), yl = y.local_valid();
+  for (Eigen::Index i = 0; i < xl.size(); ++i) sums[1] += xl.data()[i] * yl.data()[i];
+  MPI_Allreduce(sums, all, 2, MPI_DOUBLE, MPI_SUM, mesh.comm());
+  if (std::abs(all[0] - all[1]) <= 1e-12 * (1 + std::abs(all[0]))) return "";
+  std::ostringstream o;
+  o << "mesh " << mesh.shape().describe() << " spec " << x.describe() << " widths " << widths_str<R>(w)
+    << (b == ts::Boundary::Zero ? " Zero" : " Periodic") << ": <with_halo(x), e> = " << all[0]
+    << ", <x, with_halo_transpose(e)> = " << all[1];
+  return o.str();
+}
+
+TEST_CASE("with_halo_transpose is with_halo's adjoint: halos wider than a shard, empty shards, both boundaries",
+          "[halo]") {
+  std::string fail;
+  const std::vector<std::array<ts::Halo, 2>> widths{{ts::Halo{1, 1}, ts::Halo{1, 1}}, {ts::Halo{0, 2}, ts::Halo{3, 0}},
+                                                    {ts::Halo{4, 5}, ts::Halo{2, 6}}, {ts::Halo{0, 0}, ts::Halo{1, 0}}};
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto shape : std::vector<std::array<Eigen::Index, 2>>{{7, 5}, {2, 3}, {1, 9}})
+      for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+        for (auto& w : widths)
+          for (auto* r : {&check_with_halo_transpose<ts::Spec<ts::S<"x">, ts::S<"y">>, M2, 2>,
+                          &check_with_halo_transpose<ts::Spec<ts::S<"y", "x">, ts::R>, M2, 2>,
+                          &check_with_halo_transpose<ts::Spec<ts::R, ts::S<"x">>, M2, 2>,
+                          &check_with_halo_transpose<ts::Spec<ts::R, ts::R>, M2, 2>}) {
+            std::string e = r(mesh, shape, w, b);
+            if (fail.empty()) fail = e;
+          }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
 TEST_CASE("with_halo with a braced list of widths, every element type, and an empty block on an empty shard", "[halo]") {
   const int p = world_size();
   M2 mesh({p, 1});

@@ -128,6 +128,51 @@ class HaloTransfer {
       record_collective(current_operator(), "halo", sent_bytes_, received_bytes_, seconds_);
   }
 
+  // The transpose of an exchange (its adjoint, for gradients), blocking: every box of `window`
+  // goes back to where start() took it from and is added there. The rank's own boxes are added
+  // into `block` (extents block_dims, block element i at block_shift + i, as for start()), the
+  // halo boxes travel back to the ranks they came from, which add them into theirs; the zero
+  // boxes are dropped. `block` is added into, not overwritten.
+  void add_back(const T* window, T* block, const Extents& block_dims, const Extents& block_shift) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (active_) finish();
+    const int R = layout_.rank;
+    const Extents zero{};
+    auto shifted = [&](const Extents& e) {
+      Extents s = e;
+      for (int d = 0; d < R; ++d) s[d] += block_shift[d];
+      return s;
+    };
+    // The buffers change roles: what was received goes back from recv_, what was sent comes
+    // back into send_.
+    T* back = recv_.get();
+    for (auto& m : layout_.recvs) {
+      Index at = m.offset;
+      for (auto& b : m.boxes) {
+        copy_box(window, layout_.window, b.dst, back + at, b.extent, zero, b.extent, R);
+        at += volume(b.extent, R);
+      }
+    }
+    MPI_Comm comm = mesh_->comm();
+    requests_.clear();
+    for (auto& m : layout_.sends) post_receive(requests_, comm, Message<T>{m.peer, send_.get() + m.offset, m.count}, kHaloTag);
+    for (auto& m : layout_.recvs) post_send(requests_, comm, Message<const T>{m.peer, back + m.offset, m.count}, kHaloTag);
+    for (auto& b : layout_.self) add_box(window, layout_.window, b.dst, block, block_dims, shifted(b.src), b.extent, R);
+    {
+      WatchedCall watched("halo exchange transpose (wait)", [] { return current_operator(); });
+      MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
+    }
+    for (auto& m : layout_.sends) {
+      Index at = m.offset;
+      for (auto& b : m.boxes) {
+        add_box(send_.get() + at, b.extent, zero, block, block_dims, shifted(b.src), b.extent, R);
+        at += volume(b.extent, R);
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sent_bytes_ || received_bytes_) record_collective(current_operator(), "halo", received_bytes_, sent_bytes_, seconds);
+  }
+
   // Writes the zero boxes of `window` (outside a Zero boundary).
   void fill_zeros(T* window) const {
     for (auto& b : layout_.zeros) fill_box(window, layout_.window, b.dst, b.extent, layout_.rank, T(0));

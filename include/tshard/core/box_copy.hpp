@@ -25,6 +25,24 @@ void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T
   });
 }
 
+// dst's box += src's box: the same walk as copy_box, adding (the transpose of a copy, for
+// gradients of halo exchanges).
+template <class T>
+void add_box(const T* src, const Extents& src_dims, const Extents& src_start, T* dst, const Extents& dst_dims,
+             const Extents& dst_start, const Extents& extent, int rank) {
+  if (empty_box(extent, rank)) return;
+  const Extents ss = strides_of(src_dims, rank), ds = strides_of(dst_dims, rank);
+  const T* sp = src + offset_of(src_start, ss, 0, rank);
+  T* dp = dst + offset_of(dst_start, ds, 0, rank);
+  const int first = first_outer_dim(extent, rank, src_dims, dst_dims);
+  const Index run = volume(extent, first);
+  for_each_index(extent, first, rank, [&](const Extents& i) {
+    T* d = dp + offset_of(i, ds, first, rank);
+    const T* s = sp + offset_of(i, ss, first, rank);
+    for (Index k = 0; k < run; ++k) d[k] += s[k];
+  });
+}
+
 // Sets the box [start, start + extent) of a column-major buffer of extents `dims` to `value`.
 template <class T>
 void fill_box(T* buf, const Extents& dims, const Extents& start, const Extents& extent, int rank, const T& value) {

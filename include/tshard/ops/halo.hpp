@@ -253,6 +253,18 @@ class HaloExchange {
     finish();
   }
 
+  // The transpose of the exchange (its adjoint, for gradients): `ext` is a gradient with respect
+  // to the extended block; every element of it is added into the element of x it was read from:
+  // the interior into this rank's block of dx, each halo into its owner's (wrapping around a
+  // Periodic boundary; halos beyond a Zero boundary are dropped). Collective; dx (x's shape and
+  // spec) is added into.
+  template <class M, class S>
+  void add_back(const Extended& ext, ShardedTensor<T, M, S>& dx) {
+    check_tensor(dx, "HaloExchange::add_back");
+    check_extended(ext, "HaloExchange::add_back");
+    exchange_.add_back(ext.data(), dx.data(), detail::layout_of(dx).padded, detail::Extents{});
+  }
+
   // Copies x's shard into the interior of ext and zeroes its halos beyond a Zero boundary; the
   // other halos are left for the next exchange.
   template <class M, class S>
@@ -469,6 +481,41 @@ Eigen::Tensor<T, S::rank> with_halo(const ShardedTensor<T, M, S, P>& t, const Ha
   static_assert(N == std::size_t(S::rank), "tshard: with_halo takes one Halo{before, after} per tensor dim");
   detail::OperatorScope scope("with_halo");
   return detail::with_halo_impl(t, detail::halo_array<S::rank>(widths), boundary);
+}
+
+// ---- the transpose of with_halo ----
+
+namespace detail {
+template <class T, class M, class S, class P>
+ShardedTensor<T, M, S> with_halo_transpose_impl(const ShardedTensor<T, M, S, P>& like, const Eigen::Tensor<T, S::rank>& ext,
+                                                const std::array<Halo, S::rank>& widths, Boundary boundary) {
+  ShardedTensor<T, M, S> dx(like.mesh(), like.global_shape());
+  std::fill(dx.data(), dx.data() + dx.padded_size(), T(0));
+  HaloExchange<T, S::rank> plan(HaloWidths{}, dx, widths, boundary, "with_halo_transpose");
+  plan.add_back(ext, dx);
+  return dx;
+}
+}  // namespace detail
+
+// The transpose (adjoint) of with_halo, for gradients: given on every rank a block `ext` of
+// with_halo(x, widths, boundary)'s shape (a gradient with respect to it), the tensor of x's
+// shape and spec whose every element is the sum of the elements of every rank's `ext` that
+// with_halo read from it: its owner's interior plus the halos other ranks hold of it (around a
+// Periodic boundary too; halos beyond a Zero boundary are dropped). Replicas of a replicated dim
+// each add their own blocks. Collective over x's mesh; x gives the shape, spec and mesh only.
+template <class T, class M, class S, class P, std::size_t N>
+ShardedTensor<T, M, S> with_halo_transpose(const ShardedTensor<T, M, S, P>& like, const Eigen::Tensor<T, S::rank>& ext,
+                                           const Eigen::Index (&widths)[N], Boundary boundary) {
+  static_assert(N == std::size_t(S::rank), "tshard: with_halo_transpose takes one halo width per tensor dim");
+  detail::OperatorScope scope("with_halo_transpose");
+  return detail::with_halo_transpose_impl(like, ext, detail::symmetric_halo<S::rank>(widths), boundary);
+}
+template <class T, class M, class S, class P, std::size_t N>
+ShardedTensor<T, M, S> with_halo_transpose(const ShardedTensor<T, M, S, P>& like, const Eigen::Tensor<T, S::rank>& ext,
+                                           const Halo (&widths)[N], Boundary boundary) {
+  static_assert(N == std::size_t(S::rank), "tshard: with_halo_transpose takes one Halo{before, after} per tensor dim");
+  detail::OperatorScope scope("with_halo_transpose");
+  return detail::with_halo_transpose_impl(like, ext, detail::halo_array<S::rank>(widths), boundary);
 }
 
 }  // namespace tshard
