@@ -612,3 +612,108 @@ TEST_CASE("halo messages longer than the chunk limit arrive whole", "[halo]") {
   INFO(fail);
   TS_REQUIRE_ALL(fail.empty());
 }
+
+// ---- ts::nn::conv2d and its gradient ----
+
+namespace {
+
+struct ConvCase {
+  Eigen::Index N, C, H, W, O, kh, kw;
+  ts::nn::Conv conv;
+};
+
+// y, dx and dw of L = sum(conv2d(x, w) * r) by direct serial loops.
+struct ConvReference {
+  Eigen::Tensor<double, 4> y, dx, dw;
+};
+ConvReference conv_reference(const Eigen::Tensor<double, 4>& x, const Eigen::Tensor<double, 4>& w, const Eigen::Tensor<double, 4>& r,
+                             const ConvCase& k, Eigen::Index ph, Eigen::Index pw) {
+  const Eigen::Index s = k.conv.stride, Ho = r.dimension(2), Wo = r.dimension(3);
+  ConvReference out{Eigen::Tensor<double, 4>(k.N, k.O, Ho, Wo), Eigen::Tensor<double, 4>(x.dimensions()),
+                    Eigen::Tensor<double, 4>(w.dimensions())};
+  out.y.setZero();
+  out.dx.setZero();
+  out.dw.setZero();
+  for (Eigen::Index n = 0; n < k.N; ++n)
+    for (Eigen::Index o = 0; o < k.O; ++o)
+      for (Eigen::Index i = 0; i < Ho; ++i)
+        for (Eigen::Index j = 0; j < Wo; ++j)
+          for (Eigen::Index c = 0; c < k.C; ++c)
+            for (Eigen::Index a = 0; a < k.kh; ++a)
+              for (Eigen::Index b = 0; b < k.kw; ++b) {
+                const Eigen::Index h = s * i + a - ph, v = s * j + b - pw;
+                if (h < 0 || h >= k.H || v < 0 || v >= k.W) continue;
+                out.y(n, o, i, j) += w(o, c, a, b) * x(n, c, h, v);
+                out.dx(n, c, h, v) += w(o, c, a, b) * r(n, o, i, j);
+                out.dw(o, c, a, b) += x(n, c, h, v) * r(n, o, i, j);
+              }
+  return out;
+}
+
+template <class XS, class WS>
+std::string check_conv2d(M2& mesh, const ConvCase& k) {
+  const Eigen::Index ph = k.conv.pad_h >= 0 ? k.conv.pad_h : (k.conv.padding == ts::Padding::Same ? (k.kh - 1) / 2 : 0);
+  const Eigen::Index pw = k.conv.pad_w >= 0 ? k.conv.pad_w : (k.conv.padding == ts::Padding::Same ? (k.kw - 1) / 2 : 0);
+  const Eigen::Index Ho = (k.H + 2 * ph - k.kh) / k.conv.stride + 1, Wo = (k.W + 2 * pw - k.kw) / k.conv.stride + 1;
+  const auto x = ts::random<double, XS>(mesh, {k.N, k.C, k.H, k.W}, 3);
+  const auto w = ts::random<double, WS>(mesh, {k.O, k.C, k.kh, k.kw}, 4);
+  const auto r = ts::random<double, ts::Spec<ts::R, ts::R, ts::R, ts::R>>(mesh, {k.N, k.O, Ho, Wo}, 5);
+  const auto want = conv_reference(x.gather(), w.gather(), r.gather(), k, ph, pw);
+  std::ostringstream what;
+  what << "mesh " << mesh.shape().describe() << " x " << x.describe() << " w " << w.describe() << " stride " << k.conv.stride
+       << " pad (" << ph << ", " << pw << "): ";
+  const auto y = ts::nn::conv2d(x, w, k.conv);
+  if (std::string e = compare(y.gather(), want.y, 1e-12); !e.empty()) return what.str() + "y " + e;
+  auto loss = [&](const auto& xv, const auto& wv) { return ts::sum<0, 1, 2, 3>(ts::nn::conv2d(xv, wv, k.conv) * r); };
+  auto [l, dx, dw] = ts::ad::value_and_grad(loss, x, w);
+  if (std::string e = compare(dx.gather(), want.dx, 1e-12); !e.empty()) return what.str() + "dx " + e;
+  if (std::string e = compare(dw.gather(), want.dw, 1e-12); !e.empty()) return what.str() + "dw " + e;
+  // Central differences in double at a few elements of x and w.
+  const double eps = 1e-6;
+  auto bumped = [&](auto t, Eigen::Index flat, double by) {
+    Eigen::Tensor<double, 4> g = t.gather();
+    g.data()[flat] += by;
+    return ts::distribute<typename decltype(t)::SpecType>(mesh, g);
+  };
+  auto value = [](const auto& t) { return double(t.gather()()); };
+  for (Eigen::Index flat : {Eigen::Index(0), want.dx.size() / 2, want.dx.size() - 1}) {
+    const double fd = (value(loss(bumped(x, flat, eps), w)) - value(loss(bumped(x, flat, -eps), w))) / (2 * eps);
+    if (std::abs(fd - want.dx.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dx differs from central differences";
+  }
+  for (Eigen::Index flat : {Eigen::Index(0), want.dw.size() - 1}) {
+    const double fd = (value(loss(x, bumped(w, flat, eps))) - value(loss(x, bumped(w, flat, -eps)))) / (2 * eps);
+    if (std::abs(fd - want.dw.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dw differs from central differences";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("nn::conv2d and its gradients equal serial loops and central differences: split N, H, W, O, strides 1 and 2, "
+          "Same, Valid and explicit padding",
+          "[halo][conv]") {
+  using ts::R;
+  using ts::S;
+  const std::vector<ConvCase> cases{
+      {3, 2, 7, 5, 3, 3, 3, {.stride = 1, .padding = ts::Padding::Same}},
+      {2, 3, 9, 6, 2, 3, 3, {.stride = 2, .padding = ts::Padding::Same}},
+      {3, 2, 7, 5, 2, 2, 3, {.stride = 1, .padding = ts::Padding::Valid}},
+      {2, 2, 8, 7, 3, 3, 2, {.stride = 2, .padding = ts::Padding::Valid, .pad_h = 1, .pad_w = 0}},
+      {2, 1, 5, 4, 2, 5, 3, {.stride = 1, .padding = ts::Padding::Same}},  // halos wider than a shard of H
+  };
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (const auto& k : cases)
+      for (auto* f : {&check_conv2d<ts::Spec<S<"x">, R, S<"y">, R>, ts::Spec<R, R, R, R>>,
+                      &check_conv2d<ts::Spec<R, R, S<"x">, S<"y">>, ts::Spec<R, R, R, R>>,
+                      &check_conv2d<ts::Spec<R, R, R, S<"y", "x">>, ts::Spec<R, R, R, R>>,
+                      &check_conv2d<ts::Spec<R, S<"x">, S<"y">, R>, ts::Spec<R, R, R, R>>,
+                      &check_conv2d<ts::Spec<S<"x">, R, R, R>, ts::Spec<S<"y">, R, R, R>>}) {
+        std::string e = f(mesh, k);
+        if (fail.empty()) fail = e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
