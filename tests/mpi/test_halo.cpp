@@ -717,3 +717,116 @@ TEST_CASE("nn::conv2d and its gradients equal serial loops and central differenc
   INFO(fail);
   TS_REQUIRE_ALL(fail.empty());
 }
+
+// ---- batch norm ----
+
+namespace {
+// (x - mean) / sqrt(var + eps) * g + b over every dim but 1 of an NCHW tensor, by serial loops.
+Eigen::Tensor<double, 4> batch_norm_reference(const Eigen::Tensor<double, 4>& x, const Eigen::Tensor<double, 1>& g,
+                                              const Eigen::Tensor<double, 1>& b, double eps) {
+  Eigen::Tensor<double, 4> y(x.dimensions());
+  const double count = double(x.size()) / double(x.dimension(1));
+  for (Eigen::Index c = 0; c < x.dimension(1); ++c) {
+    double mean = 0, var = 0;
+    for (Eigen::Index n = 0; n < x.dimension(0); ++n)
+      for (Eigen::Index h = 0; h < x.dimension(2); ++h)
+        for (Eigen::Index w = 0; w < x.dimension(3); ++w) mean += x(n, c, h, w) / count;
+    for (Eigen::Index n = 0; n < x.dimension(0); ++n)
+      for (Eigen::Index h = 0; h < x.dimension(2); ++h)
+        for (Eigen::Index w = 0; w < x.dimension(3); ++w) var += (x(n, c, h, w) - mean) * (x(n, c, h, w) - mean) / count;
+    for (Eigen::Index n = 0; n < x.dimension(0); ++n)
+      for (Eigen::Index h = 0; h < x.dimension(2); ++h)
+        for (Eigen::Index w = 0; w < x.dimension(3); ++w) y(n, c, h, w) = (x(n, c, h, w) - mean) / std::sqrt(var + eps) * g(c) + b(c);
+  }
+  return y;
+}
+
+template <class XS>
+std::string check_batch_norm(M2& mesh) {
+  using Vec = ts::Spec<ts::R>;
+  const auto x = ts::random<double, XS>(mesh, {5, 3, 7, 4}, 8);
+  const auto g = ts::random<double, Vec>(mesh, {3}, 9) + 0.5;
+  const auto b = ts::random<double, Vec>(mesh, {3}, 10);
+  const auto r = ts::random<double, XS>(mesh, {5, 3, 7, 4}, 11);
+  std::ostringstream what;
+  what << "mesh " << mesh.shape().describe() << " x " << x.describe() << ": ";
+  if (std::string e = compare(ts::nn::batch_norm<1>(x, g, b, 1e-5).gather(), batch_norm_reference(x.gather(), g.gather(), b.gather(), 1e-5), 1e-12);
+      !e.empty())
+    return what.str() + "y " + e;
+  auto loss = [&](const auto& xv, const auto& gv, const auto& bv) { return ts::sum<0, 1, 2, 3>(ts::nn::batch_norm<1>(xv, gv, bv, 1e-5) * r); };
+  auto [l, dx, dg, db] = ts::ad::value_and_grad(loss, x, g, b);
+  // Central differences in double, with the serial reference as the function.
+  const Eigen::Tensor<double, 4> xg = x.gather(), rg = r.gather();
+  const Eigen::Tensor<double, 1> gg = g.gather(), bg = b.gather();
+  auto serial = [&](const Eigen::Tensor<double, 4>& xv, const Eigen::Tensor<double, 1>& gv) {
+    const Eigen::Tensor<double, 0> s = (batch_norm_reference(xv, gv, bg, 1e-5) * rg).sum();
+    return s();
+  };
+  const Eigen::Tensor<double, 4> dxg = dx.gather();
+  const Eigen::Tensor<double, 1> dgg = dg.gather();
+  const double eps = 1e-6;
+  for (Eigen::Index flat : {Eigen::Index(0), Eigen::Index(57), xg.size() - 1}) {
+    Eigen::Tensor<double, 4> up = xg, down = xg;
+    up.data()[flat] += eps;
+    down.data()[flat] -= eps;
+    const double fd = (serial(up, gg) - serial(down, gg)) / (2 * eps);
+    if (std::abs(fd - dxg.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dx differs from central differences";
+  }
+  for (Eigen::Index c = 0; c < 3; ++c) {
+    Eigen::Tensor<double, 1> up = gg, down = gg;
+    up(c) += eps;
+    down(c) -= eps;
+    const double fd = (serial(xg, up) - serial(xg, down)) / (2 * eps);
+    if (std::abs(fd - dgg(c)) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dgamma differs from central differences";
+  }
+  const Eigen::Tensor<double, 1> dbg = db.gather();
+  const Eigen::Tensor<double, 3> rsum = rg.sum(Eigen::array<int, 3>{0, 2, 3}).reshape(Eigen::array<Eigen::Index, 3>{3, 1, 1});
+  for (Eigen::Index c = 0; c < 3; ++c)
+    if (std::abs(dbg(c) - rsum(c, 0, 0)) > 1e-10 * (1 + std::abs(rsum(c, 0, 0)))) return what.str() + "dbeta is not sum(r)";
+  // The module: running statistics after one training step, then evaluation with them.
+  ts::nn::BatchNorm<double, M2> bn(mesh, 3, 0.1);
+  (void)bn(x);
+  bn.train(false);
+  const Eigen::Tensor<double, 4> y_eval = bn(x).gather();
+  Eigen::Tensor<double, 1> mean(3), var(3);
+  const double count = double(xg.size()) / 3;
+  for (Eigen::Index c = 0; c < 3; ++c) {
+    double m = 0, v = 0;
+    for (Eigen::Index n = 0; n < 5; ++n)
+      for (Eigen::Index h = 0; h < 7; ++h)
+        for (Eigen::Index w = 0; w < 4; ++w) m += xg(n, c, h, w) / count;
+    for (Eigen::Index n = 0; n < 5; ++n)
+      for (Eigen::Index h = 0; h < 7; ++h)
+        for (Eigen::Index w = 0; w < 4; ++w) v += (xg(n, c, h, w) - m) * (xg(n, c, h, w) - m) / (count - 1);
+    mean(c) = 0.1 * m;
+    var(c) = 0.9 + 0.1 * v;
+  }
+  if (std::string e = compare(bn.running_mean().gather(), mean, 1e-12); !e.empty()) return what.str() + "running mean " + e;
+  if (std::string e = compare(bn.running_var().gather(), var, 1e-12); !e.empty()) return what.str() + "running var " + e;
+  Eigen::Tensor<double, 4> want(xg.dimensions());
+  for (Eigen::Index i = 0; i < xg.size(); ++i) {
+    const Eigen::Index c = (i / 5) % 3;
+    want.data()[i] = (xg.data()[i] - mean(c)) / std::sqrt(var(c) + 1e-5);
+  }
+  if (std::string e = compare(y_eval, want, 1e-12); !e.empty()) return what.str() + "evaluation " + e;
+  return "";
+}
+}  // namespace
+
+TEST_CASE("batch_norm<1> normalises with the global batch's statistics on every split of N, H, W (cross-replica), "
+          "with gradients equal to central differences, and BatchNorm keeps running statistics",
+          "[halo][batch_norm]") {
+  using ts::R;
+  using ts::S;
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto* f : {&check_batch_norm<ts::Spec<S<"x">, R, S<"y">, R>>, &check_batch_norm<ts::Spec<R, R, S<"x">, S<"y">>>,
+                    &check_batch_norm<ts::Spec<S<"x", "y">, R, R, R>>, &check_batch_norm<ts::Spec<R, S<"x">, R, S<"y">>>}) {
+      std::string e = f(mesh);
+      if (fail.empty()) fail = e;
+    }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
