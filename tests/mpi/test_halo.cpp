@@ -830,3 +830,95 @@ TEST_CASE("batch_norm<1> normalises with the global batch's statistics on every 
   INFO(fail);
   TS_REQUIRE_ALL(fail.empty());
 }
+
+// ---- pooling and upsampling ----
+
+namespace {
+enum class Pool { Max, Avg, Up };
+
+// y and dx of L = sum(op(x) * r) by serial loops.
+std::pair<Eigen::Tensor<double, 4>, Eigen::Tensor<double, 4>> pool_reference(const Eigen::Tensor<double, 4>& x, const Eigen::Tensor<double, 4>& r,
+                                                                            Pool p, Eigen::Index k, Eigen::Index s) {
+  const Eigen::Index N = x.dimension(0), C = x.dimension(1), H = x.dimension(2), W = x.dimension(3);
+  const Eigen::Index Ho = r.dimension(2), Wo = r.dimension(3);
+  Eigen::Tensor<double, 4> y(N, C, Ho, Wo), dx(x.dimensions());
+  dx.setZero();
+  for (Eigen::Index n = 0; n < N; ++n)
+    for (Eigen::Index c = 0; c < C; ++c)
+      for (Eigen::Index i = 0; i < Ho; ++i)
+        for (Eigen::Index j = 0; j < Wo; ++j) {
+          if (p == Pool::Up) {
+            y(n, c, i, j) = x(n, c, i / k, j / k);
+            dx(n, c, i / k, j / k) += r(n, c, i, j);
+            continue;
+          }
+          double best = -1e300, sum = 0;
+          Eigen::Index bh = 0, bw = 0;
+          for (Eigen::Index a = 0; a < k; ++a)
+            for (Eigen::Index b = 0; b < k; ++b) {
+              const double v = x(n, c, s * i + a, s * j + b);
+              sum += v;
+              if (v > best) best = v, bh = s * i + a, bw = s * j + b;
+            }
+          y(n, c, i, j) = p == Pool::Max ? best : sum / double(k * k);
+          if (p == Pool::Max) dx(n, c, bh, bw) += r(n, c, i, j);
+          else
+            for (Eigen::Index a = 0; a < k; ++a)
+              for (Eigen::Index b = 0; b < k; ++b) dx(n, c, s * i + a, s * j + b) += r(n, c, i, j) / double(k * k);
+        }
+  (void)H;
+  (void)W;
+  return {y, dx};
+}
+
+template <class XS>
+std::string check_pooling(M2& mesh, Pool p, Eigen::Index k, Eigen::Index s) {
+  const Eigen::Index N = 2, C = 3, H = 9, W = 7;
+  const Eigen::Index Ho = p == Pool::Up ? H * k : (H - k) / s + 1, Wo = p == Pool::Up ? W * k : (W - k) / s + 1;
+  const auto x = ts::random<double, XS>(mesh, {N, C, H, W}, 21);
+  const auto r = ts::random<double, XS>(mesh, {N, C, Ho, Wo}, 22);
+  auto op = [&](const auto& v) {
+    if (p == Pool::Max) return ts::nn::max_pool2d(v, k, s);
+    if (p == Pool::Avg) return ts::nn::avg_pool2d(v, k, s);
+    return ts::nn::upsample2d(v, k);
+  };
+  const auto [want_y, want_dx] = pool_reference(x.gather(), r.gather(), p, k, s);
+  std::ostringstream what;
+  what << "mesh " << mesh.shape().describe() << " x " << x.describe() << (p == Pool::Max ? " max" : p == Pool::Avg ? " avg" : " up")
+       << " k " << k << " s " << s << ": ";
+  if (std::string e = compare(op(x).gather(), want_y, 1e-12); !e.empty()) return what.str() + "y " + e;
+  auto loss = [&](const auto& v) { return ts::sum<0, 1, 2, 3>(op(v) * r); };
+  auto [l, dx] = ts::ad::value_and_grad(loss, x);
+  if (std::string e = compare(dx.gather(), want_dx, 1e-12); !e.empty()) return what.str() + "dx " + e;
+  const Eigen::Tensor<double, 4> xg = x.gather();
+  const double eps = 1e-6;
+  for (Eigen::Index flat : {Eigen::Index(0), Eigen::Index(61), xg.size() - 1}) {
+    Eigen::Tensor<double, 4> up = xg, down = xg;
+    up.data()[flat] += eps;
+    down.data()[flat] -= eps;
+    const double fd = (double(loss(ts::distribute<XS>(mesh, up)).gather()()) - double(loss(ts::distribute<XS>(mesh, down)).gather()())) / (2 * eps);
+    if (std::abs(fd - want_dx.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dx differs from central differences";
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("max_pool2d, avg_pool2d and upsample2d and their gradients equal serial loops and central differences, "
+          "windows crossing shard borders, empty shards, every split of N, C, H, W",
+          "[halo][pooling]") {
+  using ts::R;
+  using ts::S;
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto [p, k, s] : std::vector<std::tuple<Pool, Eigen::Index, Eigen::Index>>{
+             {Pool::Max, 2, 2}, {Pool::Max, 3, 2}, {Pool::Avg, 2, 2}, {Pool::Avg, 3, 1}, {Pool::Up, 2, 2}, {Pool::Up, 3, 3}})
+      for (auto* f : {&check_pooling<ts::Spec<S<"x">, R, S<"y">, R>>, &check_pooling<ts::Spec<R, R, S<"x">, S<"y">>>,
+                      &check_pooling<ts::Spec<R, S<"x">, R, S<"y">>>, &check_pooling<ts::Spec<R, R, S<"y", "x">, R>>}) {
+        std::string e = f(mesh, p, k, s);
+        if (fail.empty()) fail = e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}

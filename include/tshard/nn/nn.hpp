@@ -15,5 +15,6 @@
 #include "tshard/nn/module.hpp"
 #include "tshard/nn/optim.hpp"
 #include "tshard/nn/pipeline.hpp"
+#include "tshard/nn/pooling.hpp"
 #include "tshard/nn/softmax.hpp"
 #include "tshard/nn/transformer.hpp"

@@ -1,0 +1,172 @@
+// Pooling and upsampling of NCHW tensors split over any of N, C, H and W, with their gradients:
+// max_pool2d and avg_pool2d (k x k windows, stride s, no padding: H' = floor((H - k) / s) + 1,
+// PyTorch's default) and upsample2d (nearest, by an integer factor). Each rank reads the input
+// window its output block needs through the halo path (a pooling window that crosses a shard
+// border takes a halo); the gradient goes into that window and back to the owners through the
+// exchange's transpose (HaloTransfer::add_back). Custom VJPs under ts::ad.
+#pragma once
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tshard/ad/custom_vjp.hpp"
+#include "tshard/comm/halo_transfer.hpp"
+#include "tshard/core/halo_geometry.hpp"
+#include "tshard/tensor/sharded_tensor.hpp"
+
+namespace tshard::nn {
+namespace detail {
+
+using tshard::detail::Extents;
+using tshard::detail::Index;
+
+enum class WindowKind { Max, Average, Nearest };
+
+struct WindowOp {
+  WindowKind kind;
+  Index k = 1, s = 1;  // pooling: kernel and stride; nearest: k = s = the factor
+  // The first input row read by output row o, and how many rows it reads.
+  Index first(Index o) const { return kind == WindowKind::Nearest ? o / k : s * o; }
+  Index out_extent(Index n) const { return kind == WindowKind::Nearest ? n * k : (n - k) / s + 1; }
+};
+
+template <class T>
+struct WindowSaved {
+  tshard::detail::HaloTransfer<T> transfer;
+  std::shared_ptr<T> window;
+  Extents dims{}, lo{};
+  std::vector<Index> argmax;  // max pooling: the window offset each output element took
+};
+
+// Output element (n, c, i, j) of the block ol reads the window at rows first(o0 + i) - lo.
+template <class T>
+void window_forward(const WindowOp& op, const tshard::detail::ShardLayout& ol, WindowSaved<T>& sv, T* out) {
+  const T* win = sv.window.get();
+  const Extents& wd = sv.dims;
+  const Index nv = ol.valid[0], cv = ol.valid[1], np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
+  if (op.kind == WindowKind::Max) sv.argmax.assign(std::size_t(nv * cv * ol.valid[2] * ol.valid[3]), 0);
+  const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
+  std::size_t at = 0;
+  for (Index j = 0; j < ol.valid[3]; ++j)
+    for (Index i = 0; i < ol.valid[2]; ++i) {
+      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
+      for (Index c = 0; c < cv; ++c)
+        for (Index n = 0; n < nv; ++n, ++at) {
+          T acc = op.kind == WindowKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+          Index best = 0;
+          for (Index b = 0; b < reach; ++b)
+            for (Index a = 0; a < reach; ++a) {
+              const Index w_at = n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)));
+              const T v = win[w_at];
+              if (op.kind == WindowKind::Max) {
+                if (v > acc || (a == 0 && b == 0)) acc = v, best = w_at;
+              } else {
+                acc += v;
+              }
+            }
+          if (op.kind == WindowKind::Max) sv.argmax[at] = best;
+          if (op.kind == WindowKind::Average) acc /= T(op.k * op.k);
+          out[n + np * (c + cp * (i + hp * j))] = acc;
+        }
+    }
+}
+
+// The window's gradient: each output element's cotangent to what it read.
+template <class T>
+void window_backward(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, const T* dy, T* dwin) {
+  const Extents& wd = sv.dims;
+  const Index nv = ol.valid[0], cv = ol.valid[1], np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
+  const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
+  std::size_t at = 0;
+  for (Index j = 0; j < ol.valid[3]; ++j)
+    for (Index i = 0; i < ol.valid[2]; ++i) {
+      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
+      for (Index c = 0; c < cv; ++c)
+        for (Index n = 0; n < nv; ++n, ++at) {
+          const T g = dy[n + np * (c + cp * (i + hp * j))];
+          if (op.kind == WindowKind::Max) {
+            dwin[sv.argmax[at]] += g;
+            continue;
+          }
+          const T share = op.kind == WindowKind::Average ? g / T(op.k * op.k) : g;
+          for (Index b = 0; b < reach; ++b)
+            for (Index a = 0; a < reach; ++a) dwin[n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)))] += share;
+        }
+    }
+}
+
+template <class X>
+auto window_op(const X& x_in, const WindowOp op, const char* name) {
+  static_assert(X::rank == 4, "tshard: pooling and upsampling take NCHW input: a rank-4 tensor");
+  static_assert(std::is_floating_point_v<typename X::Scalar>, "tshard: pooling and upsampling compute in float or double");
+  using T = typename X::Scalar;
+  using Plain = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
+  tshard::detail::OperatorScope scope(name);
+  const Extents in = tshard::detail::extents_of(x_in);
+  if (op.k < 1 || op.s < 1 || (op.kind != WindowKind::Nearest && (op.k > in[2] || op.k > in[3])))
+    throw ShapeError(std::string("tshard::nn::") + name + ": kernel " + std::to_string(op.k) + " and stride " +
+                     std::to_string(op.s) + " do not fit x " + x_in.describe());
+  auto saved = std::make_shared<WindowSaved<T>>();
+  auto forward = [op, saved](const auto& xv) {
+    const auto& x = tshard::detail::resolved(xv, "window");
+    auto mesh = tshard::detail::state_of(x.mesh());
+    const Extents shape = tshard::detail::extents_of(x);
+    Plain out(x.mesh(), {shape[0], shape[1], op.out_extent(shape[2]), op.out_extent(shape[3])});
+    const Extents out_shape = tshard::detail::extents_of(out);
+    auto request = [&](int r) {
+      const auto ol = tshard::detail::shard_layout_of_rank(Plain::spec_desc, out_shape, mesh->shape(), r);
+      tshard::detail::WindowRequest q;
+      q.empty = ol.valid_size() == 0;
+      if (q.empty) return q;
+      for (int d = 0; d < 2; ++d) q.lo[d] = ol.offset[d], q.hi[d] = ol.offset[d] + ol.valid[d];
+      for (int d = 2; d < 4; ++d) {
+        q.lo[d] = op.first(ol.offset[d]);
+        q.hi[d] = op.first(ol.offset[d] + ol.valid[d] - 1) + (op.kind == WindowKind::Nearest ? 1 : op.k);
+      }
+      return q;
+    };
+    saved->lo = request(mesh->rank()).lo;
+    saved->transfer = tshard::detail::HaloTransfer<T>(
+        mesh, tshard::detail::plan_window(Plain::spec_desc, shape, mesh->shape(), mesh->rank(), request, Boundary::Zero));
+    saved->dims = saved->transfer.layout().window;
+    saved->window = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(tshard::detail::volume(saved->dims, 4), 1)));
+    saved->transfer.start(x.data(), tshard::detail::layout_of(x).padded, Extents{}, saved->window.get());
+    saved->transfer.finish();
+    if (tshard::detail::layout_of(out).valid_size() > 0) window_forward(op, tshard::detail::layout_of(out), *saved, out.data());
+    return out;
+  };
+  auto backward = [op, saved](const auto& dy, const auto&, const auto& xv) {
+    const Index n = tshard::detail::volume(saved->dims, 4);
+    auto dwin = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(n, 1)));
+    std::fill(dwin.get(), dwin.get() + n, T(0));
+    if (tshard::detail::layout_of(dy).valid_size() > 0) window_backward(op, tshard::detail::layout_of(dy), *saved, dy.data(), dwin.get());
+    Plain dx(xv.mesh(), xv.global_shape());
+    std::fill(dx.data(), dx.data() + dx.padded_size(), T(0));
+    saved->transfer.add_back(dwin.get(), dx.data(), tshard::detail::layout_of(dx).padded, Extents{});
+    saved->window.reset();
+    return dx;
+  };
+  return ad::custom_vjp(forward, backward, x_in);
+}
+
+}  // namespace detail
+
+// Max over k x k windows with stride s (default k): [N, C, floor((H - k) / s) + 1, ...].
+template <class X>
+auto max_pool2d(const X& x, Eigen::Index kernel, Eigen::Index stride = 0) {
+  return detail::window_op(x, detail::WindowOp{detail::WindowKind::Max, kernel, stride > 0 ? stride : kernel}, "max_pool2d");
+}
+// The mean over k x k windows with stride s (default k).
+template <class X>
+auto avg_pool2d(const X& x, Eigen::Index kernel, Eigen::Index stride = 0) {
+  return detail::window_op(x, detail::WindowOp{detail::WindowKind::Average, kernel, stride > 0 ? stride : kernel}, "avg_pool2d");
+}
+// Nearest upsampling by an integer factor: y(n, c, i, j) = x(n, c, i / f, j / f), [N, C, f H, f W].
+template <class X>
+auto upsample2d(const X& x, Eigen::Index factor) {
+  return detail::window_op(x, detail::WindowOp{detail::WindowKind::Nearest, factor, factor}, "upsample2d");
+}
+
+}  // namespace tshard::nn
