@@ -13,7 +13,7 @@
 // --batch, --size S (images S x S), --width S2 (S x S2 when given), --channels C (the first
 // level's width; 2C and 4C below), --depth L (convolutions per level), --lr, --check.
 // Output: "step <n> loss <%.17g>" per step, then the halo bytes per step (measured, all ranks)
-// next to the count the window geometry gives.
+// next to the count the window geometry gives, and the time per step.
 #include <tshard/tshard.hpp>
 
 #include <chrono>
@@ -136,14 +136,17 @@ bool inside(const std::vector<Shape>& shapes, Index y, Index x) {
 // ---- training ----
 
 template <class T>
-std::vector<double> train(const M& mesh, const Options& o, bool print, double* halo_bytes) {
+std::vector<double> train(const M& mesh, const Options& o, bool print, double* halo_bytes, double* seconds = nullptr) {
   const Index H = o.size, W = o.width > 0 ? o.width : o.size;
   UNet<T> net(mesh, o.channels, o.depth, std::uint64_t(o.seed) * 1000);
   ts::nn::AdamW opt({.lr = o.lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0});
   opt.add(net);
   std::vector<double> losses;
   ts::reset_comm_stats();
+  double timed = 0;
   for (int step = 0; step < o.steps; ++step) {
+    MPI_Barrier(mesh.comm());
+    const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<Shape>> shapes;
     for (Index n = 0; n < o.batch; ++n) shapes.push_back(shapes_of(o, step, n, H, W));
     auto noise = [&](Index n, Index c, Index y, Index x) {
@@ -161,6 +164,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
       return ts::nn::cross_entropy(ts::transpose<0, 2, 3, 1>(net(image)), labels);  // classes last
     });
     opt.step();
+    if (step > 0 || o.steps == 1) timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     losses.push_back(loss);
     if (print && mesh.rank() == 0) std::printf("step %d loss %.17g\n", step, loss), std::fflush(stdout);
   }
@@ -170,6 +174,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
       if (kind == "halo") mine += double(c.bytes_sent);
   MPI_Allreduce(&mine, halo_bytes, 1, MPI_DOUBLE, MPI_SUM, mesh.comm());
   *halo_bytes /= std::max(1, o.steps);
+  if (seconds) *seconds = timed / std::max(1, o.steps - 1);
   return losses;
 }
 
@@ -237,8 +242,8 @@ double analytic_halo_bytes(const M& mesh, const Options& o, std::size_t element)
 
 template <class T>
 int run(const M& mesh, const Options& o) {
-  double halo = 0;
-  const auto losses = train<T>(mesh, o, true, &halo);
+  double halo = 0, seconds = 0;
+  const auto losses = train<T>(mesh, o, true, &halo, &seconds);
   const double analytic = analytic_halo_bytes(mesh, o, sizeof(T));
   bool ok = true;
   double worst = 0;
@@ -251,6 +256,8 @@ int run(const M& mesh, const Options& o) {
   ok = ts::agree(ok);
   if (mesh.rank() == 0) {
     std::printf("halo bytes per step over all ranks: %.0f measured, %.0f by the window geometry\n", halo, analytic);
+    std::printf("mesh {data, h, w} = {%d, %d, %d}, %s: %.1f ms per step, %.1f images/s\n", mesh.size<"data">(), mesh.size<"h">(),
+                mesh.size<"w">(), sizeof(T) == 8 ? "double" : "float", 1e3 * seconds, double(o.batch) / std::max(seconds, 1e-12));
     if (o.check) std::printf("largest relative difference from the single-rank curve %.2e%s\n", worst, ok ? "" : " (FAILED)");
   }
   return ok ? 0 : 1;
