@@ -78,6 +78,8 @@ std::uint64_t name_hash(const std::string& s) {  // FNV-1a
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;
 }
+// train_transformer's synthetic task draws its tokens from these bits (the same values here).
+std::uint64_t task_bits(std::uint64_t seed, std::uint64_t i) { return splitmix(splitmix(seed) ^ (i * 0xD1B54A32D192ED03ull)); }
 double uniform(std::uint64_t seed, std::uint64_t i) { return (double(splitmix(seed ^ splitmix(i)) >> 11) + 0.5) * 0x1p-53; }
 double normal(std::uint64_t seed, std::uint64_t i) {  // Box-Muller from two uniforms of (seed, i)
   return std::sqrt(-2 * std::log(uniform(seed, 2 * i))) * std::cos(2 * M_PI * uniform(seed, 2 * i + 1));
@@ -501,7 +503,7 @@ class LlamaStage : public ts::nn::Module {
     const Index len = o_.seq + 1, half = (len + 1) / 2;
     const Index src = t < half ? t : len - 1 - t;
     const std::uint64_t index = (std::uint64_t(step) * std::uint64_t(o_.batch) + std::uint64_t(b)) * std::uint64_t(len) + std::uint64_t(src);
-    return std::int32_t(ts::detail::random_bits(std::uint64_t(o_.seed) * 7919 + 17, index) % std::uint64_t(o_.vocab));
+    return std::int32_t(task_bits(std::uint64_t(o_.seed) * 7919 + 17, index) % std::uint64_t(o_.vocab));
   }
 
 };

@@ -110,6 +110,15 @@ struct UNet : ts::nn::Module {
 
 // ---- the task: discs and rectangles ----
 
+// Random bits from (seed, index): SplitMix64 (Steele, Lea, Flood 2014).
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double uniform(std::uint64_t seed, std::uint64_t i) { return double(splitmix(splitmix(seed) ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * 0x1p-53; }
+
 struct Shape {
   bool disc;
   double cy, cx, ry, rx;
@@ -117,7 +126,7 @@ struct Shape {
 std::vector<Shape> shapes_of(const Options& o, long step, Index n, Index H, Index W) {
   std::vector<Shape> out;
   auto u = [&](std::uint64_t k) {
-    return double(ts::detail::random_bits(std::uint64_t(o.seed) * 131 + 7, (std::uint64_t(step) * 4096 + std::uint64_t(n)) * 64 + k) >> 11) * 0x1p-53;
+    return uniform(std::uint64_t(o.seed) * 131 + 7, (std::uint64_t(step) * 4096 + std::uint64_t(n)) * 64 + k);
   };
   const int count = 1 + int(u(0) * 3);
   for (int i = 0; i < count; ++i)
@@ -151,7 +160,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
     for (Index n = 0; n < o.batch; ++n) shapes.push_back(shapes_of(o, step, n, H, W));
     auto noise = [&](Index n, Index c, Index y, Index x) {
       const std::uint64_t i = ((std::uint64_t(step) * 4096 + std::uint64_t(n)) * 4 + std::uint64_t(c)) * 1048576 + std::uint64_t(y * W + x);
-      return double(ts::detail::random_bits(std::uint64_t(o.seed) * 977 + 3, i) >> 11) * 0x1p-53 - 0.5;
+      return uniform(std::uint64_t(o.seed) * 977 + 3, i) - 0.5;
     };
     auto image = ts::from_function<T, Image>(mesh, {o.batch, 3, H, W}, [&](const auto& i) {
       const bool in = inside(shapes[std::size_t(i[0])], i[2], i[3]);

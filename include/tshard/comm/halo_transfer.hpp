@@ -76,20 +76,12 @@ class HaloTransfer {
     if (active_) finish();
     const int R = layout_.rank;
     const Extents zero{};
-    auto shifted = [&](const Extents& e) {
-      Extents s = e;
-      for (int d = 0; d < R; ++d) s[d] += src_shift[d];
-      return s;
-    };
+    auto shifted = [&](const Extents& e) { return shifted_by(e, src_shift, R); };
     // Pack and post first, so the messages travel while the local copies run.
     T* send = send_.get();
-    for (auto& m : layout_.sends) {
-      Index at = m.offset;
-      for (auto& b : m.boxes) {
-        copy_box(src, src_dims, shifted(b.src), send + at, b.extent, zero, b.extent, R);
-        at += volume(b.extent, R);
-      }
-    }
+    for_each_packed(layout_.sends, R, [&](const HaloBox& b, Index at) {
+      copy_box(src, src_dims, shifted(b.src), send + at, b.extent, zero, b.extent, R);
+    });
     MPI_Comm comm = mesh_->comm();
     requests_.clear();
     for (auto& m : layout_.recvs) post_receive(requests_, comm, Message<T>{m.peer, recv_.get() + m.offset, m.count}, kHaloTag);
@@ -116,13 +108,9 @@ class HaloTransfer {
     active_ = false;
     const int R = layout_.rank;
     const Extents zero{};
-    for (auto& m : layout_.recvs) {
-      Index at = m.offset;
-      for (auto& b : m.boxes) {
-        copy_box(recv_.get() + at, b.extent, zero, window_, layout_.window, b.dst, b.extent, R);
-        at += volume(b.extent, R);
-      }
-    }
+    for_each_packed(layout_.recvs, R, [&](const HaloBox& b, Index at) {
+      copy_box(recv_.get() + at, b.extent, zero, window_, layout_.window, b.dst, b.extent, R);
+    });
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sent_bytes_ || received_bytes_)
       record_collective(current_operator(), "halo", sent_bytes_, received_bytes_, seconds_);
@@ -138,21 +126,13 @@ class HaloTransfer {
     if (active_) finish();
     const int R = layout_.rank;
     const Extents zero{};
-    auto shifted = [&](const Extents& e) {
-      Extents s = e;
-      for (int d = 0; d < R; ++d) s[d] += block_shift[d];
-      return s;
-    };
+    auto shifted = [&](const Extents& e) { return shifted_by(e, block_shift, R); };
     // The buffers change roles: what was received goes back from recv_, what was sent comes
     // back into send_.
     T* back = recv_.get();
-    for (auto& m : layout_.recvs) {
-      Index at = m.offset;
-      for (auto& b : m.boxes) {
-        copy_box(window, layout_.window, b.dst, back + at, b.extent, zero, b.extent, R);
-        at += volume(b.extent, R);
-      }
-    }
+    for_each_packed(layout_.recvs, R, [&](const HaloBox& b, Index at) {
+      copy_box(window, layout_.window, b.dst, back + at, b.extent, zero, b.extent, R);
+    });
     MPI_Comm comm = mesh_->comm();
     requests_.clear();
     for (auto& m : layout_.sends) post_receive(requests_, comm, Message<T>{m.peer, send_.get() + m.offset, m.count}, kHaloTag);
@@ -162,13 +142,9 @@ class HaloTransfer {
       WatchedCall watched("halo exchange transpose (wait)", [] { return current_operator(); });
       MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
     }
-    for (auto& m : layout_.sends) {
-      Index at = m.offset;
-      for (auto& b : m.boxes) {
-        add_box(send_.get() + at, b.extent, zero, block, block_dims, shifted(b.src), b.extent, R);
-        at += volume(b.extent, R);
-      }
-    }
+    for_each_packed(layout_.sends, R, [&](const HaloBox& b, Index at) {
+      add_box(send_.get() + at, b.extent, zero, block, block_dims, shifted(b.src), b.extent, R);
+    });
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sent_bytes_ || received_bytes_) record_collective(current_operator(), "halo", received_bytes_, sent_bytes_, seconds);
   }
@@ -179,6 +155,22 @@ class HaloTransfer {
   }
 
  private:
+  static Extents shifted_by(Extents e, const Extents& by, int rank) {
+    for (int d = 0; d < rank; ++d) e[d] += by[d];
+    return e;
+  }
+  // f(box, at) for every box of the messages, at its offset in their buffer.
+  template <class F>
+  static void for_each_packed(const std::vector<HaloMessage>& messages, int rank, F&& f) {
+    for (auto& m : messages) {
+      Index at = m.offset;
+      for (auto& b : m.boxes) {
+        f(b, at);
+        at += volume(b.extent, rank);
+      }
+    }
+  }
+
   void reserve_requests() {
     const Index limit = collective_chunk_limit();
     std::size_t n = 0;

@@ -19,9 +19,9 @@
 
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/comm/collectives.hpp"
-#include "tshard/comm/halo_transfer.hpp"
 #include "tshard/core/halo_geometry.hpp"
 #include "tshard/ops/conv2d.hpp"
+#include "tshard/nn/window_gather.hpp"
 #include "tshard/reshard/reshard.hpp"
 
 namespace tshard::nn {
@@ -76,15 +76,6 @@ inline ConvGeometry conv_geometry(const Extents& x, const Extents& w, const Conv
   return g;
 }
 
-// What the forward keeps for the backward: the input window (every channel) of this rank's
-// output block, and the exchange that filled it (its transpose sends gradients back).
-template <class T>
-struct ConvSaved {
-  tshard::detail::HaloTransfer<T> transfer;
-  std::shared_ptr<T> window;
-  Extents window_dims{};
-};
-
 // The rank's window request: the input rows and columns its output block reads, all channels.
 inline tshard::detail::WindowRequest conv_window(const tshard::detail::ShardLayout& ol, const ConvGeometry& g) {
   tshard::detail::WindowRequest q;
@@ -117,30 +108,20 @@ std::vector<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>> weight_columns(con
 }
 
 template <class X, class Wt, class Out>
-Out conv_forward(const X& x, const Wt& w, const ConvGeometry& g, ConvSaved<typename X::Scalar>& saved) {
+Out conv_forward(const X& x, const Wt& w, const ConvGeometry& g, WindowGather<typename X::Scalar>& saved) {
   using T = typename X::Scalar;
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   auto mesh = tshard::detail::state_of(x.mesh());
   Out out(x.mesh(), {g.N, g.O, g.Ho, g.Wo});
   const auto& ol = tshard::detail::layout_of(out);
   const Extents out_shape = tshard::detail::extents_of(out);
-  saved.transfer = tshard::detail::HaloTransfer<T>(
-      mesh, tshard::detail::plan_window(X::spec_desc, tshard::detail::extents_of(x), mesh->shape(), mesh->rank(),
-                                        [&](int r) {
-                                          return conv_window(tshard::detail::shard_layout_of_rank(Out::spec_desc, out_shape,
-                                                                                                  mesh->shape(), r),
-                                                             g);
-                                        },
-                                        Boundary::Zero));
-  saved.window_dims = saved.transfer.layout().window;
-  saved.window = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(tshard::detail::volume(saved.window_dims, 4), 1)));
-  const auto& xl = tshard::detail::layout_of(x);
-  saved.transfer.start(x.data(), xl.padded, Extents{}, saved.window.get());
+  saved.gather(x, [&](int r) {
+    return conv_window(tshard::detail::shard_layout_of_rank(Out::spec_desc, out_shape, mesh->shape(), r), g);
+  });
   const auto wb = weight_columns(w.data(), tshard::detail::layout_of(w), g);
-  saved.transfer.finish();
   if (ol.valid_size() == 0) return out;
   const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1], Opad = ol.padded[1], hp = ol.padded[2];
-  const Index wh = saved.window_dims[2];
+  const Index wh = saved.dims[2];
   const T* win = saved.window.get();
   for (Index j = 0; j < ol.valid[3]; ++j)
     for (Index i = 0; i < ol.valid[2]; ++i) {
@@ -156,20 +137,18 @@ Out conv_forward(const X& x, const Wt& w, const ConvGeometry& g, ConvSaved<typen
 
 // dx and dw for dy (laid out as the output), from what the forward kept.
 template <class X, class Wt, class DY>
-std::pair<X, Wt> conv_backward(const X& x, const Wt& w, const DY& dy, const ConvGeometry& g, ConvSaved<typename X::Scalar>& saved) {
+std::pair<X, Wt> conv_backward(const X& x, const Wt& w, const DY& dy, const ConvGeometry& g, WindowGather<typename X::Scalar>& saved) {
   using T = typename X::Scalar;
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   auto mesh = tshard::detail::state_of(x.mesh());
   const auto& ol = tshard::detail::layout_of(dy);
   const auto& wl = tshard::detail::layout_of(w);
-  const Index wv = tshard::detail::volume(saved.window_dims, 4);
-  auto dwin = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(wv, 1)));
-  std::fill(dwin.get(), dwin.get() + wv, T(0));
+  auto dwin = saved.zeroed_window();
   const auto wb = weight_columns(w.data(), wl, g);
   std::vector<Mat> dwb(std::size_t(g.kw), Mat::Zero(g.C * g.kh, wl.valid[0]));
   if (ol.valid_size() > 0) {
     const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1], Opad = ol.padded[1], hp = ol.padded[2];
-    const Index wh = saved.window_dims[2];
+    const Index wh = saved.dims[2];
     const T* win = saved.window.get();
     for (Index j = 0; j < ol.valid[3]; ++j)
       for (Index i = 0; i < ol.valid[2]; ++i) {
@@ -182,9 +161,7 @@ std::pair<X, Wt> conv_backward(const X& x, const Wt& w, const DY& dy, const Conv
       }
   }
   // dx: the window's gradient back to the blocks it was read from; summed over O's axes.
-  X dx(x.mesh(), x.global_shape());
-  std::fill(dx.data(), dx.data() + dx.padded_size(), T(0));
-  saved.transfer.add_back(dwin.get(), dx.data(), tshard::detail::layout_of(dx).padded, Extents{});
+  X dx = saved.template add_back<X>(dwin.get(), x);
   if (const std::uint32_t o_axes = Wt::spec_desc.dims[0].count ? Wt::spec_desc.split_axes() : 0u)
     tshard::detail::all_reduce(mesh->group_of_mask(o_axes), dx.data(), dx.data(), dx.padded_size(), ReduceOp::Sum);
   // dw: this rank's partial over the axes splitting N, H and W, reduced once.
@@ -225,14 +202,13 @@ auto conv2d(const XT& x_in, const WT& w, const Conv& conv = {}) {
   tshard::detail::require_same_mesh(x_in, w_plain, "conv2d");
   const auto g = detail::conv_geometry(tshard::detail::extents_of(x_in), tshard::detail::extents_of(w_plain), conv,
                                        "x " + x_in.describe() + ", w " + w_plain.describe());
-  auto saved = std::make_shared<detail::ConvSaved<T>>();
+  auto saved = std::make_shared<detail::WindowGather<T>>();
   auto forward = [g, saved](const auto& xv, const auto& wv) {
     return detail::conv_forward<In, Wt, Out>(tshard::detail::implicit_reshard<typename Specs::input>(xv, "conv2d"), wv, g, *saved);
   };
   auto backward = [g, saved](const auto& dy, const auto&, const auto& xv, const auto& wv) {
     const In x = tshard::detail::implicit_reshard<typename Specs::input>(xv, "conv2d_backward");
     auto [dx, dw] = detail::conv_backward(x, wv, dy, g, *saved);
-    saved->window.reset();
     return std::tuple{std::move(dx), std::move(dw)};
   };
   return ad::custom_vjp(forward, backward, x_in, w_plain);

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "tshard/ad/custom_vjp.hpp"
-#include "tshard/comm/halo_transfer.hpp"
 #include "tshard/core/halo_geometry.hpp"
+#include "tshard/nn/window_gather.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {
@@ -33,68 +33,62 @@ struct WindowOp {
 };
 
 template <class T>
-struct WindowSaved {
-  tshard::detail::HaloTransfer<T> transfer;
-  std::shared_ptr<T> window;
-  Extents dims{}, lo{};
+struct WindowSaved : WindowGather<T> {
   std::vector<Index> argmax;  // max pooling: the window offset each output element took
 };
+
+// f(n, c, i, j, h0, w0, k) for every output element of the block ol, in order (k counts them):
+// the element reads window rows and columns from (h0, w0) on.
+template <class T, class F>
+void for_each_output(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, F&& f) {
+  std::size_t k = 0;
+  for (Index j = 0; j < ol.valid[3]; ++j)
+    for (Index i = 0; i < ol.valid[2]; ++i) {
+      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
+      for (Index c = 0; c < ol.valid[1]; ++c)
+        for (Index n = 0; n < ol.valid[0]; ++n) f(n, c, i, j, h0, w0, k++);
+    }
+}
 
 // Output element (n, c, i, j) of the block ol reads the window at rows first(o0 + i) - lo.
 template <class T>
 void window_forward(const WindowOp& op, const tshard::detail::ShardLayout& ol, WindowSaved<T>& sv, T* out) {
   const T* win = sv.window.get();
   const Extents& wd = sv.dims;
-  const Index nv = ol.valid[0], cv = ol.valid[1], np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
-  if (op.kind == WindowKind::Max) sv.argmax.assign(std::size_t(nv * cv * ol.valid[2] * ol.valid[3]), 0);
+  const Index np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
+  if (op.kind == WindowKind::Max) sv.argmax.assign(std::size_t(ol.valid_size()), 0);
   const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
-  std::size_t at = 0;
-  for (Index j = 0; j < ol.valid[3]; ++j)
-    for (Index i = 0; i < ol.valid[2]; ++i) {
-      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
-      for (Index c = 0; c < cv; ++c)
-        for (Index n = 0; n < nv; ++n, ++at) {
-          T acc = op.kind == WindowKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
-          Index best = 0;
-          for (Index b = 0; b < reach; ++b)
-            for (Index a = 0; a < reach; ++a) {
-              const Index w_at = n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)));
-              const T v = win[w_at];
-              if (op.kind == WindowKind::Max) {
-                if (v > acc || (a == 0 && b == 0)) acc = v, best = w_at;
-              } else {
-                acc += v;
-              }
-            }
-          if (op.kind == WindowKind::Max) sv.argmax[at] = best;
-          if (op.kind == WindowKind::Average) acc /= T(op.k * op.k);
-          out[n + np * (c + cp * (i + hp * j))] = acc;
-        }
-    }
+  for_each_output(op, ol, sv, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
+    T acc = op.kind == WindowKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
+    Index best = 0;
+    for (Index b = 0; b < reach; ++b)
+      for (Index a = 0; a < reach; ++a) {
+        const Index at = n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)));
+        if (op.kind != WindowKind::Max) acc += win[at];
+        else if (win[at] > acc || (a == 0 && b == 0)) acc = win[at], best = at;
+      }
+    if (op.kind == WindowKind::Max) sv.argmax[k] = best;
+    if (op.kind == WindowKind::Average) acc /= T(op.k * op.k);
+    out[n + np * (c + cp * (i + hp * j))] = acc;
+  });
 }
 
 // The window's gradient: each output element's cotangent to what it read.
 template <class T>
 void window_backward(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, const T* dy, T* dwin) {
   const Extents& wd = sv.dims;
-  const Index nv = ol.valid[0], cv = ol.valid[1], np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
+  const Index np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
   const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
-  std::size_t at = 0;
-  for (Index j = 0; j < ol.valid[3]; ++j)
-    for (Index i = 0; i < ol.valid[2]; ++i) {
-      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
-      for (Index c = 0; c < cv; ++c)
-        for (Index n = 0; n < nv; ++n, ++at) {
-          const T g = dy[n + np * (c + cp * (i + hp * j))];
-          if (op.kind == WindowKind::Max) {
-            dwin[sv.argmax[at]] += g;
-            continue;
-          }
-          const T share = op.kind == WindowKind::Average ? g / T(op.k * op.k) : g;
-          for (Index b = 0; b < reach; ++b)
-            for (Index a = 0; a < reach; ++a) dwin[n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)))] += share;
-        }
+  for_each_output(op, ol, sv, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
+    const T g = dy[n + np * (c + cp * (i + hp * j))];
+    if (op.kind == WindowKind::Max) {
+      dwin[sv.argmax[k]] += g;
+      return;
     }
+    const T share = op.kind == WindowKind::Average ? g / T(op.k * op.k) : g;
+    for (Index b = 0; b < reach; ++b)
+      for (Index a = 0; a < reach; ++a) dwin[n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)))] += share;
+  });
 }
 
 template <class X>
@@ -127,26 +121,14 @@ auto window_op(const X& x_in, const WindowOp op, const char* name) {
       }
       return q;
     };
-    saved->lo = request(mesh->rank()).lo;
-    saved->transfer = tshard::detail::HaloTransfer<T>(
-        mesh, tshard::detail::plan_window(Plain::spec_desc, shape, mesh->shape(), mesh->rank(), request, Boundary::Zero));
-    saved->dims = saved->transfer.layout().window;
-    saved->window = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(tshard::detail::volume(saved->dims, 4), 1)));
-    saved->transfer.start(x.data(), tshard::detail::layout_of(x).padded, Extents{}, saved->window.get());
-    saved->transfer.finish();
+    saved->gather(x, request);
     if (tshard::detail::layout_of(out).valid_size() > 0) window_forward(op, tshard::detail::layout_of(out), *saved, out.data());
     return out;
   };
   auto backward = [op, saved](const auto& dy, const auto&, const auto& xv) {
-    const Index n = tshard::detail::volume(saved->dims, 4);
-    auto dwin = tshard::detail::pooled_array<T>(std::size_t(std::max<Index>(n, 1)));
-    std::fill(dwin.get(), dwin.get() + n, T(0));
+    auto dwin = saved->zeroed_window();
     if (tshard::detail::layout_of(dy).valid_size() > 0) window_backward(op, tshard::detail::layout_of(dy), *saved, dy.data(), dwin.get());
-    Plain dx(xv.mesh(), xv.global_shape());
-    std::fill(dx.data(), dx.data() + dx.padded_size(), T(0));
-    saved->transfer.add_back(dwin.get(), dx.data(), tshard::detail::layout_of(dx).padded, Extents{});
-    saved->window.reset();
-    return dx;
+    return saved->template add_back<Plain>(dwin.get(), xv);
   };
   return ad::custom_vjp(forward, backward, x_in);
 }
