@@ -458,6 +458,112 @@ TEST_CASE("convolve equals the serial correlation for 1-D to 3-D kernels, both b
   TS_REQUIRE_ALL(fail.empty());
 }
 
+// Central differences of a serial function of a small tensor at every element.
+template <int R, class F>
+Eigen::Tensor<double, R> central_differences(const Eigen::Tensor<double, R>& x, F&& f) {
+  Eigen::Tensor<double, R> d(x.dimensions());
+  const double eps = 1e-6;
+  for (Eigen::Index n = 0; n < x.size(); ++n) {
+    Eigen::Tensor<double, R> up = x, down = x;
+    up.data()[n] += eps;
+    down.data()[n] -= eps;
+    d.data()[n] = (f(up) - f(down)) / (2 * eps);
+  }
+  return d;
+}
+
+TEST_CASE("convolve's gradient under ts::ad equals central differences of the serial correlation at every element, "
+          "both boundaries, kernels wider than a shard",
+          "[halo][conv]") {
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+      for (auto kshape : std::vector<std::array<Eigen::Index, 2>>{{3, 5}, {5, 1}}) {
+        const Eigen::Tensor<double, 2> g = small_values<double, 2>({7, 5}, 3), k = small_values<double, 2>(kshape, 4);
+        const Eigen::Tensor<double, 2> rg = small_values<double, 2>({7, 5}, 9);
+        const auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, g);
+        const auto r = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, rg);
+        auto [l, dx] = ts::ad::value_and_grad([&](const auto& xv) { return ts::sum<0, 1>(ts::convolve(xv, k, b) * r); }, x);
+        const auto fd = central_differences<2>(g, [&](const Eigen::Tensor<double, 2>& xv) {
+          const Eigen::Tensor<double, 0> v = (convolve_reference(xv, k, b) * rg).sum();
+          return v();
+        });
+        std::string e = compare(dx.gather(), fd, 1e-5);
+        if (fail.empty() && !e.empty())
+          fail = "mesh " + mesh.shape().describe() + " kernel " + shape_str(kshape) +
+                 (b == ts::Boundary::Zero ? " zero" : " periodic") + ": " + e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+namespace {
+// A nonlinear stencil with an asymmetric window, its serial loop and its per-point derivative.
+template <class V>
+double curvy(const V& v) {
+  return v(0, 0) * v(1, 0) + 0.5 * v(-1, 1) * v(-1, 1) + std::sin(v(0, -2));
+}
+Eigen::Tensor<double, 2> curvy_reference(const Eigen::Tensor<double, 2>& g, ts::Boundary b) {
+  Eigen::Tensor<double, 2> out(g.dimensions());
+  auto at = [&](Eigen::Index r, Eigen::Index c) {
+    const Eigen::Index sr = source_index(r, g.dimension(0), b), sc = source_index(c, g.dimension(1), b);
+    return sr < 0 || sc < 0 ? 0.0 : g(sr, sc);
+  };
+  for (Eigen::Index j = 0; j < g.dimension(1); ++j)
+    for (Eigen::Index i = 0; i < g.dimension(0); ++i)
+      out(i, j) = curvy([&](Eigen::Index a, Eigen::Index c) { return at(i + a, j + c); });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("stencil_backward is the exact gradient of a nonlinear stencil, every element against central differences: "
+          "halos wider than a shard, empty shards, both boundaries, and inside ts::ad::custom_vjp",
+          "[halo][conv]") {
+  std::string fail;
+  const ts::Halo widths[2] = {ts::Halo{1, 1}, ts::Halo{2, 1}};
+  auto backward_point = [](const auto& v, double dy, const auto& d) {
+    d(0, 0) += v(1, 0) * dy;
+    d(1, 0) += v(0, 0) * dy;
+    d(-1, 1) += v(-1, 1) * dy;
+    d(0, -2) += std::cos(v(0, -2)) * dy;
+  };
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+      for (auto shape : std::vector<std::array<Eigen::Index, 2>>{{7, 5}, {2, 3}}) {
+        const Eigen::Tensor<double, 2> g = small_values<double, 2>(shape, 3), rg = small_values<double, 2>(shape, 9);
+        const auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, g);
+        const auto r = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, rg);
+        const auto fd = central_differences<2>(g, [&](const Eigen::Tensor<double, 2>& xv) {
+          const Eigen::Tensor<double, 0> v = (curvy_reference(xv, b) * rg).sum();
+          return v();
+        });
+        const std::string what = "mesh " + mesh.shape().describe() + " shape " + shape_str(shape) +
+                                 (b == ts::Boundary::Zero ? " zero: " : " periodic: ");
+        std::string e = compare(ts::stencil(x, widths, b, [](const auto& v) { return curvy(v); }).gather(), curvy_reference(g, b), 1e-12);
+        if (fail.empty() && !e.empty()) fail = what + "forward " + e;
+        e = compare(ts::stencil_backward(x, r, widths, b, backward_point).gather(), fd, 1e-5);
+        if (fail.empty() && !e.empty()) fail = what + "stencil_backward " + e;
+        // The pairing a user writes to make the stencil differentiable.
+        auto [l, dx] = ts::ad::value_and_grad(
+            [&](const auto& xv) {
+              auto y = ts::ad::custom_vjp(
+                  [&](const auto& xi) { return ts::stencil(xi, widths, b, [](const auto& v) { return curvy(v); }); },
+                  [&](const auto& dy, const auto&, const auto& xi) { return ts::stencil_backward(xi, dy, widths, b, backward_point); },
+                  xv);
+              return ts::sum<0, 1>(y * r);
+            },
+            x);
+        e = compare(dx.gather(), fd, 1e-5);
+        if (fail.empty() && !e.empty()) fail = what + "custom_vjp " + e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
 TEST_CASE("conv2d on NCHW input split on batch and spatial dims equals direct serial loops, Same and Valid", "[halo]") {
   std::string fail;
   Eigen::Tensor<double, 4> g = small_values<double, 4>({3, 2, 7, 5}, 11);
@@ -597,6 +703,58 @@ TEST_CASE("windowed operators reject even kernels, negative widths and mismatche
   TS_REQUIRE_ALL(mesh_error);
 }
 
+TEST_CASE("nn's windowed layers resolve a partial-sum input first, and reject bad settings on every rank", "[halo][conv]") {
+  using ts::R;
+  using ts::S;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    // Each rank holds (its y coordinate + 1) times the images: the sum over y is known.
+    using Sp = ts::Spec<R, R, S<"x">, R>;
+    const auto plain = ts::random<double, Sp>(mesh, {2, 3, 7, 5}, 12);
+    Eigen::Tensor<double, 4> local(plain.padded_shape());
+    local = plain.local() * double(mesh.coord<"y">() + 1);
+    const auto partial = ts::from_local<Sp, ts::PartialSum<"y">>(mesh, {2, 3, 7, 5}, std::move(local));
+    const int ny = mesh.size<"y">();
+    const auto whole = plain * double(ny * (ny + 1) / 2);
+    const auto w = ts::random<double, ts::Spec<R, R, R, R>>(mesh, {4, 3, 3, 3}, 13);
+    const ts::nn::Conv strided{.stride = 2, .padding = ts::Padding::Same};
+    INFO("mesh " << mesh.shape().describe());
+    TS_REQUIRE_ALL(compare(ts::nn::conv2d(partial, w, strided).gather(), ts::nn::conv2d(whole, w, strided).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::nn::max_pool2d(partial, 3, 2).gather(), ts::nn::max_pool2d(whole, 3, 2).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::nn::avg_pool2d(partial, 2, 2).gather(), ts::nn::avg_pool2d(whole, 2, 2).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::nn::upsample2d(partial, 2).gather(), ts::nn::upsample2d(whole, 2).gather(), 1e-12) == "");
+  }
+  // Bad settings: a ShapeError naming the layer and the tensors, thrown alike on every rank.
+  M2 mesh({world_size(), 1});
+  const auto x = ts::zeros<double, ts::Spec<S<"x">, R, R, R>>(mesh, {2, 3, 5, 5});
+  const auto w = ts::zeros<double, ts::Spec<R, R, R, R>>(mesh, {4, 3, 3, 3});
+  const auto w_channels = ts::zeros<double, ts::Spec<R, R, R, R>>(mesh, {4, 2, 3, 3});
+  const auto w_big = ts::zeros<double, ts::Spec<R, R, R, R>>(mesh, {4, 3, 9, 3});
+  const auto volume = ts::zeros<double, ts::Spec<S<"x">, R, R, R, R>>(mesh, {2, 3, 4, 5, 5});
+  const auto w3 = ts::zeros<double, ts::Spec<R, R, R, R, R>>(mesh, {4, 3, 3, 2, 3});
+  auto starts = [](const std::string& e, const std::string& with) { return e.find(with) == 0; };
+  const std::string e1 = error_of([&] { (void)ts::nn::conv2d(x, w_channels); });
+  INFO(e1);
+  TS_REQUIRE_ALL(starts(e1, "ShapeError: tshard::nn::conv2d: the weights' input channels") &&
+                 e1.find("[4, 2, 3, 3]") != std::string::npos && e1.find("[2, 3, 5, 5]") != std::string::npos);
+  const std::string e2 = error_of([&] { (void)ts::nn::conv2d(x, w, ts::nn::Conv{.stride = 0}); });
+  TS_REQUIRE_ALL(starts(e2, "ShapeError: tshard::nn::conv2d: the stride must be at least 1"));
+  const std::string e3 = error_of([&] { (void)ts::nn::conv2d(x, w_big, ts::nn::Conv{.padding = ts::Padding::Valid}); });
+  TS_REQUIRE_ALL(starts(e3, "ShapeError: tshard::nn::conv2d: the kernel does not fit"));
+  const std::string e4 = error_of([&] { (void)ts::nn::conv2d(x, w, ts::nn::Conv{.pad_d = 1}); });
+  TS_REQUIRE_ALL(starts(e4, "ShapeError: tshard::nn::conv2d: pad_d is conv3d's"));
+  const std::string e5 = error_of([&] { (void)ts::nn::conv3d(volume, w3); });
+  INFO(e5);
+  TS_REQUIRE_ALL(starts(e5, "ShapeError: tshard::nn::conv3d: Same padding needs odd kernel extents"));
+  const std::string e6 = error_of([&] { (void)ts::nn::conv3d(volume, w3, ts::nn::Conv{.padding = ts::Padding::Valid}); });
+  TS_REQUIRE_ALL(e6 == "no error");
+  const std::string e7 = error_of([&] { (void)ts::nn::max_pool2d(x, 7, 2); });
+  INFO(e7);
+  TS_REQUIRE_ALL(starts(e7, "ShapeError: tshard::nn::max_pool2d"));
+  // Nothing is left in flight: the mesh still works.
+  TS_REQUIRE_ALL(ts::nn::conv2d(x, w).gather().dimension(1) == 4);
+}
+
 TEST_CASE("halo messages longer than the chunk limit arrive whole", "[halo]") {
   std::string fail;
   ts::detail::set_collective_chunk_limit(3);
@@ -710,6 +868,115 @@ TEST_CASE("nn::conv2d and its gradients equal serial loops and central differenc
                       &check_conv2d<ts::Spec<R, R, R, S<"y", "x">>, ts::Spec<R, R, R, R>>,
                       &check_conv2d<ts::Spec<R, S<"x">, S<"y">, R>, ts::Spec<R, R, R, R>>,
                       &check_conv2d<ts::Spec<S<"x">, R, R, R>, ts::Spec<S<"y">, R, R, R>>}) {
+        std::string e = f(mesh, k);
+        if (fail.empty()) fail = e;
+      }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+// ---- ts::nn::conv3d ----
+
+namespace {
+
+struct Conv3Case {
+  Eigen::Index N, C, D, H, W, O, kd, kh, kw;
+  ts::nn::Conv conv;
+};
+
+// y, dx and dw of L = sum(conv3d(x, w) * r) by direct serial loops, pads (pd, ph, pw).
+struct Conv3Reference {
+  Eigen::Tensor<double, 5> y, dx, dw;
+};
+Conv3Reference conv3d_reference(const Eigen::Tensor<double, 5>& x, const Eigen::Tensor<double, 5>& w,
+                                const Eigen::Tensor<double, 5>& r, const Conv3Case& k, std::array<Eigen::Index, 3> p) {
+  const Eigen::Index s = k.conv.stride;
+  Conv3Reference out{Eigen::Tensor<double, 5>(r.dimensions()), Eigen::Tensor<double, 5>(x.dimensions()),
+                     Eigen::Tensor<double, 5>(w.dimensions())};
+  out.y.setZero();
+  out.dx.setZero();
+  out.dw.setZero();
+  for (Eigen::Index n = 0; n < k.N; ++n)
+    for (Eigen::Index o = 0; o < k.O; ++o)
+      for (Eigen::Index i = 0; i < r.dimension(2); ++i)
+        for (Eigen::Index j = 0; j < r.dimension(3); ++j)
+          for (Eigen::Index l = 0; l < r.dimension(4); ++l)
+            for (Eigen::Index c = 0; c < k.C; ++c)
+              for (Eigen::Index a = 0; a < k.kd; ++a)
+                for (Eigen::Index b = 0; b < k.kh; ++b)
+                  for (Eigen::Index e = 0; e < k.kw; ++e) {
+                    const Eigen::Index z = s * i + a - p[0], h = s * j + b - p[1], v = s * l + e - p[2];
+                    if (z < 0 || z >= k.D || h < 0 || h >= k.H || v < 0 || v >= k.W) continue;
+                    out.y(n, o, i, j, l) += w(o, c, a, b, e) * x(n, c, z, h, v);
+                    out.dx(n, c, z, h, v) += w(o, c, a, b, e) * r(n, o, i, j, l);
+                    out.dw(o, c, a, b, e) += x(n, c, z, h, v) * r(n, o, i, j, l);
+                  }
+  return out;
+}
+
+template <class XS, class WS>
+std::string check_conv3d(M2& mesh, const Conv3Case& k) {
+  const std::array<Eigen::Index, 3> kern{k.kd, k.kh, k.kw}, in{k.D, k.H, k.W},
+      given{k.conv.pad_d, k.conv.pad_h, k.conv.pad_w};
+  const bool any_explicit = given[0] >= 0 || given[1] >= 0 || given[2] >= 0;
+  std::array<Eigen::Index, 3> p{}, out{};
+  for (int d = 0; d < 3; ++d) {
+    p[d] = any_explicit ? std::max<Eigen::Index>(given[d], 0) : (k.conv.padding == ts::Padding::Same ? (kern[d] - 1) / 2 : 0);
+    out[d] = (in[d] + 2 * p[d] - kern[d]) / k.conv.stride + 1;
+  }
+  const auto x = ts::random<double, XS>(mesh, {k.N, k.C, k.D, k.H, k.W}, 3);
+  const auto w = ts::random<double, WS>(mesh, {k.O, k.C, k.kd, k.kh, k.kw}, 4);
+  const auto r = ts::random<double, ts::Spec<ts::R, ts::R, ts::R, ts::R, ts::R>>(mesh, {k.N, k.O, out[0], out[1], out[2]}, 5);
+  const auto want = conv3d_reference(x.gather(), w.gather(), r.gather(), k, p);
+  std::ostringstream what;
+  what << "mesh " << mesh.shape().describe() << " x " << x.describe() << " w " << w.describe() << " stride " << k.conv.stride
+       << " pad (" << p[0] << ", " << p[1] << ", " << p[2] << "): ";
+  if (std::string e = compare(ts::nn::conv3d(x, w, k.conv).gather(), want.y, 1e-12); !e.empty()) return what.str() + "y " + e;
+  auto loss = [&](const auto& xv, const auto& wv) { return ts::sum<0, 1, 2, 3, 4>(ts::nn::conv3d(xv, wv, k.conv) * r); };
+  auto [l, dx, dw] = ts::ad::value_and_grad(loss, x, w);
+  if (std::string e = compare(dx.gather(), want.dx, 1e-12); !e.empty()) return what.str() + "dx " + e;
+  if (std::string e = compare(dw.gather(), want.dw, 1e-12); !e.empty()) return what.str() + "dw " + e;
+  const double eps = 1e-6;
+  auto bumped = [&](auto t, Eigen::Index flat, double by) {
+    Eigen::Tensor<double, 5> g = t.gather();
+    g.data()[flat] += by;
+    return ts::distribute<typename decltype(t)::SpecType>(mesh, g);
+  };
+  auto value = [](const auto& t) { return double(t.gather()()); };
+  for (Eigen::Index flat : {want.dx.size() / 3, want.dx.size() - 1}) {
+    const double fd = (value(loss(bumped(x, flat, eps), w)) - value(loss(bumped(x, flat, -eps), w))) / (2 * eps);
+    if (std::abs(fd - want.dx.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dx differs from central differences";
+  }
+  for (Eigen::Index flat : {Eigen::Index(0), want.dw.size() / 2}) {
+    const double fd = (value(loss(x, bumped(w, flat, eps))) - value(loss(x, bumped(w, flat, -eps)))) / (2 * eps);
+    if (std::abs(fd - want.dw.data()[flat]) > 1e-6 * (1 + std::abs(fd))) return what.str() + "dw differs from central differences";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("nn::conv3d and its gradients equal serial loops and central differences: volumes split over N, D, H, W and "
+          "O, strides 1 and 2, Same, Valid and explicit padding",
+          "[halo][conv]") {
+  using ts::R;
+  using ts::S;
+  const std::vector<Conv3Case> cases{
+      {2, 2, 5, 4, 3, 2, 3, 3, 3, {.stride = 1, .padding = ts::Padding::Same}},
+      {1, 2, 7, 5, 6, 2, 3, 1, 3, {.stride = 2, .padding = ts::Padding::Same}},
+      {2, 1, 4, 5, 4, 3, 2, 3, 2, {.stride = 1, .padding = ts::Padding::Valid}},
+      {1, 2, 5, 6, 3, 2, 3, 2, 3, {.stride = 2, .padding = ts::Padding::Valid, .pad_h = 1, .pad_d = 2}},
+      {1, 1, 3, 4, 3, 2, 5, 3, 3, {.stride = 1, .padding = ts::Padding::Same}},  // halos wider than a shard of D
+  };
+  std::string fail;
+  for (auto sizes : mesh_shapes(world_size(), 2)) {
+    M2 mesh({sizes[0], sizes[1]});
+    for (const auto& k : cases)
+      for (auto* f : {&check_conv3d<ts::Spec<S<"x">, R, S<"y">, R, R>, ts::Spec<R, R, R, R, R>>,
+                      &check_conv3d<ts::Spec<R, R, S<"x">, R, S<"y">>, ts::Spec<R, R, R, R, R>>,
+                      &check_conv3d<ts::Spec<R, R, R, S<"y", "x">, R>, ts::Spec<R, R, R, R, R>>,
+                      &check_conv3d<ts::Spec<R, R, S<"y">, R, R>, ts::Spec<S<"x">, R, R, R, R>>}) {
         std::string e = f(mesh, k);
         if (fail.empty()) fail = e;
       }

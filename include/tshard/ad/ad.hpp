@@ -7,5 +7,6 @@
 #include "tshard/ad/rules/elementwise.hpp"
 #include "tshard/ad/rules/reduce.hpp"
 #include "tshard/ad/rules/shape.hpp"
+#include "tshard/ad/rules/windowed.hpp"
 #include "tshard/ad/scalar.hpp"
 #include "tshard/ad/vjp.hpp"

@@ -16,6 +16,7 @@ struct WindowGather {
   tshard::detail::HaloTransfer<T> transfer;
   std::shared_ptr<T> window;                 // extents `dims`, starting at global index `lo`
   tshard::detail::Extents dims{}, lo{};
+  int rank = 0;
 
   // Fills `window` with x's elements in this rank's request (request(r): rank r's window, the
   // same on every rank); zeros outside x. Collective over x's mesh.
@@ -23,6 +24,7 @@ struct WindowGather {
   void gather(const X& x, Request&& request) {
     auto mesh = tshard::detail::state_of(x.mesh());
     lo = request(mesh->rank()).lo;
+    rank = X::rank;
     transfer = tshard::detail::HaloTransfer<T>(mesh, tshard::detail::plan_window(X::spec_desc, tshard::detail::extents_of(x),
                                                                                  mesh->shape(), mesh->rank(), request,
                                                                                  Boundary::Zero));
@@ -31,7 +33,7 @@ struct WindowGather {
     transfer.start(x.data(), tshard::detail::layout_of(x).padded, tshard::detail::Extents{}, window.get());
     transfer.finish();
   }
-  tshard::detail::Index elements() const { return tshard::detail::volume(dims, 4); }
+  tshard::detail::Index elements() const { return tshard::detail::volume(dims, rank); }
   // A zeroed buffer of the window's extents, for its gradient.
   std::shared_ptr<T> zeroed_window() const {
     auto d = tshard::detail::pooled_array<T>(std::size_t(std::max<tshard::detail::Index>(elements(), 1)));

@@ -1,6 +1,9 @@
 // Stencils and convolutions of a sharded tensor: every point's window is read from the shard
 // widened by a halo (ops/halo.hpp's HaloExchange), with the exchange overlapping the points that
-// need no halo.
+// need no halo. Their gradients: convolve is recorded on the ts::ad tape (its rule, in ad/, is
+// the correlation with the flipped kernel); a stencil's user function has no derivative we can
+// see, so stencil_backward takes the user's own per-point derivative and sends the window
+// gradients back to their owners through the exchange's transpose.
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
@@ -13,8 +16,17 @@
 #include "tshard/ops/halo.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
+#include "tshard/tensor/tape.hpp"
 
 namespace tshard {
+
+namespace detail::grad {  // the tag of convolve on the tape; its rule is in ad/
+template <class T, int Rank>
+struct Convolve {
+  Eigen::Tensor<T, Rank> kernel;
+  Boundary boundary;
+};
+}  // namespace detail::grad
 
 // ---- stencil ----
 
@@ -111,10 +123,98 @@ ShardedTensor<T, M, S> convolve(const ShardedTensor<T, M, S, P>& x, const Eigen:
   if (!odd)
     throw ShapeError("tshard::convolve: the kernel's extents must be odd (a centred window): kernel " +
                      detail::describe_eigen(kernel) + ", x " + x.describe());
-  if constexpr (P::is_partial)
-    return detail::convolve_plain(detail::implicit_reshard<S>(x, "convolve"), kernel, widths, boundary);
-  else
-    return detail::convolve_plain(x, kernel, widths, boundary);
+  ShardedTensor<T, M, S> out = [&] {
+    if constexpr (P::is_partial)
+      return detail::convolve_plain(detail::implicit_reshard<S>(x, "convolve"), kernel, widths, boundary);
+    else
+      return detail::convolve_plain(x, kernel, widths, boundary);
+  }();
+  if (detail::recording(x)) detail::record(out, detail::grad::Convolve<T, Rank>{kernel, boundary}, detail::tape_shape(x));
+  return out;
+}
+
+// ---- the transpose of a stencil ----
+
+// Where a stencil's derivative at one point goes: d(o0, o1, ...) += ... adds into the gradient
+// of the input element at the point's index plus the offsets (within the halo widths).
+template <class T, int Rank>
+class StencilGradient {
+ public:
+  StencilGradient(T* center, const std::array<Eigen::Index, Rank>& strides) : center_(center), strides_(strides) {}
+  template <class... I>
+  T& operator()(I... offsets) const {
+    static_assert(sizeof...(I) == std::size_t(Rank), "tshard: a stencil gradient takes one offset per tensor dim");
+    const Eigen::Index o[] = {Eigen::Index(offsets)...};
+    Eigen::Index lin = o[0];
+    for (int d = 1; d < Rank; ++d) lin += o[d] * strides_[d];
+    return center_[lin];
+  }
+
+ private:
+  T* center_;
+  std::array<Eigen::Index, Rank> strides_;
+};
+
+namespace detail {
+template <class T, class M, class S, class G>
+ShardedTensor<T, M, S> stencil_backward_impl(const ShardedTensor<T, M, S>& x, const ShardedTensor<T, M, S>& dy,
+                                             const std::array<Halo, S::rank>& widths, Boundary boundary, G& g) {
+  constexpr int Rank = S::rank;
+  require_same_mesh(x, dy, "stencil_backward");
+  if (extents_of(x) != extents_of(dy))
+    throw ShapeError("tshard::stencil_backward: dy " + dy.describe() + " differs from x " + x.describe() +
+                     " (a stencil's output has its input's shape)");
+  HaloExchange<T, Rank> exchange(HaloWidths{}, x, widths, boundary, "stencil_backward");
+  auto in = exchange.make_extended(x);     // x's windows, as the forward read them
+  auto grad = exchange.make_extended();    // their gradients, zero
+  if (!exchange.empty()) {
+    const Extents window = to_extents(exchange.extended_shape()), ws = strides_of(window, Rank);
+    const ShardLayout& l = layout_of(dy);
+    std::array<Eigen::Index, Rank> strides{};
+    for (int d = 0; d < Rank; ++d) strides[d] = ws[d];
+    const Extents ds = strides_of(l.padded, Rank);
+    for_each_index(l.valid, 0, Rank, [&](const Extents& i) {
+      Index at = 0, at_dy = 0;
+      for (int d = 0; d < Rank; ++d) at += (i[d] + widths[d].before) * ws[d], at_dy += i[d] * ds[d];
+      g(StencilView<T, Rank>(in.data() + at, strides), dy.data()[at_dy], StencilGradient<T, Rank>(grad.data() + at, strides));
+    });
+  }
+  ShardedTensor<T, M, S> dx(x.mesh(), x.global_shape());
+  std::fill(dx.data(), dx.data() + dx.padded_size(), T(0));
+  exchange.add_back(grad, dx);
+  return dx;
+}
+}  // namespace detail
+
+// The gradient of out = stencil(x, widths, boundary, f), given dy = d loss / d out: the user
+// gives f's derivative per point as g(view, dy_i, dview), which adds into dview(o...) the
+// derivative of f(view) with respect to view(o...) times dy_i (for a linear stencil, the
+// weights times dy_i). Every point's window gradient goes back to the ranks that own its
+// elements and is added there: the transpose of the halo exchange (HaloExchange::add_back), so
+// the result is the exact adjoint on every mesh, beyond Zero boundaries nothing, around
+// Periodic ones wrapped. Pair it with stencil in ts::ad::custom_vjp to make a stencil
+// differentiable. Collective; dx has x's spec.
+template <class T, class M, class S, class P, std::size_t N, class G>
+ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, const ShardedTensor<T, M, S>& dy,
+                                        const Eigen::Index (&widths)[N], Boundary boundary, G&& g) {
+  static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one halo width per tensor dim");
+  static_assert(std::is_invocable_v<G&, const StencilView<T, S::rank>&, T, const StencilGradient<T, S::rank>&>,
+                "tshard: stencil_backward's function takes (StencilView view, T dy, StencilGradient dview) and adds "
+                "into dview(offsets...)");
+  detail::OperatorScope scope("stencil_backward");
+  return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
+                                       detail::symmetric_halo<S::rank>(widths), boundary, g);
+}
+template <class T, class M, class S, class P, std::size_t N, class G>
+ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, const ShardedTensor<T, M, S>& dy,
+                                        const Halo (&widths)[N], Boundary boundary, G&& g) {
+  static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one Halo{before, after} per tensor dim");
+  static_assert(std::is_invocable_v<G&, const StencilView<T, S::rank>&, T, const StencilGradient<T, S::rank>&>,
+                "tshard: stencil_backward's function takes (StencilView view, T dy, StencilGradient dview) and adds "
+                "into dview(offsets...)");
+  detail::OperatorScope scope("stencil_backward");
+  return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
+                                       detail::halo_array<S::rank>(widths), boundary, g);
 }
 
 }  // namespace tshard
