@@ -31,6 +31,7 @@
 
 namespace ts = tshard;
 using tshard_bench::all_ranks;
+using tshard_bench::blas_kernels;
 using tshard_bench::interleaved;
 using tshard_bench::time_once;
 using tshard_bench::world_rank;

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_ad
 for mesh in model=2 data=2; do
-  mpirun -np 2 ./build-bench/bench/tshard_bench_ad --mesh "$mesh" "$@"
+  mpirun -np 2 "$bench_dir"/bench/tshard_bench_ad --mesh "$mesh" "$@"
 done
 # Model code of the GPT example: the Block and Gpt modules, blank lines and comments left out.
 awk '/^template <class T>$/ { keep = 1 } /^struct Options/ { exit } keep' examples/gpt_minimal.cpp |

@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "" tshard_bench_cost_model
-mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root ./build-bench/bench/tshard_bench_cost_model "$@"
+mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root "$bench_dir"/bench/tshard_bench_cost_model "$@"

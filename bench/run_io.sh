@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libhdf5-openmpi-dev" tshard_bench_io
-mpirun -np 2 ./build-bench/bench/tshard_bench_io "$@"
+mpirun -np 2 "$bench_dir"/bench/tshard_bench_io "$@"

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libscalapack-openmpi-dev libopenblas-dev" tshard_bench_matmul
 mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
-  ./build-bench/bench/tshard_bench_matmul "$@"
+  "$bench_dir"/bench/tshard_bench_matmul "$@"

@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_mlp_step
 mpirun -np "${RANKS:-2}" --oversubscribe --allow-run-as-root \
-  ./build-bench/bench/tshard_bench_mlp_step "$@"
+  "$bench_dir"/bench/tshard_bench_mlp_step "$@"

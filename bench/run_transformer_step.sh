@@ -11,10 +11,15 @@ cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" train_transformer tshard_bench_mlp_step
 size=(--dmodel 1024 --heads 16 --batch 8 --seq 256 --vocab 1024 --layers 2 --steps 4 --peak-n 4096)
+mlp=(--reps 7)
+if [[ -n $bench_tiny ]]; then
+  size=(--dmodel 32 --heads 2 --batch 2 --seq 8 --vocab 16 --layers 1 --steps 2 --peak-n 64)
+  mlp=(--B 8 --D 16 --H 32 --reps 1 --steps 1 --peak-n 64)
+fi
 for run in "model=2" "data=2" "data=2 --overlap" "data=2 --zero 2" "data=2 --zero 3"; do
   mesh=${run%% *}
   rest=${run#"$mesh"}
   # shellcheck disable=SC2086
-  mpirun -np 2 ./build-bench/examples/train_transformer --mesh "$mesh" $rest "${size[@]}" "$@" | grep -E "^mesh|^memory|^buffer"
+  mpirun -np 2 "$bench_dir"/examples/train_transformer --mesh "$mesh" $rest "${size[@]}" "$@" | grep -E "^mesh|^memory|^buffer"
 done
-mpirun -np 2 ./build-bench/bench/tshard_bench_mlp_step --reps 7 | grep -E "^GEMM|^check|^step"
+mpirun -np 2 "$bench_dir"/bench/tshard_bench_mlp_step "${mlp[@]}" | grep -E "^GEMM|^check|^step"

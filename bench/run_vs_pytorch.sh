@@ -10,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev python3-torch python3-numpy" train_llama
+if [[ -n "${TSHARD_BENCH_BUILD:-}" ]] && ! { bench_has python3-torch && bench_has python3-numpy; }; then
+  echo "skipped: PyTorch (python3-torch, python3-numpy) is not installed"
+  exit 77
+fi
 steps=6
 mesh=model=2
 while (($#)); do
@@ -20,9 +24,10 @@ while (($#)); do
   esac
 done
 size=(--layers 2 --dmodel 1024 --heads 16 --kv-heads 16 --hidden 4096 --seq 256 --batch 8 --lr 3e-4 --text README.md)
+[[ -n $bench_tiny ]] && size=(--layers 1 --dmodel 32 --heads 4 --kv-heads 2 --hidden 64 --seq 8 --batch 2 --lr 3e-4 --text README.md)
 weights=$(mktemp -d)/llama.safetensors
-./build-bench/examples/train_llama "${size[@]}" --steps 0 --save-safetensors "$weights" > /dev/null
-mpirun -np 2 ./build-bench/examples/train_llama --mesh "$mesh" "${size[@]}" --steps "$steps" --init "$weights" > /tmp/tshard_vs_torch_ours.txt
+"$bench_dir"/examples/train_llama "${size[@]}" --steps 0 --save-safetensors "$weights" > /dev/null
+mpirun -np 2 "$bench_dir"/examples/train_llama --mesh "$mesh" "${size[@]}" --steps "$steps" --init "$weights" > /tmp/tshard_vs_torch_ours.txt
 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 tests/reference/llama_reference.py --init "$weights" "${size[@]}" \
   --steps "$steps" --float --time --threads 2 > /tmp/tshard_vs_torch_theirs.txt
 ours=$(grep '^mesh' /tmp/tshard_vs_torch_ours.txt | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
