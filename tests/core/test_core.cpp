@@ -6,6 +6,7 @@
 #include "tshard/core/box_copy.hpp"
 #include "tshard/core/box_iterator.hpp"
 #include "tshard/core/halo_geometry.hpp"
+#include "tshard/core/layout_cache.hpp"
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec.hpp"
@@ -33,6 +34,68 @@ TEST_CASE("mesh coordinates are row-major with the last axis fastest") {
   for (int r = 0; r < m.size(); ++r) REQUIRE(m.rank_of(m.coords_of(r)) == r);
   c = m.coords_of(13);  // 1*12 + 0*4 + 1
   REQUIRE((c[0] == 1 && c[1] == 0 && c[2] == 1));
+}
+
+TEST_CASE("layout keys: equal questions hash alike, any differing field makes another question, and the cache "
+          "answers each once") {
+  constexpr std::array<std::string_view, 2> axes{"data", "model"};
+  constexpr SpecDesc rows = make_desc<ts::Spec<ts::S<"data">, ts::R>, ts::NoPartial>(axes);
+  constexpr SpecDesc cols = make_desc<ts::Spec<ts::R, ts::S<"model", "data">>, ts::NoPartial>(axes);
+  constexpr SpecDesc partial = make_desc<ts::Spec<ts::S<"data">, ts::R>, ts::PartialSum<"model">>(axes);
+  auto key = [&](std::vector<int> sizes) {
+    LayoutKey k(mesh_of(sizes));
+    k.from = rows;
+    k.to = cols;
+    k.from_shape = {7, 5};
+    k.element_bytes = 4;
+    return k;
+  };
+  const LayoutKey a = key({2, 3});
+  LayoutKey renamed(mesh_of({2, 3}));
+  renamed = a;  // the axis names never enter: specs name axes by index
+  REQUIRE((a == renamed && LayoutKeyHash{}(a) == LayoutKeyHash{}(renamed)));
+  std::vector<LayoutKey> others(8, a);
+  others[0] = key({3, 2});
+  others[1].to = partial;
+  others[2].from = cols;
+  others[3].from_shape = {5, 7};
+  others[4].element_bytes = 8;
+  others[5].rank = 1;
+  others[6].shift = {1, 0};
+  others[7].to_shape = {7, 5};
+  for (const auto& o : others) REQUIRE_FALSE(o == a);
+  // A spec's unused dims and a split's unused axes do not enter its hash or its equality.
+  LayoutKey junk = a;
+  junk.from.dims[5].axes[3] = 1;
+  REQUIRE((junk == a && LayoutKeyHash{}(junk) == LayoutKeyHash{}(a)));
+  LayoutCache<int> cache;
+  int made = 0;
+  for (int i = 0; i < 3; ++i) REQUIRE(cache.answer(a, [&] { return ++made; }) == 1);
+  REQUIRE(cache.answer(others[3], [&] { return ++made; }) == 2);
+  REQUIRE((made == 2 && cache.size() == 2));
+  for (Index n = 0; n < Index(LayoutCache<int>::kLimit) + 10; ++n) {  // bounded: starts over
+    LayoutKey k = a;
+    k.from_shape[0] = 100 + n;
+    cache.answer(k, [] { return 0; });
+  }
+  REQUIRE(cache.size() <= LayoutCache<int>::kLimit);
+}
+
+TEST_CASE("error text is made only when an error is thrown") {
+  int made = 0;
+  auto describe = [&] {
+    ++made;
+    return std::string("[7, 5] {x, R}");
+  };
+  auto check = [](bool ok, Text what) {
+    if (!ok) throw ts::ShapeError("bad: " + what.str());
+  };
+  check(true, describe);
+  REQUIRE(made == 0);
+  REQUIRE_THROWS_WITH(check(false, describe), "bad: [7, 5] {x, R}");
+  REQUIRE(made == 1);
+  REQUIRE_THROWS_WITH(check(false, "plain"), "bad: plain");
+  REQUIRE_THROWS_WITH(check(false, std::string("a ") + "string"), "bad: a string");
 }
 
 TEST_CASE("one mesh size of -1 is inferred, and sizes that do not fit throw MeshError") {

@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tshard/comm/trace.hpp"
@@ -115,38 +117,61 @@ inline void detail::record_collective(const std::string& op, const char* kind, s
 
 namespace detail {
 
-inline std::vector<std::string>& operator_stack() {
-  thread_local std::vector<std::string> stack;
+// An operator's label path ("matmul/reshard"), interned: one node per distinct path, made the
+// first time the path is entered and kept for the thread's life, so entering a scope and
+// counting a collective under it build no string.
+class OperatorLabel {
+ public:
+  OperatorLabel(std::string name, std::string path) : name_(std::move(name)), path_(std::move(path)) {}
+  const std::string& name() const { return name_; }
+  const std::string& path() const { return path_; }
+  // The label of `name` entered inside this one (a root's child: `name` alone).
+  OperatorLabel* child(std::string_view name, bool root) {
+    for (auto& c : children_)
+      if (c->name_ == name) return c.get();
+    std::string path = root ? std::string(name) : path_ + "/" + std::string(name);
+    children_.push_back(std::make_unique<OperatorLabel>(std::string(name), std::move(path)));
+    return children_.back().get();
+  }
+
+ private:
+  std::string name_, path_;
+  std::vector<std::unique_ptr<OperatorLabel>> children_;  // few per label: searched in order
+};
+
+// The calling thread's open operator scopes, innermost last.
+struct OperatorStack {
+  OperatorLabel root{"", "user"};  // outside every operator: "user"
+  std::vector<OperatorLabel*> open;
+  OperatorLabel& top() { return open.empty() ? root : *open.back(); }
+};
+inline OperatorStack& operator_stack() {
+  thread_local OperatorStack stack;
   return stack;
 }
 
-inline std::string current_operator() {
-  auto& st = operator_stack();
-  if (st.empty()) return "user";
-  std::string s = st.front();
-  for (std::size_t i = 1; i < st.size(); ++i) s += "/" + st[i];
-  return s;
-}
+// The path of the innermost open operator, "user" outside them all.
+inline const std::string& current_operator() { return operator_stack().top().path(); }
 
 // Names the operator that the collectives inside this scope are counted under. An operator
 // that re-enters itself (a resolve-then-retry path) is not named twice: "subtract/auto", never
 // "subtract/subtract/auto".
 class OperatorScope {
  public:
-  explicit OperatorScope(std::string name) {
+  explicit OperatorScope(std::string_view name) {
     auto& st = operator_stack();
-    pushed_ = st.empty() || st.back() != name;
+    pushed_ = st.open.empty() || st.open.back()->name() != name;
     if (pushed_) {
       if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
-      st.push_back(std::move(name));
+      st.open.push_back(st.top().child(name, st.open.empty()));
     }
   }
   ~OperatorScope() {
     if (!pushed_) return;
+    auto& st = operator_stack();
     auto& trace = TraceRecorder::instance();
-    if (trace.on() && start_us_ >= 0)
-      trace.add({operator_stack().back(), "", start_us_, trace.now_us() - start_us_, 0, 0, false});
-    operator_stack().pop_back();
+    if (trace.on() && start_us_ >= 0) trace.add({st.open.back()->name(), "", start_us_, trace.now_us() - start_us_, 0, 0, false});
+    st.open.pop_back();
   }
   OperatorScope(const OperatorScope&) = delete;
   OperatorScope& operator=(const OperatorScope&) = delete;

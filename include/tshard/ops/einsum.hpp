@@ -54,12 +54,12 @@ void einsum_run(MeshState& mesh, const EinsumLabels& e, const EinsumDecision& de
 }
 
 inline void check_einsum_shapes(const EinsumLabels& e, std::string_view eq, const Extents& sa, const Extents& sb,
-                                const std::string& a, const std::string& b) {
+                                Text a, Text b) {
   for (int i = 0; i < e.na; ++i)
     if (int j = e.in_b(e.a[i]); j >= 0 && sa[i] != sb[j])
       throw ShapeError("tshard::einsum<\"" + std::string(eq) + "\">: index '" + e.a[i] + "' has extent " +
-                       std::to_string(sa[i]) + " in a and " + std::to_string(sb[j]) + " in b: a is " + a + ", b is " +
-                       b);
+                       std::to_string(sa[i]) + " in a and " + std::to_string(sb[j]) + " in b: a is " + a.str() + ", b is " +
+                       b.str());
 }
 
 inline Extents einsum_output_shape(const EinsumLabels& e, const Extents& sa, const Extents& sb) {
@@ -101,7 +101,8 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
     const auto& a = detail::resolved(a_in, "einsum");
     const auto& b = detail::resolved(b_in, "einsum");
     detail::require_same_mesh(a, b, "einsum");
-    detail::check_einsum_shapes(e, eq, detail::extents_of(a), detail::extents_of(b), a.describe(), b.describe());
+    detail::check_einsum_shapes(e, eq, detail::extents_of(a), detail::extents_of(b), [&] { return a.describe(); },
+                                [&] { return b.describe(); });
     using O = detail::einsum_output<typename A::SpecType, typename B::SpecType, M, e>;
     using Out = ShardedTensor<T, M, typename O::spec, typename O::partial>;
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),

@@ -93,12 +93,11 @@ template <class... X>
 inline constexpr int max_rank_v = std::max({X::rank...});
 
 // The shape operands broadcast to (each given at the output's rank); ShapeError where not.
-inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, const char* op, const std::string& da,
-                               const std::string& db) {
+inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, const char* op, Text da, Text db) {
   Extents s{};
   for (int d = 0; d < rank; ++d) {
     if (a[d] != b[d] && a[d] != 1 && b[d] != 1)
-      throw ShapeError(std::string("tshard::") + op + ": shapes do not broadcast: a is " + da + ", b is " + db);
+      throw ShapeError(std::string("tshard::") + op + ": shapes do not broadcast: a is " + da.str() + ", b is " + db.str());
     s[d] = a[d] == 1 ? b[d] : a[d];
   }
   return s;
@@ -293,7 +292,8 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
     require_same_mesh(a, b, name);
     const Extents ea = extents_of_rank(detail::extents_of(a), A::rank, Rank),
                   eb = extents_of_rank(detail::extents_of(b), B::rank, Rank);
-    const Extents shape = broadcast_shape(ea, eb, Rank, name, a.describe(), b.describe());
+    const Extents shape =
+        broadcast_shape(ea, eb, Rank, name, [&] { return a.describe(); }, [&] { return b.describe(); });
     Out out(a.mesh(), to_array<Rank>(shape));
     const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
     binary_run<T>(*detail::state_of(a.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
@@ -556,8 +556,8 @@ auto compare(const A& ain, const B& bin, const char* name) {
   const T sb = [&] { if constexpr (TB::tensor) return T(0); else return T(b); }();
   const auto va = operand_view<Rank, M, T>(a, sa);
   const auto vb = operand_view<Rank, M, T>(b, sb);
-  const std::string describe_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); }();
-  const std::string describe_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); }();
+  const auto describe_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); };
+  const auto describe_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); };
   const Extents shape = broadcast_shape(va.shape, vb.shape, Rank, name, describe_a, describe_b);
   const auto& mesh = first_tensor_mesh<A, B>::of(ain, bin);
   Out out(mesh, to_array<Rank>(shape));
@@ -672,10 +672,12 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
   const auto vb = detail::operand_view<Rank, M, T>(b, sb);
   const detail::SpecDesc dm = detail::desc_of_rank<Mask, Rank>();
   const detail::Extents sm = detail::extents_of_rank(detail::extents_of(mask_in), Mask::rank, Rank);
-  const std::string name_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); }();
-  const std::string name_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); }();
+  const auto name_a = [&] { if constexpr (TA::tensor) return a.describe(); else return std::string("a scalar"); };
+  const auto name_b = [&] { if constexpr (TB::tensor) return b.describe(); else return std::string("a scalar"); };
+  const auto both = [&] { return name_a() + " with " + name_b(); };
   const detail::Extents ab = detail::broadcast_shape(va.shape, vb.shape, Rank, "where", name_a, name_b);
-  const detail::Extents shape = detail::broadcast_shape(sm, ab, Rank, "where", mask_in.describe(), name_a + " with " + name_b);
+  const detail::Extents shape =
+      detail::broadcast_shape(sm, ab, Rank, "where", [&] { return mask_in.describe(); }, both);
   Out out(mask_in.mesh(), detail::to_array<Rank>(shape));
   detail::where_run<T>(*detail::state_of(mask_in.mesh()), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc,
                        vb.shape, vb.data, Out::spec_desc, shape, out.data());

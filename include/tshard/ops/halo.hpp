@@ -65,11 +65,11 @@ std::string halo_to_string(const std::array<Halo, N>& h) {
 
 // Negative widths are a ShapeError, thrown on every rank alike (widths are global facts).
 template <std::size_t N>
-void check_halo_widths(const std::array<Halo, N>& h, const char* op, const std::string& tensor) {
+void check_halo_widths(const std::array<Halo, N>& h, const char* op, Text tensor) {
   for (auto& w : h)
     if (w.before < 0 || w.after < 0)
       throw ShapeError(std::string("tshard::") + op + ": halo widths must not be negative: widths " +
-                       halo_to_string(h) + " for " + tensor);
+                       halo_to_string(h) + " for " + tensor.str());
 }
 
 template <class X>
@@ -190,7 +190,7 @@ class HaloExchange {
         widths_(widths),
         boundary_(boundary) {
     static_assert(S::rank == Rank, "tshard: the plan's rank differs from the tensor's rank");
-    detail::check_halo_widths(widths, op, like.describe());
+    detail::check_halo_widths(widths, op, [&] { return like.describe(); });
     detail::Extents before{}, after{};
     for (int d = 0; d < Rank; ++d) {
       before[d] = widths[d].before;

@@ -47,7 +47,8 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
   } else {
     require_same_mesh(y, x, name);
     const Extents ex = extents_of_rank(detail::extents_of(x), SX::rank, SY::rank);
-    const Extents shape = broadcast_shape(detail::extents_of(y), ex, SY::rank, name, y.describe(), x.describe());
+    const Extents shape = broadcast_shape(detail::extents_of(y), ex, SY::rank, name, [&] { return y.describe(); },
+                                          [&] { return x.describe(); });
     if (shape != detail::extents_of(y))
       throw ShapeError(std::string("tshard::") + name + ": the result " + shape_to_string(shape, SY::rank) +
                        " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());

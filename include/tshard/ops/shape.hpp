@@ -4,11 +4,10 @@
 #pragma once
 #include <unsupported/Eigen/CXX11/Tensor>
 
-#include <map>
-#include <mutex>
 #include <tuple>
 
 #include "tshard/comm/failure.hpp"
+#include "tshard/core/layout_cache.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/reshard/redistribute.hpp"
@@ -138,16 +137,8 @@ namespace detail {
 // Whether every rank already holds its block of the reshaped tensor: each contiguous run of
 // the new block (in column-major order) must lie inside the rank's old block. Decided from
 // shapes, specs and the mesh alone, alike on every rank, and cached: no communication.
-inline bool reshape_is_local(const SpecDesc& from, const Extents& from_shape, const SpecDesc& to,
-                             const Extents& to_shape, const MeshShape& m) {
-  using Key = std::tuple<std::string, std::string, Extents, std::string, Extents>;
-  static std::mutex mutex;
-  static std::map<Key, bool> cache;
-  Key key{m.describe(), from.to_string(m), from_shape, to.to_string(m), to_shape};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
-  }
+inline bool find_reshape_is_local(const SpecDesc& from, const Extents& from_shape, const SpecDesc& to,
+                                  const Extents& to_shape, const MeshShape& m) {
   auto inside = [&](const ShardLayout& old, Index linear, Index n) {
     while (n > 0) {  // walk the range in pieces along the old dim 0
       Index rest = linear, len = 0;
@@ -175,10 +166,17 @@ inline bool reshape_is_local(const SpecDesc& from, const Extents& from_shape, co
       return local = inside(old, linear, to.rank ? nl.valid[0] : 1);
     });
   }
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() > 4096) cache.clear();
-  cache[key] = local;
   return local;
+}
+struct ReshapeIsLocal;
+inline bool reshape_is_local(const SpecDesc& from, const Extents& from_shape, const SpecDesc& to,
+                             const Extents& to_shape, const MeshShape& m) {
+  LayoutKey key(m);
+  key.from = from;
+  key.from_shape = from_shape;
+  key.to = to;
+  key.to_shape = to_shape;
+  return layout_cache<ReshapeIsLocal, bool>().answer(key, [&] { return find_reshape_is_local(from, from_shape, to, to_shape, m); });
 }
 
 // out's valid block (new shape, layout ol) from a source block src (old shape, layout sl)

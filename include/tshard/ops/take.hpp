@@ -55,7 +55,7 @@ inline AxisView axis_view(const Extents& padded, int rank, int axis) {
 // ids' range where they are split, none where every rank holds them all.
 template <class I>
 void check_ids(MeshState& mesh, const I* ids, Index count, bool split, Index extent, const char* op,
-               const std::string& table, const std::string& idsd) {
+               Text table, Text idsd) {
   std::array<std::int64_t, 2> range{std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::min()};
   for (Index n = 0; n < count; ++n) {
     range[0] = std::max<std::int64_t>(range[0], -std::int64_t(ids[n]));
@@ -69,8 +69,8 @@ void check_ids(MeshState& mesh, const I* ids, Index count, bool split, Index ext
   if (range[1] == std::numeric_limits<std::int64_t>::min()) return;  // no ids at all
   if (-range[0] < 0 || range[1] >= extent)
     throw IndexError(std::string("tshard::") + op + ": ids range over [" + std::to_string(-range[0]) + ", " +
-                     std::to_string(range[1]) + "], outside [0, " + std::to_string(extent) + "): table is " + table +
-                     ", ids are " + idsd);
+                     std::to_string(range[1]) + "], outside [0, " + std::to_string(extent) + "): table is " + table.str() +
+                     ", ids are " + idsd.str());
 }
 
 // out[i, n, o] = table[i, ids[n] - offset, o] where ids[n] is in this rank's block, else 0
@@ -140,7 +140,7 @@ auto take(const Table& table_in, const Ids& ids_in) {
   const auto al = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, detail::extents_of(ids), ids.data(), "take");
   const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
   detail::check_ids(mesh, al.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(table)[Axis], "take",
-                    table.describe(), ids.describe());
+                    [&] { return table.describe(); }, [&] { return ids.describe(); });
   auto shape = table.global_shape();
   shape[Axis] = detail::extents_of(ids)[0];
   Out out(table.mesh(), shape);
@@ -182,7 +182,7 @@ ShardedTensor<T, M, SG>& scatter_add(ShardedTensor<T, M, SG>& grad, const Ids& i
   const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
   const auto rl = detail::shard_layout(want_rows, detail::extents_of(rows), mesh.shape(), mesh.coords());
   detail::check_ids(mesh, ai.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(grad)[Axis],
-                    "scatter_add", grad.describe(), ids.describe());
+                    "scatter_add", [&] { return grad.describe(); }, [&] { return ids.describe(); });
   if (want_ids.dims[0].count == 0) {  // every rank holds every id: add straight into grad
     detail::scatter_add_kernel<T>(grad.data(), detail::layout_of(grad), Axis, ai.data, il, ar.data, rl);
     return grad;

@@ -2,30 +2,24 @@
 // reshards in a loop plan once, and the traffic of a move read from its cached plan.
 #pragma once
 #include <cstddef>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <tuple>
 
 #include "tshard/comm/mesh.hpp"
+#include "tshard/core/layout_cache.hpp"
 #include "tshard/reshard/plan.hpp"
 
 namespace tshard::detail {
 
+struct ReshardPlanQuestion;
 inline std::shared_ptr<const ReshardPlan> cached_plan(const MeshShape& mesh, const SpecDesc& src, const SpecDesc& dst,
                                                       const Extents& shape, std::size_t element_bytes) {
-  using Key = std::tuple<std::string, std::string, std::string, Extents, std::size_t>;
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const ReshardPlan>> cache;
-  Key key{mesh.describe(), src.to_string(mesh), dst.to_string(mesh), shape, element_bytes};
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(key);
-  if (it != cache.end() && it->second) return it->second;
-  if (cache.size() > 4096) cache.clear();
-  auto p = std::make_shared<const ReshardPlan>(plan_reshard(src, dst, shape, mesh, element_bytes));
-  cache[key] = p;
-  return p;
+  LayoutKey key(mesh);
+  key.from = src;
+  key.to = dst;
+  key.from_shape = shape;
+  key.element_bytes = element_bytes;
+  return layout_cache<ReshardPlanQuestion, std::shared_ptr<const ReshardPlan>>().answer(
+      key, [&] { return std::make_shared<const ReshardPlan>(plan_reshard(src, dst, shape, mesh, element_bytes)); });
 }
 inline std::shared_ptr<const ReshardPlan> cached_plan(MeshState& mesh, const SpecDesc& src, const SpecDesc& dst,
                                                       const Extents& shape, std::size_t element_bytes) {

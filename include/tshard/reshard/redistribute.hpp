@@ -3,17 +3,14 @@
 // windows of a tensor (slice, pad, concat): dst[i] = src[i + shift] wherever both exist.
 #pragma once
 #include <algorithm>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <tuple>
 #include <vector>
 
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/core/box_copy.hpp"
+#include "tshard/core/layout_cache.hpp"
 #include "tshard/reshard/plan.hpp"
 
 namespace tshard::detail {
@@ -39,21 +36,11 @@ struct DirectPeers {
   Index send_total = 0, recv_total = 0;
 };
 
-inline std::shared_ptr<const DirectPeers> direct_peers(const MeshState& mesh, const SpecDesc& from, const Extents& from_shape,
-                                                       const SpecDesc& to, const Extents& to_shape, const Extents& shift) {
-  const MeshShape& m = mesh.shape();
-  const int me = mesh.rank();
-  using Key = std::tuple<std::string, int, std::string, Extents, std::string, Extents, Extents>;
-  static std::mutex mutex;
-  static std::map<Key, std::shared_ptr<const DirectPeers>> cache;
-  Key key{m.describe(), me, from.to_string(m), from_shape, to.to_string(m), to_shape, shift};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = cache.find(key); it != cache.end()) return it->second;
-  }
+inline std::shared_ptr<DirectPeers> find_direct_peers(const MeshShape& m, int me, const SpecDesc& from, const Extents& from_shape,
+                                                      const SpecDesc& to, const Extents& to_shape, const Extents& shift) {
   auto d = std::make_shared<DirectPeers>();
-  d->mine_from = shard_layout(from, from_shape, m, mesh.coords());
-  d->mine_to = shifted(shard_layout(to, to_shape, m, mesh.coords()), shift);  // in source coordinates
+  d->mine_from = shard_layout(from, from_shape, m, m.coords_of(me));
+  d->mine_to = shifted(shard_layout(to, to_shape, m, m.coords_of(me)), shift);  // in source coordinates
   for (int r = 0; r < m.size(); ++r) {
     const auto senders = direct_senders(from, m, r);
     if (std::find(senders.begin(), senders.end(), me) == senders.end()) continue;
@@ -70,10 +57,23 @@ inline std::shared_ptr<const DirectPeers> direct_peers(const MeshState& mesh, co
       if (s != me) d->recv_total += ov.valid_size();
     }
   }
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() > 4096) cache.clear();
-  cache[key] = d;
   return d;
+}
+
+inline std::shared_ptr<const DirectPeers> direct_peers(const MeshState& mesh, const SpecDesc& from, const Extents& from_shape,
+                                                       const SpecDesc& to, const Extents& to_shape, const Extents& shift) {
+  const MeshShape& m = mesh.shape();
+  const int me = mesh.rank();
+  LayoutKey key(m);
+  key.rank = me;
+  key.from = from;
+  key.from_shape = from_shape;
+  key.to = to;
+  key.to_shape = to_shape;
+  key.shift = shift;
+  return layout_cache<DirectPeers, std::shared_ptr<const DirectPeers>>().answer(key, [&] {
+    return std::shared_ptr<const DirectPeers>(find_direct_peers(m, me, from, from_shape, to, to_shape, shift));
+  });
 }
 
 // dst (laid out for `to` over `to_shape`) gets src (laid out for `from`, a plain spec, over

@@ -33,8 +33,9 @@ class GradNode {
   std::uint64_t first_consumer = std::numeric_limits<std::uint64_t>::max();
   const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
   // What a rule's collectives are counted under: the forward's operator path + "/backward"
-  // ("transformer_block/moe/backward"), as a hand-written backward's are under its own name.
-  std::string label;
+  // ("transformer_block/moe/backward"), as a hand-written backward's are under its own name;
+  // "backward" outside every operator. Interned (comm/stats.hpp): recording copies no string.
+  const OperatorLabel* label = nullptr;
 };
 
 // A node of a tensor of element type T. The cotangent is that of the *resolved* value (a partial
@@ -54,7 +55,7 @@ class TypedGradNode final : public GradNode {
     if (!cotangent || !rule) return;
     auto r = std::move(rule);
     rule = nullptr;
-    OperatorScope scope(label.empty() ? std::string("backward") : label);
+    OperatorScope scope(label ? std::string_view(label->path()) : std::string_view("backward"));
     r(*this);
   }
 };
@@ -162,7 +163,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->mesh = state_of(out.mesh());
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
-  if (!operator_stack().empty()) node->label = current_operator() + "/backward";
+  if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward", false);
   (note_consumer(saved, Tape::active()->size()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
