@@ -715,12 +715,18 @@ int run_all(const M& mesh, const Options& o) {
                 mesh.size<"data">(), mesh.size<"stage">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "",
                 sizeof(T) == 8 ? "double" : "float", tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak,
                 peak / 1e9, o.peak_n, 1e3 * run.blocked / std::max(1, o.steps));
+    // ZeRO's formulas over the parameters replicated on data; the experts' (split over data) are
+    // held whole at every stage: 4 Psi_split more.
     const double psi = double(run.memory.model_elements) * sizeof(T), n = mesh.size<"data">();
-    const double expect[4] = {4 * psi, 2 * psi + 2 * psi / n, psi + 3 * psi / n, 4 * psi / n};
+    const double split = double(run.memory.data_split_elements) * sizeof(T), r = psi - split;
+    const double expect[4] = {4 * r, 2 * r + 2 * r / n, r + 3 * r / n, 4 * r / n};
+    char experts_part[96] = "";
+    if (split > 0) std::snprintf(experts_part, sizeof experts_part, ", %.1f KiB of them experts' split over data, held whole", split / 1024.0);
     std::printf("memory per rank before the update: parameters %.1f KiB, gradients %.1f KiB, optimizer state %.1f KiB, "
-                "total %.1f KiB; ZeRO-%d formula %.1f KiB (Psi = %.1f KiB of local parameters, N = %d)\n",
+                "total %.1f KiB; ZeRO-%d formula %.1f KiB (Psi = %.1f KiB of local parameters%s, N = %d)\n",
                 run.memory.parameters / 1024.0, run.memory.gradients / 1024.0, run.memory.state / 1024.0,
-                run.memory.total() / 1024.0, o.zero, expect[o.zero] / 1024.0, psi / 1024.0, int(n));
+                run.memory.total() / 1024.0, o.zero, (expect[o.zero] + 4 * split) / 1024.0, psi / 1024.0,
+                experts_part, int(n));
     std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
                 run.pool_now / 1024.0, run.pool_peak / 1024.0);
     if (o.experts > 0) {

@@ -268,6 +268,33 @@ TEST_CASE("ZeRO divides optimizer state, gradients and parameters by the data ax
   });
 }
 
+TEST_CASE("ZeRO leaves a parameter split over the data axis (an expert's) whole, and memory() counts its elements apart",
+          "[layers]") {
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    const double n = sizes[0];
+    for (int zero = 0; zero <= 3; ++zero) {
+      ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> replicated(mesh, 30, 20, 1);
+      ts::nn::Linear<double, DM, ts::Spec<ts::S<"data">, ts::R>> split_over_data(mesh, 30, 20, 2);
+      ts::nn::AdamW opt({.zero_stage = zero});
+      opt.add(replicated);
+      opt.add(split_over_data);
+      opt.zero_grad();
+      auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, 30, 1));
+      replicated.backward(replicated.forward(x));
+      split_over_data.backward(split_over_data.forward(x));
+      opt.clip_grad_norm(1e9);
+      const auto m = opt.memory();
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero);
+      // The split weight's local block (its bias is replicated on data, so ZeRO divides it).
+      const auto split = std::uint64_t(n > 1 ? split_over_data.weight().padded_size() : 0);
+      TS_REQUIRE_ALL(m.data_split_elements == split);
+      const double r = double(m.model_elements - split) * sizeof(double), e = double(split) * sizeof(double);
+      const double formula[4] = {4 * r, 2 * r + 2 * r / n, r + 3 * r / n, 4 * r / n};
+      TS_REQUIRE_ALL(std::abs(double(m.total()) - (formula[zero] + 4 * e)) <= 128.0 * sizeof(double));
+    }
+  });
+}
+
 TEST_CASE("clip_grad_norm counts a replicated parameter once and equals the serial norm", "[layers]") {
   const Eigen::Tensor<double, 2> g = values(7, 5, 3);
   const Eigen::Tensor<double, 0> sq = (g * g).sum();

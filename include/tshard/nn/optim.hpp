@@ -233,6 +233,7 @@ class Optimizer {
       m.gradients += x.gradients;
       m.state += x.state;
       m.model_elements += x.model_elements;
+      m.data_split_elements += x.data_split_elements;
     }
     return m;
   }

@@ -36,6 +36,10 @@ namespace tshard::nn {
 struct OptimizerMemory {
   std::uint64_t parameters = 0, gradients = 0, state = 0;
   std::uint64_t model_elements = 0;  // the local parameter elements (Psi of ZeRO's formulas)
+  // Of those, the elements of parameters split over the data axis rather than replicated on it
+  // (GShard's experts): ZeRO has no copies of them to divide, so every stage holds them whole.
+  // ZeRO-k's formula is then its usual one in (Psi - Psi_split) plus 4 Psi_split.
+  std::uint64_t data_split_elements = 0;
   std::uint64_t total() const { return parameters + gradients + state; }
 };
 
@@ -300,6 +304,7 @@ class Bucket : public BucketBase {
     for (auto& s : slots) {
       const std::uint64_t b = sizeof(T);
       m.model_elements += std::uint64_t(s.size);
+      if (n_ > 1 && !(s.replica_axes & data_mask)) m.data_split_elements += std::uint64_t(s.size);
       m.parameters += (s.param_present() ? std::uint64_t(s.size) * b : 0) + (s.master ? std::uint64_t(s.chunk) * b : 0);
       m.gradients += (s.grad_present() ? std::uint64_t(s.size) * b : 0) + (s.reduced ? std::uint64_t(s.chunk) * b : 0);
       m.state += std::uint64_t(s.state.size()) * std::uint64_t(s.state_size()) * b;
