@@ -5,11 +5,16 @@
 # file train_llama writes) on the same bytes of text, float. Prints both tokens/s, their ratio,
 # and the losses side by side. The size of bench/run_transformer_step.sh (D 1024, 16 heads,
 # batch 8 x 256 tokens, 2 layers), with the bytes of README.md (vocab 256).
+# Then the same for the GPT of examples/train_transformer.cpp against tests/reference/
+# gpt_reference.py: train_transformer writes its initial weights (a --save checkpoint, which its
+# run on 2 ranks resumes from at step 0 and the reference reads) and a token file of its
+# synthetic task (--write-data) that both train on (--data); the size of run_transformer_step.sh
+# exactly (vocab 1024).
 #   bash bench/run_vs_pytorch.sh [--steps 6] [--mesh data=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
-bench_build "libopenblas-dev python3-torch python3-numpy" train_llama
+bench_build "libopenblas-dev python3-torch python3-numpy" train_llama train_transformer
 if [[ -n "${TSHARD_BENCH_BUILD:-}" ]] && ! { bench_has python3-torch && bench_has python3-numpy; }; then
   echo "skipped: PyTorch (python3-torch, python3-numpy) is not installed"
   exit 77
@@ -23,6 +28,17 @@ while (($#)); do
     *) echo "run_vs_pytorch.sh: unknown option $1"; exit 2 ;;
   esac
 done
+# The losses of both runs side by side, then both tokens/s and their ratio; `model` prefixes the
+# lines ("" for the Llama, whose lines keep their first form).
+side_by_side() {
+  local model=$1 ours_file=$2 theirs_file=$3 ours theirs
+  ours=$(grep '^mesh' "$ours_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+  theirs=$(grep '^pytorch' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+  echo "${model:+$model }losses (tshard $mesh | PyTorch):"
+  paste <(grep '^step' "$ours_file") <(grep '^step' "$theirs_file" | awk '{print $4}') |
+    awk '{printf "  step %s  %.7f  %.7f  (relative difference %.1e)\n", $2, $4, $5, ($4 - $5) / $5}'
+  echo "${model:+$model: }tshard on 2 ranks ($mesh): $ours tokens/s; PyTorch, 2 threads: $theirs tokens/s; ratio $(echo "$ours $theirs" | awk '{printf "%.2f", $1 / $2}')"
+}
 size=(--layers 2 --dmodel 1024 --heads 16 --kv-heads 16 --hidden 4096 --seq 256 --batch 8 --lr 3e-4 --text README.md)
 [[ -n $bench_tiny ]] && size=(--layers 1 --dmodel 32 --heads 4 --kv-heads 2 --hidden 64 --seq 8 --batch 2 --lr 3e-4 --text README.md)
 weights=$(mktemp -d)/llama.safetensors
@@ -30,10 +46,16 @@ weights=$(mktemp -d)/llama.safetensors
 mpirun -np 2 "$bench_dir"/examples/train_llama --mesh "$mesh" "${size[@]}" --steps "$steps" --init "$weights" > /tmp/tshard_vs_torch_ours.txt
 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 tests/reference/llama_reference.py --init "$weights" "${size[@]}" \
   --steps "$steps" --float --time --threads 2 > /tmp/tshard_vs_torch_theirs.txt
-ours=$(grep '^mesh' /tmp/tshard_vs_torch_ours.txt | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
-theirs=$(grep '^pytorch' /tmp/tshard_vs_torch_theirs.txt | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
-echo "losses (tshard $mesh | PyTorch):"
-paste <(grep '^step' /tmp/tshard_vs_torch_ours.txt) <(grep '^step' /tmp/tshard_vs_torch_theirs.txt | awk '{print $4}') |
-  awk '{printf "  step %s  %.7f  %.7f  (relative difference %.1e)\n", $2, $4, $5, ($4 - $5) / $5}'
-echo "tshard on 2 ranks ($mesh): $ours tokens/s; PyTorch, 2 threads: $theirs tokens/s; ratio $(echo "$ours $theirs" | awk '{printf "%.2f", $1 / $2}')"
+side_by_side "" /tmp/tshard_vs_torch_ours.txt /tmp/tshard_vs_torch_theirs.txt
 rm -rf "$(dirname "$weights")"
+gpt=(--layers 2 --dmodel 1024 --heads 16 --hidden 4096 --seq 256 --batch 8 --vocab 1024 --lr 3e-4 --clip 1)
+[[ -n $bench_tiny ]] && gpt=(--layers 1 --dmodel 32 --heads 4 --hidden 128 --seq 8 --batch 2 --vocab 16 --lr 3e-4 --clip 1)
+gpt_dir=$(mktemp -d)
+"$bench_dir"/examples/train_transformer "${gpt[@]}" --steps 0 --save "$gpt_dir"/init > /dev/null
+"$bench_dir"/examples/train_transformer "${gpt[@]}" --write-data "$gpt_dir"/tokens.npy --sequences 64 > /dev/null
+mpirun -np 2 "$bench_dir"/examples/train_transformer --mesh "$mesh" "${gpt[@]}" --steps "$steps" --resume "$gpt_dir"/init \
+  --data "$gpt_dir"/tokens.npy > /tmp/tshard_vs_torch_gpt_ours.txt
+OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 tests/reference/gpt_reference.py --init "$gpt_dir"/init \
+  --data "$gpt_dir"/tokens.npy "${gpt[@]}" --steps "$steps" --float --time --threads 2 > /tmp/tshard_vs_torch_gpt_theirs.txt
+side_by_side GPT /tmp/tshard_vs_torch_gpt_ours.txt /tmp/tshard_vs_torch_gpt_theirs.txt
+rm -rf "$gpt_dir"
