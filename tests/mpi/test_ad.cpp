@@ -160,6 +160,34 @@ TEST_CASE("unary gradients equal finite differences and one rank", "[ad]") {
   });
 }
 
+TEST_CASE("unary ops on an expiring tensor compute in its buffer, never in one a rule still reads", "[ad]") {
+  const auto ga = global_random<2>({6, 9}, 7);
+  on_every_mesh("expiring operands", [&](const M& mesh) {
+    auto a = ts::distribute<YX>(mesh, ga);
+    // Outside a gradient: exp(std::move(t)) takes t's buffer, with exp(t)'s values.
+    auto t = a + 1.0;
+    const Eigen::Tensor<double, 2> want = ts::exp(t).gather();
+    const double* buffer = std::as_const(t).data();
+    auto e = ts::exp(std::move(t));
+    TS_REQUIRE_ALL(std::as_const(e).data() == buffer && compare(e.gather(), want) == "");
+    // A tensor whose buffer another holds is left alone.
+    auto u = a + 1.0;
+    auto scaled = 2.0 * u;  // shares u's buffer, unevaluated
+    (void)ts::log(std::move(u));
+    TS_REQUIRE_ALL(compare(scaled.gather(), Eigen::Tensor<double, 2>(2.0 * (ga + 1.0))) == "");
+    // Under a gradient: t is read by t * t's rule, so log(std::move(t)) must not overwrite it;
+    // exp's rule reads only its output, so exp(std::move(s)) may take s's buffer.
+    auto f = [](const auto& a) {
+      auto t = ts::square(a) + 1.0;
+      auto tt = t * t;
+      auto s = a * 0.5;
+      // log(square(a) + 2) of a temporary: log's own rule reads its operand, so no reuse either.
+      return ts::sum<0, 1>(tt + ts::log(std::move(t)) + ts::exp(std::move(s)) + ts::tanh(a * 2.0) + ts::log(ts::square(a) + 2.0));
+    };
+    return checked_gradients("expiring", f, a);
+  });
+}
+
 TEST_CASE("reduction gradients (sum, mean, max, min, keep_dims, partial results) equal finite differences and one rank",
           "[ad]") {
   const auto ga = global_random<2>({9, 7}, 6);

@@ -4,6 +4,8 @@
 // accuracy: the fraction of rows whose argmax is the label, with argmax's O(B) candidates.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -103,12 +105,55 @@ double rows_of(const X& logits) {
   return n;
 }
 
+// (e / sum(e) - onehot(labels)) / rows over the last dim, given e = exp(logits - max), written
+// in e's buffer: softmax's own expression (nn/softmax.hpp), then the labels' ones taken off
+// where this rank holds them, then the mean's scale (each step the arithmetic of the ops it
+// replaces, in place).
+template <class E, class Labels, class L>
+E softmax_minus_labels(E e, const Labels& labels, const L& logits) {
+  using T = typename L::Scalar;
+  constexpr int V = L::rank - 1;
+  e /= sum<V>(e, keep_dims);
+  T* pd = e.data();
+  const tshard::detail::Index rows = labels.padded_size();
+  for_each_labelled(e, labels, [&](tshard::detail::Index r, tshard::detail::Index v) { pd[r + v * rows] -= T(1); });
+  e *= T(1) / T(rows_of(logits));
+  return e;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// The tape's node of a fused cross-entropy: the logits' gradient made in the forward pass,
+// kept until the backward (the logits themselves are not), and scaled there by the loss's
+// cotangent. Its rule, found by argument-dependent lookup, is below.
+template <class G>
+struct FusedCrossEntropy {
+  std::shared_ptr<std::optional<G>> gradient;  // moved out by the rule: it runs once
+};
+
+template <class G, class Out, class T, class X>
+void vjp(const FusedCrossEntropy<G>& tag, std::type_identity<Out>, tshard::detail::TypedGradNode<T>& self, const X& logits) {
+  const auto dl = tshard::detail::cotangent(std::type_identity<Out>{}, self, logits.mesh());
+  const T scale = std::as_const(dl).data()[0];
+  G g = std::move(**tag.gradient);
+  tag.gradient->reset();
+  if (scale == T(1))
+    tshard::detail::accumulate(logits, g);  // (g * 1 is g, bit for bit)
+  else
+    tshard::detail::accumulate(logits, std::move(g) * scale);
+}
+
 }  // namespace detail
 
 // mean over the rows of -log softmax(logits)[row, labels[row]], for logits [..., V] (V may be
 // split) and integer labels [...]; the same value on every rank.
 // The result is an ad::Scalar: it converts to the logits' element type (`float l =
-// cross_entropy(...)`), and under a gradient its rule is cross_entropy_backward.
+// cross_entropy(...)`). Under a gradient the classifier is fused: the forward pass, which has
+// exp(z) and its row sums at hand, also makes d loss / d logits = (softmax - onehot) / rows (the
+// same arithmetic as cross_entropy_backward, bit for bit) and the tape keeps that instead of
+// the logits, so the backward recomputes nothing and a [B, T, V] tensor is freed a pass earlier.
 template <tshard::detail::FloatingTensor L, ShardedTensorType Labels>
 auto cross_entropy_backward(const L& logits_in, const Labels& labels);
 
@@ -117,22 +162,27 @@ auto cross_entropy(const L& logits_in, const Labels& labels) {
   detail::require_logits_and_labels<L, Labels>();
   using T = typename L::Scalar;
   using M = typename L::MeshT;
+  using G = ShardedTensor<T, M, typename L::SpecType>;
   tshard::detail::OperatorScope scope("cross_entropy");
-  auto forward = [](const auto& logits_given, const auto& labels_given) {
-    const auto& logits = tshard::detail::resolved(logits_given, "cross_entropy");
-    const auto lab = detail::aligned_labels(logits, labels_given, "cross_entropy");
+  const bool differentiate = tshard::detail::recording(logits_in);
+  auto gradient = std::make_shared<std::optional<G>>();
+  ShardedTensor<T, M, Spec<>> loss = [&] {
+    tshard::detail::PauseRecording pause;
+    const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");
+    const auto lab = detail::aligned_labels(logits, labels, "cross_entropy");
     constexpr int V = L::rank - 1;
     auto z = logits - max<V>(logits, keep_dims);
-    auto nll = log(sum<V>(exp(z))) - detail::pick_labelled(z, lab);  // log-sum-exp minus the label's logit
-    const Eigen::Tensor<T, 0> total = detail::sum_all(nll).gather();
-    ShardedTensor<T, M, Spec<>> loss(logits.mesh(), std::array<Eigen::Index, 0>{});
-    loss.data()[0] = total() / T(detail::rows_of(logits));
-    return loss;
-  };
-  auto backward = [](const auto& dl, const auto&, const auto& logits, const auto& labels_given) {
-    return std::tuple{cross_entropy_backward(logits, labels_given) * dl.data()[0], ad::no_gradient};
-  };
-  return ad::Scalar<T, M>(ad::custom_vjp(forward, backward, logits_in, labels));
+    const auto picked = detail::pick_labelled(z, lab);  // the label's logit
+    auto e = exp(std::move(z));                          // in z's buffer
+    const Eigen::Tensor<T, 0> total = detail::sum_all(log(sum<V>(e)) - picked).gather();  // log-sum-exp minus it
+    ShardedTensor<T, M, Spec<>> l(logits.mesh(), std::array<Eigen::Index, 0>{});
+    l.data()[0] = total() / T(detail::rows_of(logits));
+    if (differentiate) gradient->emplace(detail::softmax_minus_labels(std::move(e), lab, logits));
+    return l;
+  }();
+  if (differentiate)
+    tshard::detail::record(loss, detail::FusedCrossEntropy<G>{std::move(gradient)}, tshard::detail::tape_shape(logits_in));
+  return ad::Scalar<T, M>(std::move(loss));
 }
 
 // The fraction of rows whose largest logit is the label's (argmax's ties go to the lowest index,
@@ -169,11 +219,8 @@ auto cross_entropy_backward(const L& logits_in, const Labels& labels) {
   tshard::detail::OperatorScope scope("cross_entropy_backward");
   const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy_backward");
   const auto lab = detail::aligned_labels(logits, labels, "cross_entropy_backward");
-  auto p = softmax<L::rank - 1>(logits);
-  T* pd = p.data();
-  const tshard::detail::Index rows = lab.padded_size();
-  detail::for_each_labelled(p, lab, [&](tshard::detail::Index r, tshard::detail::Index v) { pd[r + v * rows] -= T(1); });
-  return std::move(p) * (T(1) / T(detail::rows_of(logits)));
+  constexpr int V = L::rank - 1;
+  return detail::softmax_minus_labels(exp(logits - max<V>(logits, keep_dims)), lab, logits);
 }
 
 }  // namespace tshard::nn

@@ -374,8 +374,9 @@ void unary_run(const T* in, T* out, Index n) {
   if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
 }
 
-template <UnaryKind K, class X>
-auto unary(const X& x, const char* name) {
+template <UnaryKind K, class XR>
+auto unary(XR&& x, const char* name) {
+  using X = std::remove_cvref_t<XR>;
   using T = typename X::Scalar;
   static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
   constexpr bool keep = K == UnaryKind::Neg && is_partial_sum_v<X>;
@@ -387,12 +388,24 @@ auto unary(const X& x, const char* name) {
     if (recording(x)) record(out, grad::Unary<K>{}, tape_shape(x), tape_shape(out));
     return out;
   } else {
+    // exp, tanh, sqrt and sigmoid differentiate through their output; the others through x.
+    constexpr bool by_output = K == UnaryKind::Exp || K == UnaryKind::Tanh || K == UnaryKind::Sqrt ||
+                               K == UnaryKind::Sigmoid;
+    if constexpr (!std::is_lvalue_reference_v<XR>) {
+      // An expiring x that owns its buffer lends it to the result (the same arithmetic, in
+      // place), unless a rule would read x's value afterwards.
+      if (TensorAccess::reusable(x) && (by_output || !recording(x))) {
+        const bool rec = recording(x);
+        X shape = rec ? tape_shape(x) : X(AdoptStorage{}, x.mesh(), x.global_shape(), nullptr);
+        X out = TensorAccess::taken(std::move(x));
+        unary_run<K, T>(out.data(), out.data(), out.padded_size());
+        if (rec) record(out, grad::Unary<K>{}, std::move(shape), tape_output(out));
+        return out;
+      }
+    }
     X out(x.mesh(), x.global_shape());
     unary_run<K, T>(x.data(), out.data(), x.padded_size());
     if (recording(x)) {
-      // exp, tanh, sqrt and sigmoid differentiate through their output; the others through x.
-      constexpr bool by_output = K == UnaryKind::Exp || K == UnaryKind::Tanh || K == UnaryKind::Sqrt ||
-                                 K == UnaryKind::Sigmoid;
       if constexpr (by_output)
         record(out, grad::Unary<K>{}, tape_shape(x), tape_output(out));
       else
@@ -696,20 +709,29 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
 // ---- unary ----
 template <ShardedTensorType X>
 auto operator-(const X& x) { return detail::unary<detail::UnaryKind::Neg>(x, "negate"); }
-template <detail::FloatingTensor X>
-auto exp(const X& x) { return detail::unary<detail::UnaryKind::Exp>(x, "exp"); }
-template <detail::FloatingTensor X>
-auto log(const X& x) { return detail::unary<detail::UnaryKind::Log>(x, "log"); }
-template <detail::FloatingTensor X>
-auto tanh(const X& x) { return detail::unary<detail::UnaryKind::Tanh>(x, "tanh"); }
-template <detail::FloatingTensor X>
-auto sqrt(const X& x) { return detail::unary<detail::UnaryKind::Sqrt>(x, "sqrt"); }
-template <detail::FloatingTensor X>
-auto sigmoid(const X& x) { return detail::unary<detail::UnaryKind::Sigmoid>(x, "sigmoid"); }
-template <detail::RealTensor X>
-auto relu(const X& x) { return detail::unary<detail::UnaryKind::Relu>(x, "relu"); }
-template <detail::RealTensor X>
-auto abs(const X& x) { return detail::unary<detail::UnaryKind::Abs>(x, "abs"); }
+// An expiring argument (a temporary, or std::move(x)) that owns its buffer lends it to the
+// result: exp(std::move(z)) allocates nothing.
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto exp(X&& x) { return detail::unary<detail::UnaryKind::Exp>(std::forward<X>(x), "exp"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto log(X&& x) { return detail::unary<detail::UnaryKind::Log>(std::forward<X>(x), "log"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto tanh(X&& x) { return detail::unary<detail::UnaryKind::Tanh>(std::forward<X>(x), "tanh"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto sqrt(X&& x) { return detail::unary<detail::UnaryKind::Sqrt>(std::forward<X>(x), "sqrt"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto sigmoid(X&& x) { return detail::unary<detail::UnaryKind::Sigmoid>(std::forward<X>(x), "sigmoid"); }
+template <class X>
+  requires detail::RealTensor<std::remove_cvref_t<X>>
+auto relu(X&& x) { return detail::unary<detail::UnaryKind::Relu>(std::forward<X>(x), "relu"); }
+template <class X>
+  requires detail::RealTensor<std::remove_cvref_t<X>>
+auto abs(X&& x) { return detail::unary<detail::UnaryKind::Abs>(std::forward<X>(x), "abs"); }
 template <ShardedTensorType X>
 auto square(const X& x) { return detail::unary<detail::UnaryKind::Square>(x, "square"); }
 

@@ -222,6 +222,19 @@ struct TensorAccess {
   static bool owns_pooled_buffer(const ShardedTensor<T, M, S, P>& x) {
     return x.data_ && x.data_.use_count() == 1 && std::get_deleter<PoolDeleter>(x.data_) != nullptr;
   }
+  // Whether an expiring x's buffer may hold an elementwise result of x's own layout: pooled,
+  // owned by x alone, and no unevaluated factor on it.
+  template <class T, class M, class S, class P>
+  static bool reusable(const ShardedTensor<T, M, S, P>& x) {
+    return owns_pooled_buffer(x) && !x.scaled_;
+  }
+  // x's buffer taken for another value of its layout (x expires; its node stays behind).
+  template <class T, class M, class S, class P>
+  static ShardedTensor<T, M, S, P> taken(ShardedTensor<T, M, S, P>&& x) {
+    ShardedTensor<T, M, S, P> out(std::move(x));
+    out.node_.reset();
+    return out;
+  }
   // `s * x` taking x's buffer: x expires.
   template <class T, class M, class S, class P>
   static ShardedTensor<T, M, S, P> scaled(ShardedTensor<T, M, S, P>&& x, T s) {
