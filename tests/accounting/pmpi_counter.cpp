@@ -113,4 +113,13 @@ int MPI_Irecv(void* buf, int count, MPI_Datatype t, int src, int tag, MPI_Comm c
   return PMPI_Irecv(buf, count, t, src, tag, comm, req);
 }
 
+// One call (a pair's reduce-scatter is one exchange); a message to or from this rank itself moves
+// nothing.
+int MPI_Sendrecv(const void* sb, int sc, MPI_Datatype st, int dest, int stag, void* rb, int rc, MPI_Datatype rt, int src,
+                 int rtag, MPI_Comm comm, MPI_Status* status) {
+  const int me = rank_of(comm);
+  add(dest != me && dest != MPI_PROC_NULL ? bytes(sc, st) : 0, src != me && src != MPI_PROC_NULL ? bytes(rc, rt) : 0);
+  return PMPI_Sendrecv(sb, sc, st, dest, stag, rb, rc, rt, src, rtag, comm, status);
+}
+
 }  // extern "C"

@@ -1,4 +1,8 @@
 // Mesh construction, its communicators, failure agreement and the buffer pool.
+#include <climits>
+#include <vector>
+
+#include "tshard/comm/nonblocking.hpp"
 #include "test_support.hpp"
 
 namespace ts = tshard;
@@ -123,6 +127,52 @@ TEST_CASE("the buffer pool hands freed buffers out again instead of allocating")
 
 // Run only on purpose (hidden tag): rank 1 fails a plain REQUIRE and leaves the others waiting in
 // a barrier; the watchdog must end the job. Driven by tests/scripts/expect_quick_failure.cmake.
+TEST_CASE("reduce-scatter, blocking and non-blocking, equals the serial sum on groups of every size, and equals "
+          "MPI's to the bit on pairs", "[comm]") {
+  const int world = world_size(), me = world_rank();
+  for (int size : {1, 2, 3}) {
+    if (size > world) continue;
+    MPI_Comm group;  // ranks 0..size-1 in groups of `size`; the rest alone
+    const int color = me < (world / size) * size ? me / size : world + me;
+    MPI_Comm_split(MPI_COMM_WORLD, color, me, &group);
+    const int p = ts::detail::comm_size(group), r = ts::detail::comm_rank(group);
+    for (ts::detail::Index limit : {ts::detail::Index(INT_MAX), ts::detail::Index(3)}) {
+      ts::detail::set_collective_chunk_limit(limit);
+      const ts::detail::Index n = 7;
+      const auto m = static_cast<std::size_t>(n);
+      std::vector<double> send(m * std::size_t(p)), want(m), max_want(m, -1e300);
+      for (ts::detail::Index i = 0; i < n * p; ++i) send[std::size_t(i)] = 0.1 * double(i) + 1.0 / double(3 + r) + 1e-3 * r * i;
+      for (int q = 0; q < p; ++q)
+        for (ts::detail::Index i = 0; i < n; ++i) {
+          const double v = 0.1 * double(r * n + i) + 1.0 / double(3 + q) + 1e-3 * q * (r * n + i);
+          want[std::size_t(i)] += v;
+          max_want[std::size_t(i)] = std::max(max_want[std::size_t(i)], v);
+        }
+      std::vector<double> got(m), got_max(m), mpi(m), later(m);
+      ts::detail::reduce_scatter_block(group, send.data(), got.data(), n, ts::ReduceOp::Sum);
+      ts::detail::reduce_scatter_block(group, send.data(), got_max.data(), n, ts::ReduceOp::Max);
+      MPI_Reduce_scatter_block(send.data(), mpi.data(), int(n), MPI_DOUBLE, MPI_SUM, group);
+      {
+        ts::detail::PendingReduction<double> pending;
+        pending.start_reduce_scatter(group, send.data(), later.data(), n);
+        while (!pending.test()) {
+        }
+        pending.wait();
+      }
+      INFO("group of " << p << ", chunk limit " << limit);
+      bool ok = true;
+      for (ts::detail::Index i = 0; i < n; ++i) {
+        const auto k = std::size_t(i);
+        ok &= std::abs(got[k] - want[k]) < 1e-12 && std::abs(later[k] - want[k]) < 1e-12 && got_max[k] == max_want[k];
+        if (p <= 2) ok &= got[k] == mpi[k] && later[k] == mpi[k];  // a op b is b op a
+      }
+      TS_REQUIRE_ALL(ok);
+    }
+    ts::detail::set_collective_chunk_limit(INT_MAX);
+    MPI_Comm_free(&group);
+  }
+}
+
 TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {
   if (world_rank() == 1 % world_size()) REQUIRE(false);
   MPI_Barrier(MPI_COMM_WORLD);

@@ -21,6 +21,7 @@ declare -A args=(
   [run_mlp_step]="--B 8 --D 16 --H 32 --reps 1 --steps 1 --peak-n 64"
   [run_overhead]="--n 8 --calls 10 --reps 1"
   [run_pipeline]=""
+  [run_reduce_scatter]="--max 65536 --reps 1"
   [run_reshard]="--n 64 --reps 1 --warmup 0"
   [run_transformer_step]=""
   [run_vs_pytorch]="--steps 2"

@@ -50,14 +50,30 @@ class PendingReduction {
     }
     moved_ = bytes_of<T>(n) * (p - 1);
     const Index limit = collective_chunk_limit();
+    if (p == 2) {  // one exchange, combined when it completes (collectives.hpp: reduce_scatter_pair)
+      const int me = comm_rank(comm), other = 1 - me;
+      theirs_ = pooled_array<T>(std::size_t(n));
+      mine_ = send + Index(me) * n;
+      out_ = recv;
+      count_ = n;
+      for (Index off = 0; off < n; off += limit) {
+        const Index c = std::min(limit, n - off);
+        reqs_.emplace_back();
+        MPI_Irecv(theirs_.get() + off, int(c), mpi_datatype<T>(), other, kReductionTag, comm, &reqs_.back());
+        reqs_.emplace_back();
+        MPI_Isend(send + Index(other) * n + off, int(c), mpi_datatype<T>(), other, kReductionTag, comm, &reqs_.back());
+      }
+      return;
+    }
     for (Index off = 0; off < n; off += limit) {
       const Index c = std::min(limit, n - off);
       reqs_.emplace_back();
       if (c == n) {
         MPI_Ireduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), MPI_SUM, comm, &reqs_.back());
-      } else {
-        blocks_.emplace_back(std::make_unique<StridedBlock<T>>(c, n));
-        MPI_Ireduce_scatter_block(send + off, recv + off, 1, blocks_.back()->get(), MPI_SUM, comm, &reqs_.back());
+      } else {  // MPI reduces intrinsic types only: the chunk of every block packed together
+        packed_.push_back(packed_chunks(send, p, n, off, c));
+        MPI_Ireduce_scatter_block(packed_.back().get(), recv + off, int(c), mpi_datatype<T>(), MPI_SUM, comm,
+                                  &reqs_.back());
       }
     }
   }
@@ -101,13 +117,23 @@ class PendingReduction {
   }
   void finish(double) {
     reqs_.clear();
-    blocks_.clear();
+    packed_.clear();
+    if (out_) {  // a pair's reduce-scatter: its own block plus the partner's
+      const T* got = theirs_.get();
+      for (Index i = 0; i < count_; ++i) out_[i] = mine_[i] + got[i];
+      out_ = nullptr;
+      theirs_.reset();
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     record_collective(op_, kind_, moved_, moved_, s);
   }
 
   std::vector<MPI_Request> reqs_;
-  std::vector<std::unique_ptr<StridedBlock<T>>> blocks_;
+  std::vector<std::shared_ptr<T>> packed_;  // chunks of a reduce-scatter, packed (kept until done)
+  std::shared_ptr<T> theirs_;   // a pair's reduce-scatter: the partner's share of my block
+  const T* mine_ = nullptr;     // my share of it (in the caller's send buffer)
+  T* out_ = nullptr;
+  Index count_ = 0;
   const char* kind_ = "";
   std::string op_;
   std::uint64_t moved_ = 0;
