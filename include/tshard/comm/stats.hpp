@@ -125,11 +125,11 @@ class OperatorLabel {
   OperatorLabel(std::string name, std::string path) : name_(std::move(name)), path_(std::move(path)) {}
   const std::string& name() const { return name_; }
   const std::string& path() const { return path_; }
-  // The label of `name` entered inside this one (a root's child: `name` alone).
-  OperatorLabel* child(std::string_view name, bool root) {
+  // The label of `name` entered inside this one (inside the root, unnamed: `name` alone).
+  OperatorLabel* child(std::string_view name) {
     for (auto& c : children_)
       if (c->name_ == name) return c.get();
-    std::string path = root ? std::string(name) : path_ + "/" + std::string(name);
+    std::string path = name_.empty() ? std::string(name) : path_ + "/" + std::string(name);
     children_.push_back(std::make_unique<OperatorLabel>(std::string(name), std::move(path)));
     return children_.back().get();
   }
@@ -163,7 +163,7 @@ class OperatorScope {
     pushed_ = st.open.empty() || st.open.back()->name() != name;
     if (pushed_) {
       if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
-      st.open.push_back(st.top().child(name, st.open.empty()));
+      st.open.push_back(st.top().child(name));
     }
   }
   ~OperatorScope() {

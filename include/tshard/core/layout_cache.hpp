@@ -24,7 +24,7 @@ struct LayoutKey {
   Extents from_shape{}, to_shape{}, shift{};
   std::size_t element_bytes = 0;
 
-  LayoutKey(const MeshShape& mesh) : axes(mesh.axes()) {
+  explicit LayoutKey(const MeshShape& mesh) : axes(mesh.axes()) {
     for (int a = 0; a < axes && a < kMaxAxes; ++a) sizes[std::size_t(a)] = mesh.sizes[std::size_t(a)];
   }
   bool operator==(const LayoutKey& o) const {

@@ -68,14 +68,13 @@ struct ConvGeometry {
 };
 
 template <int K>
-ConvGeometry<K> conv_geometry(const Extents& x, const Extents& w, const Conv& c, const char* op, tshard::detail::Text what_text) {
+ConvGeometry<K> conv_geometry(const Extents& x, const Extents& w, const Conv& c, const char* op, tshard::detail::Text what) {
   auto name = [op] { return std::string("tshard::nn::") + op; };
-  auto what = [&] { return what_text.str(); };
   ConvGeometry<K> g;
   g.N = x[0], g.C = x[1], g.O = w[0], g.s = c.stride;
-  if (w[1] != g.C) throw ShapeError(name() + ": the weights' input channels (dim 1) differ from x's channels: " + what());
-  if (g.s < 1) throw ShapeError(name() + ": the stride must be at least 1: " + what());
-  if (K == 2 && c.pad_d >= 0) throw ShapeError(name() + ": pad_d is conv3d's depth padding; conv2d takes pad_h and pad_w: " + what());
+  if (w[1] != g.C) throw ShapeError(name() + ": the weights' input channels (dim 1) differ from x's channels: " + what.str());
+  if (g.s < 1) throw ShapeError(name() + ": the stride must be at least 1: " + what.str());
+  if (K == 2 && c.pad_d >= 0) throw ShapeError(name() + ": pad_d is conv3d's depth padding; conv2d takes pad_h and pad_w: " + what.str());
   // The pads in the order of the spatial dims: (h, w) for conv2d, (d, h, w) for conv3d.
   const std::array<Index, 3> explicit_pads = K == 3 ? std::array<Index, 3>{c.pad_d, c.pad_h, c.pad_w}
                                                     : std::array<Index, 3>{c.pad_h, c.pad_w, -1};
@@ -85,14 +84,14 @@ ConvGeometry<K> conv_geometry(const Extents& x, const Extents& w, const Conv& c,
     const auto i = std::size_t(d);
     g.in[i] = x[2 + d];
     g.k[i] = w[2 + d];
-    if (g.k[i] < 1) throw ShapeError(name() + ": the kernel must not be empty: " + what());
+    if (g.k[i] < 1) throw ShapeError(name() + ": the kernel must not be empty: " + what.str());
     if (any_explicit) {
       g.p[i] = std::max<Index>(explicit_pads[i], 0);
     } else if (c.padding == Padding::Same) {
-      if (g.k[i] % 2 == 0) throw ShapeError(name() + ": Same padding needs odd kernel extents: " + what());
+      if (g.k[i] % 2 == 0) throw ShapeError(name() + ": Same padding needs odd kernel extents: " + what.str());
       g.p[i] = (g.k[i] - 1) / 2;
     }
-    if (g.in[i] + 2 * g.p[i] < g.k[i]) throw ShapeError(name() + ": the kernel does not fit in the padded input: " + what());
+    if (g.in[i] + 2 * g.p[i] < g.k[i]) throw ShapeError(name() + ": the kernel does not fit in the padded input: " + what.str());
     g.out[i] = (g.in[i] + 2 * g.p[i] - g.k[i]) / g.s + 1;
   }
   return g;

@@ -165,7 +165,7 @@ auto cross_entropy(const L& logits_in, const Labels& labels) {
   using G = ShardedTensor<T, M, typename L::SpecType>;
   tshard::detail::OperatorScope scope("cross_entropy");
   const bool differentiate = tshard::detail::recording(logits_in);
-  auto gradient = std::make_shared<std::optional<G>>();
+  auto gradient = differentiate ? std::make_shared<std::optional<G>>() : nullptr;
   ShardedTensor<T, M, Spec<>> loss = [&] {
     tshard::detail::PauseRecording pause;
     const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");

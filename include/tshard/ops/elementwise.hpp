@@ -396,7 +396,7 @@ auto unary(XR&& x, const char* name) {
       // place), unless a rule would read x's value afterwards.
       if (TensorAccess::reusable(x) && (by_output || !recording(x))) {
         const bool rec = recording(x);
-        X shape = rec ? tape_shape(x) : X(AdoptStorage{}, x.mesh(), x.global_shape(), nullptr);
+        X shape = tape_shape(x);  // (no buffer: only the node goes with it)
         X out = TensorAccess::taken(std::move(x));
         unary_run<K, T>(out.data(), out.data(), out.padded_size());
         if (rec) record(out, grad::Unary<K>{}, std::move(shape), tape_output(out));

@@ -156,6 +156,13 @@ class StencilGradient {
 };
 
 namespace detail {
+template <class G, class T, int Rank>
+constexpr void require_stencil_derivative() {
+  static_assert(std::is_invocable_v<G&, const StencilView<T, Rank>&, T, const StencilGradient<T, Rank>&>,
+                "tshard: stencil_backward's function takes (StencilView view, T dy, StencilGradient dview) and adds "
+                "into dview(offsets...)");
+}
+
 template <class T, class M, class S, class G>
 ShardedTensor<T, M, S> stencil_backward_impl(const ShardedTensor<T, M, S>& x, const ShardedTensor<T, M, S>& dy,
                                              const std::array<Halo, S::rank>& widths, Boundary boundary, G& g) {
@@ -198,9 +205,7 @@ template <class T, class M, class S, class P, std::size_t N, class G>
 ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, const ShardedTensor<T, M, S>& dy,
                                         const Eigen::Index (&widths)[N], Boundary boundary, G&& g) {
   static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one halo width per tensor dim");
-  static_assert(std::is_invocable_v<G&, const StencilView<T, S::rank>&, T, const StencilGradient<T, S::rank>&>,
-                "tshard: stencil_backward's function takes (StencilView view, T dy, StencilGradient dview) and adds "
-                "into dview(offsets...)");
+  detail::require_stencil_derivative<G, T, S::rank>();
   detail::OperatorScope scope("stencil_backward");
   return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
                                        detail::symmetric_halo<S::rank>(widths), boundary, g);
@@ -209,9 +214,7 @@ template <class T, class M, class S, class P, std::size_t N, class G>
 ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, const ShardedTensor<T, M, S>& dy,
                                         const Halo (&widths)[N], Boundary boundary, G&& g) {
   static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one Halo{before, after} per tensor dim");
-  static_assert(std::is_invocable_v<G&, const StencilView<T, S::rank>&, T, const StencilGradient<T, S::rank>&>,
-                "tshard: stencil_backward's function takes (StencilView view, T dy, StencilGradient dview) and adds "
-                "into dview(offsets...)");
+  detail::require_stencil_derivative<G, T, S::rank>();
   detail::OperatorScope scope("stencil_backward");
   return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
                                        detail::halo_array<S::rank>(widths), boundary, g);

@@ -163,7 +163,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->mesh = state_of(out.mesh());
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
-  if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward", false);
+  if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward");
   (note_consumer(saved, Tape::active()->size()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
