@@ -9,7 +9,8 @@
 # gpt_reference.py: train_transformer writes its initial weights (a --save checkpoint, which its
 # run on 2 ranks resumes from at step 0 and the reference reads) and a token file of its
 # synthetic task (--write-data) that both train on (--data); the size of run_transformer_step.sh
-# exactly (vocab 1024).
+# exactly (vocab 1024). For the GPT it also prints both sides' peak memory (resident, above what
+# the process held before the model was built) and tshard's with --activation-checkpoint.
 #   bash bench/run_vs_pytorch.sh [--steps 6] [--mesh data=2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,7 @@ done
 side_by_side() {
   local model=$1 ours_file=$2 theirs_file=$3 ours theirs
   ours=$(grep '^mesh' "$ours_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
-  theirs=$(grep '^pytorch' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+  theirs=$(grep '^pytorch.*tokens/s' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
   echo "${model:+$model }losses (tshard $mesh | PyTorch):"
   paste <(grep '^step' "$ours_file") <(grep '^step' "$theirs_file" | awk '{print $4}') |
     awk '{printf "  step %s  %.7f  %.7f  (relative difference %.1e)\n", $2, $4, $5, ($4 - $5) / $5}'
@@ -58,4 +59,19 @@ mpirun -np 2 "$bench_dir"/examples/train_transformer --mesh "$mesh" "${gpt[@]}" 
 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 /usr/bin/python3 tests/reference/gpt_reference.py --init "$gpt_dir"/init \
   --data "$gpt_dir"/tokens.npy "${gpt[@]}" --steps "$steps" --float --time --threads 2 > /tmp/tshard_vs_torch_gpt_theirs.txt
 side_by_side GPT /tmp/tshard_vs_torch_gpt_ours.txt /tmp/tshard_vs_torch_gpt_theirs.txt
+# Memory: each side's peak resident memory above what its process held before the model was
+# built (weights, gradients, optimizer state, activations, workspaces), tshard's summed over its
+# ranks; then tshard again with each block's activations recomputed in the backward.
+ours_mib=$(grep '^resident memory' /tmp/tshard_vs_torch_gpt_ours.txt | sed -E 's/.*, ([0-9.]+) MiB over all.*/\1/')
+theirs_mib=$(grep '^pytorch resident memory' /tmp/tshard_vs_torch_gpt_theirs.txt | sed -E 's/.* ([0-9.]+) MiB$/\1/')
+echo "GPT: peak memory above the start: tshard $ours_mib MiB over 2 ranks; PyTorch $theirs_mib MiB; ratio $(echo "$ours_mib $theirs_mib" | awk '{printf "%.2f", $1 / $2}')"
+for ac in selective full; do
+  mpirun -np 2 "$bench_dir"/examples/train_transformer --mesh "$mesh" "${gpt[@]}" --steps "$steps" --resume "$gpt_dir"/init \
+    --data "$gpt_dir"/tokens.npy --activation-checkpoint $ac > /tmp/tshard_vs_torch_gpt_ac.txt
+  cmp -s <(grep '^step' /tmp/tshard_vs_torch_gpt_ac.txt) <(grep '^step' /tmp/tshard_vs_torch_gpt_ours.txt) || {
+    echo "run_vs_pytorch.sh: --activation-checkpoint $ac changed the losses"; exit 1; }
+  echo "GPT with --activation-checkpoint $ac (the same losses): tshard $(grep '^mesh' /tmp/tshard_vs_torch_gpt_ac.txt |
+    sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/') tokens/s, $(grep '^resident memory' /tmp/tshard_vs_torch_gpt_ac.txt |
+    sed -E 's/.*, ([0-9.]+) MiB over all.*/\1/') MiB over 2 ranks"
+done
 rm -rf "$gpt_dir"

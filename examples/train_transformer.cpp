@@ -24,7 +24,9 @@
 // every rank and compares the curves.
 // Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
 // layer's gradient reduction during backward, non-blocking), --peak-n N (the peak's sgemm size),
-// --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01).
+// --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01),
+// --activation-checkpoint full|selective (each block's activations recomputed in the backward
+// instead of kept: all of them, or all but the GEMMs' outputs; the curve does not change).
 // Files: --save DIR writes a checkpoint at the end (parameters, AdamW state, step, sizes; atomic,
 // checksummed), --resume DIR goes on from one, on any mesh and ZeRO stage, with the same curve;
 // --data FILE trains on a token file (.npy int32 [N, seq + 1], batch s = rows s*batch.. cycled,
@@ -64,6 +66,7 @@ struct Options {
   int microbatches = 1;
   ts::nn::Schedule schedule = ts::nn::Schedule::GPipe;
   bool remat = false;
+  std::string activation_checkpoint;  // "", "full" or "selective": each block's activations recomputed
   int experts = 0;
   double capacity_factor = 1.25, aux_weight = 0.01;
   std::string save, resume;  // checkpoint directories
@@ -130,6 +133,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--no-overlap") o.overlap = false;
     else if (a == "--microbatches") o.microbatches = int(integer());
     else if (a == "--remat") o.remat = true;
+    else if (a == "--activation-checkpoint") {
+      o.activation_checkpoint = value();
+      if (o.activation_checkpoint != "full" && o.activation_checkpoint != "selective")
+        usage_error("--activation-checkpoint takes full or selective, not '" + o.activation_checkpoint + "'");
+    }
     else if (a == "--experts") o.experts = int(integer());
     else if (a == "--save") o.save = value();
     else if (a == "--trace") o.trace = value();
@@ -333,7 +341,7 @@ class LanguageModel : public ts::nn::Module {
     if (first_) x.emplace(embed(mb));
     const Activation* cur = first_ ? &*x : in;
     for (auto& b : blocks_) {
-      x.emplace(activation((*b)(*cur)));
+      x.emplace(activation(block(*b, *cur)));
       cur = &*x;
       if (b->has_experts() && !mb.recompute && !mb.inference) {  // the load-balancing term, and what was dropped
         loss_ += b->auxiliary_loss();
@@ -366,6 +374,14 @@ class LanguageModel : public ts::nn::Module {
   using Block = ts::nn::TransformerBlock<T, Sub>;
 
   Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
+
+  // A block's forward, its activations kept for the backward or recomputed in it.
+  auto block(Block& b, const Activation& x) {
+    if (o_.activation_checkpoint == "full") return activation(ts::nn::checkpoint(b, x));
+    if (o_.activation_checkpoint == "selective")
+      return activation(ts::nn::checkpoint<ts::ad::Recompute::AllButProducts>(b, x));
+    return activation(b(x));
+  }
   T share(const ts::nn::MicroBatch& mb) const { return mb.count > 1 ? T(1) / T(mb.count) : T(1); }
 
   template <class X>
@@ -477,8 +493,28 @@ double gemm_peak(const M& mesh, int n) {
   return total;
 }
 
+// This process's resident memory and its high-water mark, in bytes (Linux; 0 elsewhere).
+struct Resident {
+  double now = 0, peak = 0;
+};
+Resident resident_memory() {
+  Resident r;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      double kib = 0;
+      if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) r.now = kib * 1024;
+      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) r.peak = kib * 1024;
+    }
+    std::fclose(f);
+  }
+  return r;
+}
+
 struct Run {
   std::vector<double> losses;
+  double rss_growth = 0, rss_growth_all = 0;  // peak RSS above that before the model, rank 0's and all ranks'
+
   double seconds = 0;
   ts::nn::OptimizerMemory memory;
   std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
@@ -561,6 +597,7 @@ long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, O
 
 template <class T>
 Run train(const M& mesh, const Options& o, int zero, int microbatches) {
+  const double rss_before = resident_memory().now;
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
@@ -607,6 +644,10 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
       run.evals.push_back({step + 1, e.loss, e.accuracy, e.sequences, e.seconds});
     }
   }
+  // Everything the model and its training took, as PyTorch's RSS growth is measured in
+  // tests/reference/gpt_reference.py (before the held-out evaluation).
+  run.rss_growth = std::max(0.0, resident_memory().peak - rss_before);
+  ts::detail::all_reduce(mesh.comm(), &run.rss_growth, &run.rss_growth_all, 1, ts::ReduceOp::Sum);
   if (!o.eval_file.empty() && (run.evals.empty() || run.evals.back().step != o.steps)) {
     const auto e = model.evaluate(pipe);
     run.evals.push_back({std::max(run.first_step, o.steps), e.loss, e.accuracy, e.sequences, e.seconds});
@@ -729,6 +770,8 @@ int run_all(const M& mesh, const Options& o) {
                 experts_part, int(n));
     std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
                 run.pool_now / 1024.0, run.pool_peak / 1024.0);
+    std::printf("resident memory: peak above that before the model %.1f MiB on rank 0, %.1f MiB over all %d ranks\n",
+                run.rss_growth / 1048576, run.rss_growth_all / 1048576, mesh.size());
     if (o.experts > 0) {
       // GShard's all-to-alls: [G, C, D, E] per MoE layer and micro-batch, twice forward, twice backward
       // (three times forward under remat), on every model rank. Data rank i holds experts E_i and

@@ -474,3 +474,89 @@ TEST_CASE("vjp: the pullback of any cotangent spec gives value_and_grad's gradie
     return std::make_tuple(dw1.gather(), dw2.gather(), dw1b.gather());
   });
 }
+
+namespace {
+// Two residual blocks h + (gelu(g) sigmoid(0.7 g)) w2 with g = h w1 (w1 column-, w2 row-parallel:
+// its product a partial sum),
+// each checkpointed under `policy` (or not, with none), the weights captured by reference and
+// the input passed as the argument. Also reports the pool bytes in use once the forward is done
+// (what the tape keeps for the backward, with the inputs).
+template <class Mesh>
+struct CheckpointedBlocks {
+  std::optional<ts::ad::Recompute> policy;
+  std::size_t* kept_bytes = nullptr;
+  template <class X, class W1, class W2>
+  auto operator()(const X& x, const W1& w1, const W2& w2) const {
+    auto block = [&](const auto& h) {
+      const auto g = ts::einsum<"bd,dh->bh">(h, w1);
+      return X(h + ts::einsum<"bh,hd->bd">(ts::nn::gelu(g) * ts::sigmoid(g * 0.7), w2));
+    };
+    auto step = [&](const X& h) {
+      if (!policy) return block(h);
+      if (*policy == ts::ad::Recompute::Everything) return ts::ad::checkpoint(block, h);
+      return ts::ad::checkpoint<ts::ad::Recompute::AllButProducts>(block, h);
+    };
+    const X y = step(step(x * x));
+    auto loss = ts::sum<0, 1>(y * y);
+    if (kept_bytes) *kept_bytes = ts::pool_stats().bytes_in_use;
+    return loss;
+  }
+};
+}  // namespace
+
+TEST_CASE("checkpoint: recomputed gradients are the kept ones (inputs, captured weights, both policies); the forward "
+          "keeps less",
+          "[ad][checkpoint]") {
+  using W1Spec = ts::Spec<ts::R, ts::S<"y">>;
+  using W2Spec = ts::Spec<ts::S<"y">, ts::R>;
+  const std::optional<ts::ad::Recompute> policies[] = {std::nullopt, ts::ad::Recompute::Everything,
+                                                        ts::ad::Recompute::AllButProducts};
+  for (const auto& policy : policies) {
+    const std::string what = !policy ? "unchecked" : *policy == ts::ad::Recompute::Everything ? "full" : "selective";
+    on_every_mesh("checkpointed blocks, " + what, [&](const M& mesh) {
+      const auto x = ts::distribute<XR>(mesh, global_random<2>({9, 7}, 71));
+      const auto w1 = ts::distribute<W1Spec>(mesh, global_random<2>({7, 11}, 72));
+      const auto w2 = ts::distribute<W2Spec>(mesh, global_random<2>({11, 7}, 73));
+      return checked_gradients(what, CheckpointedBlocks<M>{policy}, x, w1, w2);
+    });
+  }
+  // Equal to the unchecked gradients to rounding, and what the forward leaves for the backward
+  // shrinks: full < selective (its einsum outputs kept) < unchecked.
+  const M mesh({world_size(), 1});
+  const auto x = ts::distribute<XR>(mesh, global_random<2>({64, 24}, 71));
+  const auto w1 = ts::distribute<RY>(mesh, global_random<2>({24, 96}, 72));
+  const auto w2 = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, global_random<2>({96, 24}, 73));
+  std::size_t kept[3] = {};
+  std::vector<Eigen::Tensor<double, 2>> grads[3];
+  for (int p = 0; p < 3; ++p) {
+    const std::size_t before = ts::pool_stats().bytes_in_use;
+    auto [loss, dx, dw1, dw2] = ts::ad::value_and_grad(CheckpointedBlocks<M>{policies[p], &kept[p]}, x, w1, w2);
+    kept[p] -= before;
+    grads[p] = {dx.gather(), dw1.gather(), dw2.gather()};
+    (void)loss;
+  }
+  for (int p = 1; p < 3; ++p)
+    for (int k = 0; k < 3; ++k) TS_REQUIRE_ALL(compare(grads[p][std::size_t(k)], grads[0][std::size_t(k)], 1e-14) == "");
+  INFO("bytes kept after the forward: unchecked " << kept[0] << ", full " << kept[1] << ", selective " << kept[2]);
+  TS_REQUIRE_ALL(kept[1] < kept[2]);
+  TS_REQUIRE_ALL(kept[2] < kept[0]);
+}
+
+TEST_CASE("checkpoint: nested checkpoints, an output that is an input, and no gradient taken at all", "[ad][checkpoint]") {
+  const M mesh({world_size(), 1});
+  const auto a = ts::distribute<XR>(mesh, global_random<2>({7, 5}, 81));
+  auto inner = [](const auto& v) { return ts::exp(v * 0.3) * v; };
+  auto f_plain = [&](const auto& v) { return ts::sum<0, 1>(inner(inner(v)) * v); };
+  auto f_nested = [&](const auto& v) {
+    auto outer = [&](const auto& u) { return ts::ad::checkpoint(inner, ts::ad::checkpoint(inner, u)); };
+    return ts::sum<0, 1>(ts::ad::checkpoint(outer, v) * ts::ad::checkpoint([](const auto& u) { return u; }, v));
+  };
+  auto [l0, g0] = ts::ad::value_and_grad(f_plain, a);
+  auto [l1, g1] = ts::ad::value_and_grad(f_nested, a);
+  TS_REQUIRE_ALL(std::abs(l0 - l1) <= 1e-15 * std::abs(l0));
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(g1.gather()), Eigen::Tensor<double, 2>(g0.gather()), 1e-14) == "");
+  // Outside a gradient it is the function, and records nothing.
+  auto y = ts::ad::checkpoint(inner, a);
+  TS_REQUIRE_ALL(!ts::detail::tracked(y));
+  TS_REQUIRE_ALL(compare(Eigen::Tensor<double, 2>(y.gather()), Eigen::Tensor<double, 2>(inner(a).gather()), 0) == "");
+}

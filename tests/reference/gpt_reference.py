@@ -105,6 +105,18 @@ class GPT(nn.Module):
         self.load_state_dict({k: v.to(dtype).contiguous() for k, v in want.items()}, strict=True)
 
 
+def resident(field):
+    """VmRSS or VmHWM of this process in bytes (Linux), 0 elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def main():
     ap = argparse.ArgumentParser()
     for flag, kind, default in [("--init", str, None), ("--data", str, None), ("--steps", int, 10), ("--layers", int, 2),
@@ -124,6 +136,7 @@ def main():
     dtype = torch.float32 if a.float else torch.float64
     a.hidden = a.hidden or 4 * a.dmodel
     torch.manual_seed(0)  # the constructor's own initialisation is overwritten by load()
+    rss_before = resident("VmRSS")
     model = GPT(a).to(dtype)
     model.load(a.init, dtype)
     rows = torch.from_numpy(np.load(a.data).astype(np.int64))
@@ -149,6 +162,9 @@ def main():
         seconds = time.perf_counter() - start
         print("pytorch %s, %d threads: %.0f tokens/s" % ("float" if a.float else "double", torch.get_num_threads(),
                                                         (a.steps - 1) * a.batch * a.seq / seconds))
+        # What the model and its training took, measured as train_transformer measures its own.
+        print("pytorch resident memory: peak above that before the model %.1f MiB"
+              % ((resident("VmHWM") - rss_before) / 1048576))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 // Reverse-mode gradients over the sharded operators: the rules, custom VJPs and the drivers.
 #pragma once
+#include "tshard/ad/checkpoint.hpp"
 #include "tshard/ad/cotangent.hpp"
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ad/grad.hpp"

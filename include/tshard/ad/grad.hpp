@@ -46,6 +46,15 @@ class ActiveTape {
   bool paused_ = false;
 };
 
+// GradNode::swap_leaf_node for a tensor of type X.
+template <class X>
+std::shared_ptr<GradNode> swap_node_of(const void* tensor, std::shared_ptr<GradNode> node) {
+  auto& x = *const_cast<X*>(static_cast<const X*>(tensor));
+  auto old = TensorAccess::node(x);
+  TensorAccess::set_node(x, std::move(node));
+  return old;
+}
+
 // A fresh leaf node for a tensor of this shape and spec, on the active tape.
 template <class X>
 std::shared_ptr<TypedGradNode<typename X::Scalar>> make_leaf(const X& x) {

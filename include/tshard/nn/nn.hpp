@@ -5,6 +5,7 @@
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/attention.hpp"
 #include "tshard/nn/batch_norm.hpp"
+#include "tshard/nn/checkpoint.hpp"
 #include "tshard/nn/conv.hpp"
 #include "tshard/nn/cross_entropy.hpp"
 #include "tshard/nn/denormals.hpp"

@@ -105,6 +105,7 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
   }
   std::shared_ptr<tshard::detail::GradNode> track() override {
     auto leaf = tshard::detail::make_leaf(value_);
+    leaf->swap_leaf_node = &tshard::detail::swap_node_of<Tensor>;  // (value_ outlives every forward)
     tshard::detail::TensorAccess::set_node(value_, leaf);
     return leaf;
   }

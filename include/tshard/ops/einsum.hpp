@@ -108,9 +108,17 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
                   "tshard: internal: the typed and descriptor einsum decisions disagree");
     const detail::Extents shape = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
+    auto* kept = detail::recording(a, b) ? detail::KeptProducts::active() : nullptr;  // a selective checkpoint's
+    if (kept && kept->replaying()) {
+      Out out(detail::AdoptStorage{}, a.mesh(), detail::to_array<e.no>(shape), nullptr);
+      out = Out(detail::AdoptStorage{}, a.mesh(), out.global_shape(), kept->template take<T>(out.padded_size()));
+      detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
+      return out;
+    }
     Out out(a.mesh(), detail::to_array<e.no>(shape));
     detail::einsum_run<T>(*detail::state_of(a.mesh()), e, O::decision, O::da, detail::extents_of(a), a.data(), O::db,
                           detail::extents_of(b), b.data(), Out::spec_desc, shape, out.data(), strategy);
+    if (kept) kept->keep(detail::TensorAccess::storage(out), out.padded_size());
     if (detail::recording(a, b)) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
     return out;
   }

@@ -32,6 +32,9 @@ class GradNode {
   // node down to it, this cotangent is final (a parameter's gradient can be reduced then).
   std::uint64_t first_consumer = std::numeric_limits<std::uint64_t>::max();
   const void* leaf_tensor = nullptr;  // the tensor a gradient is taken for (a parameter, an argument)
+  // A leaf's: puts `node` on leaf_tensor and returns what it carried. A checkpoint's recomputation
+  // gives a forward's leaves back to tensors untracked since (a pipeline stage's parameters).
+  std::shared_ptr<GradNode> (*swap_leaf_node)(const void* tensor, std::shared_ptr<GradNode> node) = nullptr;
   // What a rule's collectives are counted under: the forward's operator path + "/backward"
   // ("transformer_block/moe/backward"), as a hand-written backward's are under its own name;
   // "backward" outside every operator. Interned (comm/stats.hpp): recording copies no string.
@@ -62,8 +65,20 @@ class TypedGradNode final : public GradNode {
 
 // The nodes of one gradient computation, in creation order. Kept weakly: a value that nothing
 // depends on any more frees its node, and what that node saved, at once.
+//
+// A tape may be nested in another for a scope (a checkpoint records its function on one of its
+// own): its orders continue the outer tape's, and the outer nodes its rules add into (the
+// function's inputs and the parameters it reads) are collected as foreign instead of noted as
+// consumed: the checkpoint's own node, on the outer tape, is their consumer.
 class Tape {
  public:
+  Tape() = default;
+  // A tape nested in another: its orders start at first_order (the outer tape's next_order(), or
+  // above every order in use, where the outer tape is not at hand).
+  explicit Tape(std::uint64_t first_order, bool nested) : first_order_(first_order), nested_(nested) {}
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
   static Tape*& active() {
     thread_local Tape* tape = nullptr;
     return tape;
@@ -73,9 +88,19 @@ class Tape {
     return p;
   }
   void add(const std::shared_ptr<GradNode>& n) {
-    n->order = nodes_.size();
+    n->order = next_order();
     nodes_.push_back(n);
   }
+  // The order the next node added gets, and the first node's.
+  std::uint64_t next_order() const { return first_order_ + nodes_.size(); }
+  std::uint64_t first_order() const { return first_order_; }
+  // A rule of this tape keeps `n`: n is foreign if this tape is nested and n older than it.
+  bool note_foreign(const std::shared_ptr<GradNode>& n) {
+    if (!nested_ || n->order >= first_order_) return false;
+    if (std::find(foreign_.begin(), foreign_.end(), n) == foreign_.end()) foreign_.push_back(n);
+    return true;
+  }
+  const std::vector<std::shared_ptr<GradNode>>& foreign() const { return foreign_; }
   // The nodes still alive, newest first.
   std::vector<std::shared_ptr<GradNode>> live_nodes_newest_first() const {
     std::vector<std::shared_ptr<GradNode>> out;
@@ -87,6 +112,54 @@ class Tape {
 
  private:
   std::vector<std::weak_ptr<GradNode>> nodes_;
+  std::uint64_t first_order_ = 0;
+  bool nested_ = false;
+  std::vector<std::shared_ptr<GradNode>> foreign_;  // outer nodes a nested tape's rules add into
+};
+
+// Selective recomputation: a checkpoint that keeps the products (einsum outputs, the GEMMs) and
+// recomputes the rest. While its function first runs, each einsum's output buffer is kept here
+// in call order; when the function runs again in the backward, each einsum takes its kept
+// output instead of computing it (and records its node as before), so only the cheap
+// elementwise ops run twice.
+class KeptProducts {
+ public:
+  static KeptProducts*& active() {
+    thread_local KeptProducts* k = nullptr;
+    return k;
+  }
+  bool replaying() const { return replaying_; }
+  void start_replay() {
+    replaying_ = true;
+    next_ = 0;
+  }
+  template <class T>
+  void keep(const std::shared_ptr<T>& buffer, Index n) {
+    kept_.push_back({std::static_pointer_cast<void>(std::const_pointer_cast<std::remove_const_t<T>>(buffer)), n});
+    bytes_ += static_cast<std::size_t>(n) * sizeof(T);
+  }
+  // The next kept output, of n elements of T (let go of here: the value owns it again).
+  template <class T>
+  std::shared_ptr<T> take(Index n) {
+    if (next_ >= kept_.size() || kept_[next_].elements != n)
+      throw SpecError(
+          "tshard::ad::checkpoint: the function computed other products when run again in the backward: a "
+          "checkpointed function must compute the same values from the same inputs each time it runs");
+    auto b = std::static_pointer_cast<T>(std::move(kept_[next_].buffer));
+    bytes_ -= static_cast<std::size_t>(n) * sizeof(T);
+    ++next_;
+    return b;
+  }
+  std::size_t bytes() const { return bytes_; }  // what the kept outputs hold
+
+ private:
+  struct Kept {
+    std::shared_ptr<void> buffer;
+    Index elements;
+  };
+  std::vector<Kept> kept_;
+  std::size_t next_ = 0, bytes_ = 0;
+  bool replaying_ = false;
 };
 
 // Stops recording for a scope (a custom VJP's forward, every rule while backward runs).
@@ -151,7 +224,8 @@ X tape_output(const X& x) {
 template <class S>
 void note_consumer(const S& s, std::uint64_t order) {
   if constexpr (is_sharded_tensor<S>::value) {
-    if (const auto& n = TensorAccess::node(s)) n->first_consumer = std::min(n->first_consumer, order);
+    if (const auto& n = TensorAccess::node(s))
+      if (!Tape::active()->note_foreign(n)) n->first_consumer = std::min(n->first_consumer, order);
   }
 }
 
@@ -164,7 +238,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   node->shape = extents_of(out);
   node->primal = Out::spec_desc.without_partial();
   if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward");
-  (note_consumer(saved, Tape::active()->size()), ...);  // (add() gives the node that order)
+  (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
   node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
     vjp(tag, std::type_identity<Out>{}, self, saved...);
