@@ -497,6 +497,13 @@ double gemm_peak(const M& mesh, int n) {
 struct Resident {
   double now = 0, peak = 0;
 };
+// Restarts the high-water mark from the resident memory now (Linux 4.0 and later).
+void reset_resident_peak() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
 Resident resident_memory() {
   Resident r;
   if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
@@ -597,6 +604,7 @@ long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, O
 
 template <class T>
 Run train(const M& mesh, const Options& o, int zero, int microbatches) {
+  reset_resident_peak();  // (the sgemm peak's matrices, a --check run before, are not this run's)
   const double rss_before = resident_memory().now;
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
@@ -723,7 +731,9 @@ int run_all(const M& mesh, const Options& o) {
   double worst = 0;
   if (o.check) {  // the single-rank curve, unpipelined, on every rank alone
     M self(MPI_COMM_SELF, {1, 1, 1});
-    const Run serial = train<T>(self, o, 0, 1);
+    Options plain = o;  // the plain model: activation checkpointing must not change the curve
+    plain.activation_checkpoint.clear();
+    const Run serial = train<T>(self, plain, 0, 1);
     for (std::size_t s = 0; s < run.losses.size(); ++s) {
       const double want = serial.losses[s + std::size_t(run.first_step)];
       worst = std::max(worst, std::abs(run.losses[s] - want) / std::abs(want));
@@ -774,7 +784,7 @@ int run_all(const M& mesh, const Options& o) {
                 run.rss_growth / 1048576, run.rss_growth_all / 1048576, mesh.size());
     if (o.experts > 0) {
       // GShard's all-to-alls: [G, C, D, E] per MoE layer and micro-batch, twice forward, twice backward
-      // (three times forward under remat), on every model rank. Data rank i holds experts E_i and
+      // (once more forward under remat, and again under activation checkpointing), on every model rank. Data rank i holds experts E_i and
       // groups G_i (the chunk rule) and sends rank j the block [G_i, C, D, E_j]: over all ranks,
       // (E G - sum_i E_i G_i) C D elements.
       const int pd = mesh.size<"data">();
@@ -786,7 +796,9 @@ int run_all(const M& mesh, const Options& o) {
       double diagonal = 0;
       for (int i = 0; i < pd; ++i) diagonal += shard(o.experts, i) * shard(groups, i);
       const double c = std::max(1.0, std::min(double(o.seq), std::ceil(o.capacity_factor * 2.0 * double(o.seq) / o.experts)));
-      const double analytic = o.layers * (o.remat ? 6 : 4) * mbs * pm * (o.experts * groups - diagonal) * c *
+      // Two per forward and two per backward; each recomputation of the forward adds two.
+      const int forwards = 1 + (o.remat ? 1 : 0) + (o.activation_checkpoint.empty() ? 0 : 1);
+      const double analytic = o.layers * (2 * forwards + 2) * mbs * pm * (o.experts * groups - diagonal) * c *
                               double(o.dmodel) * sizeof(T);
       std::printf("experts: %d per block, capacity %.0f per group of %lld tokens; dropped %lld of %lld assignments (%.2f%%); "
                   "all-to-all bytes per step over all ranks %.0f, analytic %.0f; all bytes of the expert layers %.0f\n",
