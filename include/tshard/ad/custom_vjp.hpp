@@ -40,7 +40,7 @@ void accumulate_custom(const X& x, const C& c) {
   if constexpr (!std::is_same_v<std::remove_cvref_t<C>, ad::NoGradient>) {
     static_assert(is_sharded_tensor<std::remove_cvref_t<C>>::value,
                   "tshard: a custom backward returns tensors (or ts::ad::no_gradient) for its inputs");
-    if constexpr (std::is_floating_point_v<typename X::Scalar>) {
+    if constexpr (is_real_floating_v<typename X::Scalar>) {
       if (!tracked(x)) return;
       if (extents_of(c) != extents_of(x))
         throw ShapeError("tshard::ad::custom_vjp: the backward returned " + c.describe() + " for the input " +

@@ -143,8 +143,8 @@ template <class W>
 void require_differentiable() {
   static_assert(is_sharded_tensor<W>::value, "tshard: gradients are taken with respect to ShardedTensors");
   if constexpr (is_sharded_tensor<W>::value) {
-    static_assert(std::is_floating_point_v<typename W::Scalar>,
-                  "tshard: gradients are taken with respect to float or double tensors");
+    static_assert(is_real_floating_v<typename W::Scalar>,
+                  "tshard: gradients are taken with respect to float, double or bfloat16 tensors");
     static_assert(!W::is_partial, "tshard: take gradients with respect to resolved tensors (reshard a partial first)");
   }
 }

@@ -99,7 +99,7 @@ void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
     const Traffic tr = all_reduce_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("all_reduce", tr.sent, tr.received);
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
-                  mpi_datatype<T>(), mpi_op(op), comm);
+                  mpi_datatype<T>(), mpi_op<T>(op), comm);
   });
 }
 
@@ -150,10 +150,10 @@ void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, Reduce
     if (p == 2) {
       reduce_scatter_pair(comm, send, recv, n, off, c, op);
     } else if (c == n) {
-      MPI_Reduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op(op), comm);
+      MPI_Reduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op<T>(op), comm);
     } else {  // MPI reduces intrinsic types only: the chunk of every block packed together
       const auto packed = packed_chunks(send, p, n, off, c);
-      MPI_Reduce_scatter_block(packed.get(), recv + off, int(c), mpi_datatype<T>(), mpi_op(op), comm);
+      MPI_Reduce_scatter_block(packed.get(), recv + off, int(c), mpi_datatype<T>(), mpi_op<T>(op), comm);
     }
   });
 }
@@ -322,7 +322,7 @@ void reduce_scatter_counts(MPI_Comm comm, const T* send, T* recv, const std::vec
     if (g != me) sent += bytes_of<T>(counts[g]);
   }
   CollectiveTimer t("reduce_scatter", sent, bytes_of<T>(counts[me]) * (p - 1));
-  MPI_Reduce_scatter(send, recv, c.data(), mpi_datatype<T>(), mpi_op(op), comm);
+  MPI_Reduce_scatter(send, recv, c.data(), mpi_datatype<T>(), mpi_op<T>(op), comm);
 }
 
 // An all-to-all of one box per peer (MPI_Alltoallw): the part of the send buffer each group

@@ -35,7 +35,7 @@ class PendingReduction {
     for (Index off = 0; off < n; off += collective_chunk_limit()) {
       const Index c = std::min(collective_chunk_limit(), n - off);
       reqs_.emplace_back();
-      MPI_Iallreduce(MPI_IN_PLACE, data + off, int(c), mpi_datatype<T>(), MPI_SUM, comm, &reqs_.back());
+      MPI_Iallreduce(MPI_IN_PLACE, data + off, int(c), mpi_datatype<T>(), mpi_op<T>(ReduceOp::Sum), comm, &reqs_.back());
     }
   }
 
@@ -69,10 +69,10 @@ class PendingReduction {
       const Index c = std::min(limit, n - off);
       reqs_.emplace_back();
       if (c == n) {
-        MPI_Ireduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), MPI_SUM, comm, &reqs_.back());
+        MPI_Ireduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op<T>(ReduceOp::Sum), comm, &reqs_.back());
       } else {  // MPI reduces intrinsic types only: the chunk of every block packed together
         packed_.push_back(packed_chunks(send, p, n, off, c));
-        MPI_Ireduce_scatter_block(packed_.back().get(), recv + off, int(c), mpi_datatype<T>(), MPI_SUM, comm,
+        MPI_Ireduce_scatter_block(packed_.back().get(), recv + off, int(c), mpi_datatype<T>(), mpi_op<T>(ReduceOp::Sum), comm,
                                   &reqs_.back());
       }
     }

@@ -73,7 +73,7 @@ class Module {
   // Its gradient starts at zero. A name is registered once.
   template <class T, class M, class S>
   ShardedTensor<T, M, S>& register_parameter(const std::string& name, ShardedTensor<T, M, S> value) {
-    static_assert(std::is_floating_point_v<T>, "tshard: parameters are float or double tensors");
+    static_assert(is_real_floating_v<T>, "tshard: parameters are float, double or bfloat16 tensors");
     auto slot = std::make_shared<detail::TypedParameterSlot<T, M, S>>(std::move(value));
     auto& v = slot->value();
     add_parameter(name, std::move(slot));

@@ -77,7 +77,7 @@ class Optimizer {
   // is complete when step() runs (the caller reduced it); ZeRO stages 1 and 2 shard the state.
   template <class T, class M, class S>
   void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
-    static_assert(std::is_floating_point_v<T>, "tshard: optimizers update float or double parameters");
+    static_assert(is_real_floating_v<T>, "tshard: optimizers update float, double or bfloat16 parameters");
     claim(&param, param.describe());
     auto& b = new_bucket<T>(param.mesh());
     register_slot(b, param, grad, /*owned by a layer*/ false);
@@ -362,12 +362,17 @@ class Optimizer {
     s.chunk = (s.size + n - 1) / n;
     const std::uint32_t all = (1u << view.mesh->shape().axes()) - 1;
     s.replica_axes = all & ~view.spec.split_axes();
-    for (int k = 0; k < Rule::states; ++k) s.state.push_back(zeroed_array<T>(s.state_size()));
+    using State = typename Slot<T>::State;
+    for (int k = 0; k < Rule::states; ++k) s.state.push_back(zeroed_array<State>(s.state_size()));
     if (s.streamed) {
       const Index begin = s.owned_begin(b.data_coord()), end = s.owned_end(b.data_coord());
       s.master = zeroed_array<T>(s.chunk);
       const T* p = s.param();
       std::copy(p + begin, p + end, s.master.get());
+    }
+    if constexpr (!std::is_same_v<State, T>) {
+      s.master32 = zeroed_array<State>(s.state_size());
+      b.take_master_copy(s);
     }
     b.slots.push_back(std::move(s));
   }
@@ -382,15 +387,22 @@ class Optimizer {
       for (auto& s : bucket->slots) {
         const Index base = s.owned_begin(c);
         s.for_each_run_in(base, s.owned_end(c), [&](Index off, Index len) {
-          T* st[Rule::states > 0 ? Rule::states : 1];
+          using State = typename Slot<T>::State;
+          State* st[Rule::states > 0 ? Rule::states : 1];
           for (int k = 0; k < Rule::states; ++k) st[k] = s.state[std::size_t(k)].get() + (off - base);
-          if (s.lr || s.weight_decay) {  // a parameter group's own settings
-            Options own = o;
-            if (s.lr) own.lr = *s.lr;
-            if (s.weight_decay) own.weight_decay = *s.weight_decay;
+          Options own = o;
+          if (s.lr) own.lr = *s.lr;  // a parameter group's own settings
+          if (s.weight_decay) own.weight_decay = *s.weight_decay;
+          if constexpr (std::is_same_v<State, T>) {
             Rule::template update<T>(own, t, bucket->parameter_at(s, off), bucket->gradient_at(s, off), st, len);
-          } else {
-            Rule::template update<T>(o, t, bucket->parameter_at(s, off), bucket->gradient_at(s, off), st, len);
+          } else {  // mixed precision: the float master copy updated, the parameter its rounding
+            State* master = s.master32.get() + (off - base);
+            const T* g = bucket->gradient_at(s, off);
+            tshard::detail::Scratch<State> wide(static_cast<std::size_t>(len));
+            for (Index i = 0; i < len; ++i) wide.data()[i] = State(g[i]);
+            Rule::template update<State>(own, t, master, wide.data(), st, len);
+            T* p = bucket->parameter_at(s, off);
+            for (Index i = 0; i < len; ++i) p[i] = T(master[i]);
           }
         });
         s.reduced.reset();

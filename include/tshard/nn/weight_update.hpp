@@ -60,7 +60,12 @@ struct Slot {
   bool streamed = false;  // stage 3: present only between its layer's hooks
   Index chunk = 0;        // ceil(size / N)
   std::uint32_t replica_axes = 0;  // mesh axes the parameter is replicated over
-  std::vector<std::shared_ptr<T>> state;
+  // The optimizer's state, in float for a bfloat16 parameter (mixed precision, as PyTorch's AMP
+  // and DeepSpeed keep it), and then a float master copy of the range this rank updates: the
+  // update runs on it and the parameter is its rounding.
+  using State = tshard::accumulator_t<T>;
+  std::vector<std::shared_ptr<State>> state;
+  std::shared_ptr<State> master32;
   std::shared_ptr<T> master;   // stage 3: this rank's chunk of the parameter
   std::shared_ptr<T> reduced;  // stages 2 and 3: this rank's chunk of the reduced gradient
   std::optional<double> lr, weight_decay;  // a parameter group's own settings (else the optimizer's)
@@ -272,31 +277,38 @@ class Bucket : public BucketBase {
   int slot_count() const override { return int(slots.size()); }
   void read_state(int i, int k, void* block) override {
     Slot<T>& s = slots[std::size_t(i)];
-    T* out = static_cast<T*>(block);
-    const T* st = s.state[std::size_t(k)].get();
+    using State = typename Slot<T>::State;
+    State* out = static_cast<State*>(block);
+    const State* st = s.state[std::size_t(k)].get();
     if (!s.sharded) {
       std::copy(st, st + s.size, out);
       return;
     }
     tshard::detail::OperatorScope scope("optimizer_state_gather");
-    auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(s.chunk * n_));
+    auto all = tshard::detail::pooled_array<State>(static_cast<std::size_t>(s.chunk * n_));
     tshard::detail::all_gather(data_, st, s.chunk, all.get());
     std::copy(all.get(), all.get() + s.size, out);
   }
   void write_state(int i, int k, const void* block) override {
     Slot<T>& s = slots[std::size_t(i)];
-    const T* in = static_cast<const T*>(block);
-    T* st = s.state[std::size_t(k)].get();
+    using State = typename Slot<T>::State;
+    const State* in = static_cast<const State*>(block);
+    State* st = s.state[std::size_t(k)].get();
     const Index b = s.owned_begin(c_), e = s.owned_end(c_);
     std::copy(in + b, in + e, st);
-    std::fill(st + (e - b), st + s.state_size(), T(0));
+    std::fill(st + (e - b), st + s.state_size(), State(0));
   }
   void reload_parameters() override {
-    for (auto& s : slots)
-      if (s.streamed) {
-        const Index b = s.owned_begin(c_), e = s.owned_end(c_);
-        std::copy(s.param() + b, s.param() + e, s.master.get());
-      }
+    for (auto& s : slots) {
+      const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+      if (s.streamed) std::copy(s.param() + b, s.param() + e, s.master.get());
+      if (s.master32) take_master_copy(s);
+    }
+  }
+  // The float master copy of the owned range, from the parameter (at registration, after a load).
+  void take_master_copy(Slot<T>& s) {
+    const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+    for (Index i = b; i < e; ++i) s.master32.get()[i - b] = typename Slot<T>::State(*parameter_at(s, i));
   }
 
   OptimizerMemory memory() const override {
@@ -307,7 +319,8 @@ class Bucket : public BucketBase {
       if (n_ > 1 && !(s.replica_axes & data_mask)) m.data_split_elements += std::uint64_t(s.size);
       m.parameters += (s.param_present() ? std::uint64_t(s.size) * b : 0) + (s.master ? std::uint64_t(s.chunk) * b : 0);
       m.gradients += (s.grad_present() ? std::uint64_t(s.size) * b : 0) + (s.reduced ? std::uint64_t(s.chunk) * b : 0);
-      m.state += std::uint64_t(s.state.size()) * std::uint64_t(s.state_size()) * b;
+      m.state += (std::uint64_t(s.state.size()) + (s.master32 ? 1 : 0)) * std::uint64_t(s.state_size()) *
+                 sizeof(typename Slot<T>::State);
     }
     return m;
   }

@@ -7,12 +7,16 @@
 
 #include <algorithm>
 #include <complex>
+#include <cstdint>
 #include <type_traits>
 
 #ifdef TSHARD_USE_BLAS
 #include <cblas.h>
+#include <dlfcn.h>
 #endif
 
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/datatype.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard {
@@ -28,15 +32,82 @@ constexpr const char* local_gemm_backend() {
 
 namespace detail {
 
+// Whether this CPU multiplies bfloat16 in hardware (AVX512_BF16).
+inline bool cpu_has_bf16_products() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
+#ifdef TSHARD_USE_BLAS
+// OpenBLAS's sbgemm (bfloat16 operands, float C), looked up at run time: only builds made with
+// BUILD_BFLOAT16 have it (Debian's 0.3.21 declares it in cblas.h but does not export it).
+using SbgemmFunction = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float,
+                                const std::uint16_t*, blasint, const std::uint16_t*, blasint, float, float*, blasint);
+inline SbgemmFunction blas_sbgemm() {
+  static const auto f = reinterpret_cast<SbgemmFunction>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
+  return f;
+}
+#endif
+
+// Which kernel a bfloat16 product runs: OpenBLAS's sbgemm where the CPU multiplies bfloat16 and
+// the library has it, float GEMM on converted copies elsewhere.
+inline const char* bf16_gemm_kernel() {
+#ifdef TSHARD_USE_BLAS
+  if (cpu_has_bf16_products() && blas_sbgemm()) return "sbgemm";
+#endif
+  return "sgemm on float copies";
+}
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, const T* a, Index lda, const T* b, Index ldb, T* c,
+          Index ldc, bool accumulate = false);
+
+// The bfloat16 product: every product and sum in float, C rounded to bfloat16 once.
+inline void gemm_bf16(bool trans_a, bool trans_b, Index m, Index n, Index k, const bfloat16* a, Index lda,
+                      const bfloat16* b, Index ldb, bfloat16* c, Index ldc, bool accumulate) {
+  Scratch<float> cf(static_cast<std::size_t>(m * n));
+  auto widen = [](const bfloat16* x, Index ld, Index rows, Index cols, float* out) {
+    for (Index j = 0; j < cols; ++j)
+      for (Index i = 0; i < rows; ++i) out[i + j * rows] = float(x[i + j * ld]);
+  };
+  if (accumulate) widen(c, ldc, m, n, cf.data());
+#ifdef TSHARD_USE_BLAS
+  if (cpu_has_bf16_products() && blas_sbgemm()) {
+    static_assert(sizeof(bfloat16) == sizeof(std::uint16_t), "tshard: bfloat16 is 16 bits");
+    blas_sbgemm()(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, blasint(m),
+                  blasint(n), blasint(k), 1.0f, reinterpret_cast<const std::uint16_t*>(a), blasint(lda),
+                  reinterpret_cast<const std::uint16_t*>(b), blasint(ldb), accumulate ? 1.0f : 0.0f, cf.data(),
+                  blasint(m));
+  } else
+#endif
+  {
+    const Index ar = trans_a ? k : m, ac = trans_a ? m : k, br = trans_b ? n : k, bc = trans_b ? k : n;
+    Scratch<float> af(static_cast<std::size_t>(ar * ac)), bf(static_cast<std::size_t>(br * bc));
+    widen(a, lda, ar, ac, af.data());
+    widen(b, ldb, br, bc, bf.data());
+    gemm<float>(trans_a, trans_b, m, n, k, af.data(), ar, bf.data(), br, cf.data(), m, accumulate);
+  }
+  for (Index j = 0; j < n; ++j)
+    for (Index i = 0; i < m; ++i) c[i + j * ldc] = bfloat16(cf.data()[i + j * m]);
+}
+
 // C (m x n, column-major, leading dim ldc) = beta C + op(A) op(B), op(X) = X or X^T. A is stored
 // m x k (lda) or, transposed, k x m; B is k x n (ldb) or n x k. beta is 0 or 1.
 template <class T>
 void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, const T* a, Index lda, const T* b, Index ldb, T* c,
-          Index ldc, bool accumulate = false) {
+          Index ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate)
       for (Index j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, T(0));
+    return;
+  }
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    gemm_bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
     return;
   }
 #ifdef TSHARD_USE_BLAS

@@ -34,12 +34,13 @@ T combine(ReduceOp op, T acc, T v) {
   return acc;
 }
 
-// out (padded extents `op`, the kept dims) = op over the reduced dims of the valid part of in.
-template <class T>
-void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, T* out,
-                   const Extents& op_ext, int out_rank) {
+// out (padded extents `op`, the kept dims) = op over the reduced dims of the valid part of in,
+// accumulated in A (T's own type, or float for bfloat16).
+template <class T, class A>
+void reduce_into(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, A* out,
+                 const Extents& op_ext, int out_rank) {
   const Index out_n = volume(op_ext, out_rank);
-  std::fill(out, out + out_n, reduce_identity<T>(op));
+  std::fill(out, out + out_n, reduce_identity<A>(op));
   if (l.valid_size() == 0) return;
   // Strides of the output over the input's dims (0 along reduced dims).
   Extents ostride{}, istride{};
@@ -57,16 +58,32 @@ void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::ar
     const Index ib = offset_of(i, istride, 1, l.rank), ob = offset_of(i, ostride, 1, l.rank);
     const T* src = in + ib;
     if (reduced[0] && op == ReduceOp::Sum) {  // vectorised, with Eigen's blocked (more accurate) summation
-      out[ob] += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, run).sum();
+      if constexpr (std::is_same_v<T, A>)
+        out[ob] += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, run).sum();
+      else
+        out[ob] += Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(src, run).template cast<A>().sum();
     } else if (reduced[0]) {
-      T acc = out[ob];
-      for (Index x = 0; x < run; ++x) acc = combine(op, acc, src[x]);
+      A acc = out[ob];
+      for (Index x = 0; x < run; ++x) acc = combine(op, acc, A(src[x]));
       out[ob] = acc;
     } else {
-      T* dst = out + ob;
-      for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], src[x]);
+      A* dst = out + ob;
+      for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], A(src[x]));
     }
   });
+}
+
+template <class T>
+void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, T* out,
+                   const Extents& op_ext, int out_rank) {
+  if constexpr (std::is_same_v<T, accumulator_t<T>>) {
+    reduce_into<T, T>(op, in, l, reduced, out, op_ext, out_rank);
+  } else {  // bfloat16: sums in float, rounded once
+    const Index out_n = volume(op_ext, out_rank);
+    std::vector<accumulator_t<T>> acc(static_cast<std::size_t>(out_n));
+    reduce_into<T, accumulator_t<T>>(op, in, l, reduced, acc.data(), op_ext, out_rank);
+    for (Index i = 0; i < out_n; ++i) out[i] = T(acc[static_cast<std::size_t>(i)]);
+  }
 }
 
 }  // namespace tshard::detail

@@ -1,0 +1,180 @@
+// bfloat16 tensors (ts::bfloat16, Eigen's): data movement bitwise at half float's bytes,
+// reductions and products accumulated in float and rounded once, gradients, and AdamW's float
+// master weights. Every result is checked against the same computation in float on the
+// bfloat16 inputs, on every 2-D mesh of the world size, with shapes that do not divide.
+#include "test_support.hpp"
+
+namespace ts = tshard;
+using namespace tshard_test;
+
+namespace {
+
+using B = ts::bfloat16;
+using M = ts::Mesh<"x", "y">;
+using XR = ts::Spec<ts::S<"x">, ts::R>;
+using RY = ts::Spec<ts::R, ts::S<"y">>;
+using YX = ts::Spec<ts::S<"y">, ts::S<"x">>;
+using RR = ts::Spec<ts::R, ts::R>;
+
+// A global tensor of bfloat16 values in [-1, 1) from a seed, and the same values in float.
+Eigen::Tensor<B, 2> random_b(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
+  Eigen::Tensor<B, 2> t(rows, cols);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = B(u(gen));
+  return t;
+}
+template <int R>
+Eigen::Tensor<float, R> widened(const Eigen::Tensor<B, R>& t) {
+  return t.template cast<float>();
+}
+// The bits of every element: data movement must keep them.
+template <int R>
+bool same_bits(const Eigen::Tensor<B, R>& a, const Eigen::Tensor<B, R>& b) {
+  if (a.size() != b.size()) return false;
+  for (Eigen::Index i = 0; i < a.size(); ++i)
+    if (Eigen::numext::bit_cast<std::uint16_t>(a.data()[i]) != Eigen::numext::bit_cast<std::uint16_t>(b.data()[i]))
+      return false;
+  return true;
+}
+// Every element within `rel` of the reference (relative to the reference's largest magnitude).
+template <int R>
+std::string close(const Eigen::Tensor<B, R>& got, const Eigen::Tensor<float, R>& want, double rel) {
+  double scale = 1e-30;
+  for (Eigen::Index i = 0; i < want.size(); ++i) scale = std::max(scale, double(std::abs(want.data()[i])));
+  return compare(widened(got), want, rel * scale);
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 tensors move bitwise at half float's bytes: distribute, gather, reshard between any specs",
+          "[bf16]") {
+  const auto g = random_b(13, 7, 1);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto a = ts::distribute<XR>(mesh, g);
+    TS_REQUIRE_ALL(same_bits(Eigen::Tensor<B, 2>(a.gather()), g));
+    const auto b = ts::reshard<YX>(a);
+    const auto c = ts::reshard<RY>(b);
+    TS_REQUIRE_ALL(same_bits(Eigen::Tensor<B, 2>(b.gather()), g));
+    TS_REQUIRE_ALL(same_bits(Eigen::Tensor<B, 2>(c.gather()), g));
+    // The all-gather of a split tensor sends half the bytes of the same one in float.
+    const auto af = ts::distribute<XR>(mesh, widened(g));
+    ts::reset_comm_stats();
+    (void)ts::reshard<RR>(a);
+    const auto half = ts::comm_stats().total().bytes_sent;
+    ts::reset_comm_stats();
+    (void)ts::reshard<RR>(af);
+    const auto full = ts::comm_stats().total().bytes_sent;
+    TS_REQUIRE_ALL(2 * half == full);
+  }
+}
+
+TEST_CASE("bfloat16 reductions accumulate in float: a sum of 1000 ones is 1000, on every mesh and spec", "[bf16]") {
+  Eigen::Tensor<B, 2> ones(1000, 3);
+  ones.setConstant(B(1.0f));
+  const auto g = random_b(37, 5, 2);
+  const Eigen::Tensor<float, 1> want_sum = widened(g).sum(Eigen::array<int, 1>{0});
+  const Eigen::Tensor<float, 1> want_max = widened(g).maximum(Eigen::array<int, 1>{1});
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    // Added in bfloat16 the sum would stop at 256 (256 + 1 rounds back to 256).
+    const Eigen::Tensor<B, 1> n = ts::sum<0>(ts::distribute<XR>(mesh, ones)).gather();
+    for (int j = 0; j < 3; ++j) TS_REQUIRE_ALL(float(n(j)) == 1000.0f);
+    const Eigen::Tensor<B, 1> all = ts::sum<0>(ts::distribute<ts::Spec<ts::S<"x", "y">, ts::R>>(mesh, ones)).gather();
+    TS_REQUIRE_ALL(float(all(1)) == 1000.0f);
+    // Random values: the float sum rounded (a partial sum per rank rounds once more).
+    const Eigen::Tensor<B, 1> sum = ts::sum<0>(ts::distribute<YX>(mesh, g)).gather();
+    TS_REQUIRE_ALL(close(sum, want_sum, 2e-2) == "");
+    const Eigen::Tensor<B, 1> max = ts::max<1>(ts::distribute<YX>(mesh, g)).gather();
+    TS_REQUIRE_ALL(compare(widened(max), want_max, 0) == "");  // max is exact
+  }
+}
+
+TEST_CASE("bfloat16 einsum: float products and sums, rounded once; elementwise ops against float", "[bf16]") {
+  const auto ga = random_b(13, 9, 3), gb = random_b(9, 7, 4);
+  const Eigen::Tensor<float, 2> want =
+      widened(ga).contract(widened(gb), Eigen::array<Eigen::IndexPair<int>, 1>{Eigen::IndexPair<int>(1, 0)});
+  const Eigen::Tensor<float, 2> want_ew = (widened(ga) * 2.0f).exp() * widened(ga) + 0.5f;
+  INFO("bfloat16 products run " << ts::detail::bf16_gemm_kernel());
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto a = ts::distribute<XR>(mesh, ga);
+    // Contracted dim split over y: a partial sum resolved by a bfloat16 all-reduce.
+    const auto a2 = ts::distribute<RY>(mesh, ga);
+    const auto b = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, gb);
+    const auto br = ts::distribute<RR>(mesh, gb);
+    TS_REQUIRE_ALL(close(Eigen::Tensor<B, 2>(ts::einsum<"ij,jk->ik">(a, br).gather()), want, 1e-2) == "");
+    TS_REQUIRE_ALL(close(Eigen::Tensor<B, 2>(ts::reshard<RR>(ts::einsum<"ij,jk->ik">(a2, b)).gather()), want, 2e-2) == "");
+    const auto e = ts::exp(a * 2.0f) * a + 0.5f;
+    TS_REQUIRE_ALL(close(Eigen::Tensor<B, 2>(e.gather()), want_ew, 1e-2) == "");
+  }
+}
+
+TEST_CASE("bfloat16 gradients equal float's within bfloat16's precision, on every mesh", "[bf16]") {
+  const auto gx = random_b(11, 6, 5), gw = random_b(6, 8, 6);
+  auto f = [](const auto& x) {
+    return [&x](const auto& w) {
+      const auto h = ts::einsum<"ij,jk->ik">(x, w);
+      return ts::sum<0, 1>(ts::tanh(h) * ts::sigmoid(h * 2.0f));
+    };
+  };
+  // The float reference on one rank, from the same bfloat16 values.
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto xf = ts::distribute<RR>(single, widened(gx));
+  const auto wf = ts::distribute<RR>(single, widened(gw));
+  auto [lf, dwf] = ts::ad::value_and_grad(f(xf), wf);
+  const Eigen::Tensor<float, 2> want = dwf.gather();
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    const auto x = ts::distribute<XR>(mesh, gx);
+    const auto w = ts::distribute<RY>(mesh, gw);
+    auto [l, dw] = ts::ad::value_and_grad(f(x), w);
+    static_assert(std::is_same_v<decltype(dw), std::remove_const_t<decltype(w)>>, "a gradient has its primal's type");
+    TS_REQUIRE_ALL(std::abs(l - lf) <= 2e-2 * std::max(1.0, std::abs(lf)));
+    TS_REQUIRE_ALL(close(Eigen::Tensor<B, 2>(dw.gather()), want, 3e-2) == "");
+  }
+}
+
+TEST_CASE("AdamW on bfloat16 parameters updates float master weights: steps below a bfloat16 ulp add up; ZeRO 0-3",
+          "[bf16]") {
+  // Parameters at 1 (bfloat16's spacing there is 2^-7), gradient 1: Adam moves each by lr per
+  // step, 1e-4, which rounds back to 1 in bfloat16; the master copy takes 100 steps to 0.99.
+  Eigen::Tensor<B, 2> one(9, 5);
+  one.setConstant(B(1.0f));
+  for (int zero : {0, 1, 2, 3}) {
+    const M mesh({world_size(), 1});
+    INFO("ZeRO-" << zero);
+    auto p = ts::distribute<XR>(mesh, one);
+    auto g = ts::distribute<XR>(mesh, one);
+    auto pf = ts::distribute<XR>(mesh, widened(one));
+    auto gf = ts::distribute<XR>(mesh, widened(one));
+    // The parameters replicated over the data axis (x), so ZeRO shards their state.
+    using Data = ts::Spec<ts::R, ts::R>;
+    auto pr = ts::reshard<Data>(p);
+    auto gr = ts::reshard<Data>(g);
+    auto pfr = ts::reshard<Data>(pf);
+    auto gfr = ts::reshard<Data>(gf);
+    ts::nn::AdamW opt({.lr = 1e-4, .weight_decay = 0.0, .zero_stage = zero, .data_axis = "x"});
+    ts::nn::AdamW optf({.lr = 1e-4, .weight_decay = 0.0, .zero_stage = zero, .data_axis = "x"});
+    opt.add(pr, gr);
+    optf.add(pfr, gfr);
+    for (int step = 0; step < 100; ++step) {
+      opt.step();
+      optf.step();
+    }
+    const Eigen::Tensor<B, 2> got = pr.gather();
+    const Eigen::Tensor<float, 2> master = pfr.gather();
+    TS_REQUIRE_ALL(float(got(0, 0)) < 0.995f);
+    // The bfloat16 parameters are the float run's, rounded.
+    Eigen::Tensor<B, 2> rounded = master.cast<B>();
+    TS_REQUIRE_ALL(same_bits(got, rounded));
+    // Optimizer state and master copy in float: 12 bytes per element this rank updates.
+    const auto mem = opt.memory(), memf = optf.memory();
+    TS_REQUIRE_ALL(mem.state == memf.state / 2 * 3);
+  }
+}
