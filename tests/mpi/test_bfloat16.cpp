@@ -178,3 +178,128 @@ TEST_CASE("AdamW on bfloat16 parameters updates float master weights: steps belo
     TS_REQUIRE_ALL(mem.state == memf.state / 2 * 3);
   }
 }
+
+TEST_CASE("a transformer block in bfloat16 computes the float block's loss and gradients within bfloat16's "
+          "precision on every mesh; with experts, finite ones",
+          "[bf16]") {
+  using MM = ts::Mesh<"data", "model">;
+  using X = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+  Eigen::Tensor<float, 3> gx(3, 5, 8), gw(3, 5, 8);
+  for (Eigen::Index i = 0; i < gx.size(); ++i)
+    gx.data()[i] = float(B(std::sin(0.3f * float(i)))), gw.data()[i] = float(B(std::cos(0.7f * float(i))));
+  for (int experts : {0, 3})
+    for (const auto& s : mesh_shapes(world_size(), 2)) {
+      const MM mesh({s[0], s[1]});
+      INFO("mesh " << s[0] << "x" << s[1] << ", " << experts << " experts");
+      const ts::nn::BlockOptions o{.dmodel = 8, .heads = 2, .hidden = 12, .dropout = 0.0, .seed = 5,
+                                   .experts = experts, .capacity_factor = 2.0};
+      ts::nn::TransformerBlock<float, MM> f(mesh, o);
+      ts::nn::TransformerBlock<B, MM> h(mesh, o);
+      // The bfloat16 block starts from the float block's weights, rounded.
+      std::vector<Eigen::Tensor<float, 1>> fw;
+      f.for_each_parameter([&](auto& p, auto&) {
+        const auto v = p.gather();
+        fw.push_back(Eigen::TensorMap<const Eigen::Tensor<float, 1>>(v.data(), v.size()));
+      });
+      std::size_t k = 0;
+      h.for_each_parameter([&](auto& p, auto&) {
+        using P = std::remove_cvref_t<decltype(p)>;
+        Eigen::Tensor<B, P::rank> g(p.global_shape());
+        for (Eigen::Index i = 0; i < g.size(); ++i) g.data()[i] = B(fw[k].data()[i]);
+        p = ts::distribute<typename P::SpecType>(mesh, g);
+        ++k;
+      });
+      const auto xf = ts::distribute<X>(mesh, gx), wf = ts::distribute<X>(mesh, gw);
+      const auto xh = ts::distribute<X>(mesh, Eigen::Tensor<B, 3>(gx.cast<B>()));
+      const auto wh = ts::distribute<X>(mesh, Eigen::Tensor<B, 3>(gw.cast<B>()));
+      const double lf = ts::ad::backward(f, [&] { return ts::sum<0, 1, 2>(f(xf) * wf); });
+      const double lh = ts::ad::backward(h, [&] { return ts::sum<0, 1, 2>(h(xh) * wh); });
+      if (!experts) TS_REQUIRE_ALL(std::abs(lh - lf) <= 3e-2 * std::max(1.0, std::abs(lf)));
+      TS_REQUIRE_ALL(std::isfinite(lh));
+      std::vector<Eigen::Tensor<float, 1>> gf, gh;
+      f.for_each_parameter([&](auto&, auto& g) {
+        const auto v = g.gather();
+        gf.push_back(Eigen::TensorMap<const Eigen::Tensor<float, 1>>(v.data(), v.size()));
+      });
+      h.for_each_parameter([&](auto&, auto& g) {
+        const Eigen::Tensor<B, std::remove_cvref_t<decltype(g)>::rank> v = g.gather();
+        Eigen::Tensor<B, 1> flat = Eigen::TensorMap<const Eigen::Tensor<B, 1>>(v.data(), v.size());
+        gh.push_back(flat.cast<float>());
+      });
+      TS_REQUIRE_ALL(gf.size() == gh.size());
+      if (experts) {
+        // The top-2 gate's choices are discrete: bfloat16's probabilities may route a token
+        // elsewhere, so only finiteness is required of the experts' gradients.
+        for (const auto& g : gh)
+          for (Eigen::Index j = 0; j < g.size(); ++j) TS_REQUIRE_ALL(std::isfinite(g(j)));
+        continue;
+      }
+      for (std::size_t i = 0; i < gf.size(); ++i) {
+        double scale = 1e-3;
+        for (Eigen::Index j = 0; j < gf[i].size(); ++j) scale = std::max(scale, double(std::abs(gf[i](j))));
+        INFO("parameter " << i);
+        TS_REQUIRE_ALL(compare(gh[i], gf[i], 5e-2 * scale) == "");
+      }
+    }
+}
+
+namespace {
+// A user's module: a Linear and a parameter of its own, in T.
+template <class T>
+struct ScaledLinear : ts::nn::Module {
+  ts::nn::Linear<T, M, RR> fc;
+  ts::ShardedTensor<T, M, ts::Spec<ts::R>>& scale;
+  explicit ScaledLinear(const M& mesh)
+      : fc(mesh, 6, 5, 3),
+        scale(register_parameter("scale", ts::from_function<T, ts::Spec<ts::R>>(mesh, {5}, [](const auto& i) {
+                return T(1.0f + 0.125f * float(i[0]));  // exact in bfloat16
+              }))) {
+    register_module("fc", fc);
+  }
+  auto operator()(const auto& x) { return fc(x) * scale; }
+};
+}  // namespace
+
+TEST_CASE("a bfloat16 module's parameters register with AdamW by module and step as float's do, rounded; ZeRO 0-3",
+          "[bf16]") {
+  const Eigen::Tensor<B, 2> gx = random_b(4, 6, 11), gw = random_b(6, 5, 12);
+  for (int zero : {0, 1, 2, 3}) {
+    const M mesh({world_size(), 1});
+    INFO("ZeRO-" << zero);
+    ScaledLinear<B> h(mesh);
+    ScaledLinear<float> f(mesh);
+    h.fc.weight() = ts::distribute<RR>(mesh, gw);
+    f.fc.weight() = ts::distribute<RR>(mesh, widened(gw));
+    REQUIRE(h.parameter_names() == f.parameter_names());
+    ts::nn::AdamW opt({.lr = 1e-2, .weight_decay = 0.0, .zero_stage = zero, .data_axis = "x"});
+    ts::nn::AdamW optf({.lr = 1e-2, .weight_decay = 0.0, .zero_stage = zero, .data_axis = "x"});
+    opt.add(h);  // threw "not float or double" before bfloat16 slots were visited
+    optf.add(f);
+    // The optimizer state: float moments and a float master copy, 12 bytes an element against 8.
+    TS_REQUIRE_ALL(opt.memory().state == optf.memory().state / 2 * 3);
+    const auto xh = ts::distribute<XR>(mesh, gx);
+    const auto xf = ts::distribute<XR>(mesh, widened(gx));
+    const double lh = ts::ad::backward(h, [&] { return ts::sum<0, 1>(h(xh)); });
+    const double lf = ts::ad::backward(f, [&] { return ts::sum<0, 1>(f(xf)); });
+    TS_REQUIRE_ALL(std::abs(lh - lf) <= 2e-2 * std::max(1.0, std::abs(lf)));
+    opt.step();
+    optf.step();
+    if (zero == 3) {  // the layers' parameters are present only around their uses
+      opt.gather_parameters();
+      optf.gather_parameters();
+    }
+    // Adam's first step moves each element by lr (its sign the gradient's): 0.01, more than a
+    // bfloat16 ulp of these weights, so the step is seen, and equals float's within one ulp.
+    const Eigen::Tensor<float, 2> w1 = widened(Eigen::Tensor<B, 2>(h.fc.weight().gather()));
+    const Eigen::Tensor<float, 2> wf = f.fc.weight().gather();
+    const Eigen::Tensor<float, 2> w0 = widened(gw);
+    for (Eigen::Index i = 0; i < w1.size(); ++i) {
+      INFO("weight element " << i << ": " << w0.data()[i] << " -> " << w1.data()[i] << ", float " << wf.data()[i]);
+      TS_REQUIRE_ALL(std::abs(w1.data()[i] - w0.data()[i]) > 4e-3f);
+      TS_REQUIRE_ALL(std::abs(w1.data()[i] - wf.data()[i]) <= std::abs(wf.data()[i]) * 0x1p-7f + 1e-6f);
+    }
+    const Eigen::Tensor<B, 1> s1 = h.scale.gather();
+    const Eigen::Tensor<float, 1> sf = f.scale.gather();
+    for (Eigen::Index i = 0; i < s1.size(); ++i) TS_REQUIRE_ALL(std::abs(float(s1(i)) - sf(i)) <= sf(i) * 0x1p-7f);
+  }
+}

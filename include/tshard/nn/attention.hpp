@@ -35,34 +35,37 @@ inline constexpr bool whole_rows_v = X::spec_desc.dims[0].count == 0 && X::spec_
 template <class T>
 void causal_softmax_kernel(T* x, const tshard::detail::ShardLayout& l, T scale) {
   const Index Tn = l.padded[0], S = l.padded[1], pB = l.padded[2], B = l.valid[2], H = l.valid[3];
-  std::vector<T> m(static_cast<std::size_t>(Tn * pB)), z(m.size());
+  using A = accumulator_t<T>;  // (float for bfloat16)
+  const A sc = A(scale);
+  std::vector<A> m(static_cast<std::size_t>(Tn * pB)), z(m.size());
   for (Index h = 0; h < H; ++h) {
     T* xh = x + h * Tn * S * pB;
-    std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
-    std::fill(z.begin(), z.end(), T(0));
+    std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
+    std::fill(z.begin(), z.end(), A(0));
     for (Index b = 0; b < B; ++b)
       for (Index s = 0; s < S; ++s) {
         T* row = xh + (s + S * b) * Tn;
-        T* mb = m.data() + b * Tn;
-        for (Index t = s; t < Tn; ++t) mb[t] = std::max(mb[t], scale * row[t]);
+        A* mb = m.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) mb[t] = std::max(mb[t], sc * A(row[t]));
       }
     for (Index b = 0; b < B; ++b)
       for (Index s = 0; s < S; ++s) {
         T* row = xh + (s + S * b) * Tn;
-        const T* mb = m.data() + b * Tn;
-        T* zb = z.data() + b * Tn;
+        const A* mb = m.data() + b * Tn;
+        A* zb = z.data() + b * Tn;
         for (Index t = 0; t < std::min(s, Tn); ++t) row[t] = T(0);
         for (Index t = s; t < Tn; ++t) {
-          row[t] = std::exp(scale * row[t] - mb[t]);
-          zb[t] += row[t];
+          const A e = std::exp(sc * A(row[t]) - mb[t]);
+          row[t] = T(e);
+          zb[t] += e;
         }
       }
-    for (auto& v : z) v = T(1) / v;
+    for (auto& v : z) v = A(1) / v;
     for (Index b = 0; b < B; ++b)
       for (Index s = 0; s < S; ++s) {
         T* row = xh + (s + S * b) * Tn;
-        const T* zb = z.data() + b * Tn;
-        for (Index t = s; t < Tn; ++t) row[t] *= zb[t];
+        const A* zb = z.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) row[t] = T(A(row[t]) * zb[t]);
       }
   }
 }
@@ -71,22 +74,24 @@ void causal_softmax_kernel(T* x, const tshard::detail::ShardLayout& l, T scale) 
 template <class T>
 void causal_softmax_backward_kernel(const T* p, T* dp, const tshard::detail::ShardLayout& l, T scale) {
   const Index Tn = l.padded[0], S = l.padded[1], pB = l.padded[2], B = l.valid[2], H = l.valid[3];
-  std::vector<T> r(static_cast<std::size_t>(Tn * pB));
+  using A = accumulator_t<T>;  // (float for bfloat16)
+  const A sc = A(scale);
+  std::vector<A> r(static_cast<std::size_t>(Tn * pB));
   for (Index h = 0; h < H; ++h) {
     const Index base = h * Tn * S * pB;
-    std::fill(r.begin(), r.end(), T(0));
+    std::fill(r.begin(), r.end(), A(0));
     for (Index b = 0; b < B; ++b)
       for (Index s = 0; s < S; ++s) {
         const Index row = base + (s + S * b) * Tn;
-        T* rb = r.data() + b * Tn;
-        for (Index t = s; t < Tn; ++t) rb[t] += p[row + t] * dp[row + t];
+        A* rb = r.data() + b * Tn;
+        for (Index t = s; t < Tn; ++t) rb[t] += A(p[row + t]) * A(dp[row + t]);
       }
     for (Index b = 0; b < B; ++b)
       for (Index s = 0; s < S; ++s) {
         const Index row = base + (s + S * b) * Tn;
-        const T* rb = r.data() + b * Tn;
+        const A* rb = r.data() + b * Tn;
         for (Index t = 0; t < std::min(s, Tn); ++t) dp[row + t] = T(0);
-        for (Index t = s; t < Tn; ++t) dp[row + t] = scale * p[row + t] * (dp[row + t] - rb[t]);
+        for (Index t = s; t < Tn; ++t) dp[row + t] = T(sc * A(p[row + t]) * (A(dp[row + t]) - rb[t]));
       }
   }
 }
@@ -105,7 +110,8 @@ void mask_future(X& scores) {
 template <class Q>
 typename Q::Scalar attention_scale(const Q& q) {
   using T = typename Q::Scalar;
-  return T(1) / std::sqrt(T(std::max<Eigen::Index>(tshard::detail::extents_of(q)[2], 1)));
+  using A = accumulator_t<T>;
+  return T(A(1) / std::sqrt(A(std::max<Eigen::Index>(tshard::detail::extents_of(q)[2], 1))));
 }
 
 // A typed einsum result resolved (a partial where its contracted dim was split).
@@ -202,7 +208,7 @@ class Attention : public Module {
                 "tshard: Attention's QKV spec is a rank-3 tshard::Spec<model dim, head dim, heads>");
   static_assert(tshard::detail::is_spec<OutSpec>::value && OutSpec::rank == 3,
                 "tshard: Attention's output spec is a rank-3 tshard::Spec<head dim, heads, model dim>");
-  static_assert(std::is_floating_point_v<T>, "tshard: Attention's element type is float or double");
+  static_assert(is_real_floating_v<T>, "tshard: Attention's element type is float, double or bfloat16");
 
  public:
   using Proj = ShardedTensor<T, M, QKVSpec>;

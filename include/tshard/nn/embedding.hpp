@@ -62,7 +62,7 @@ template <class T, class M, class TableSpec = Spec<S<"model">, R>>
 class Embedding : public Module {
   static_assert(tshard::detail::is_spec<TableSpec>::value && TableSpec::rank == 2,
                 "tshard: Embedding's table spec is a rank-2 tshard::Spec<vocab, features>");
-  static_assert(std::is_floating_point_v<T>, "tshard: Embedding's element type is float or double");
+  static_assert(is_real_floating_v<T>, "tshard: Embedding's element type is float, double or bfloat16");
   static constexpr tshard::detail::SpecDesc table_desc = tshard::detail::make_desc<TableSpec, NoPartial>(M::axis_names);
 
  public:

@@ -19,7 +19,8 @@ namespace detail {
 template <int Dim, class X, class T>
 auto normalised(const X& x, T eps) {
   auto xc = x - mean<Dim>(x, keep_dims);
-  auto rstd = tshard::map([eps](T v) { return T(1) / std::sqrt(v + eps); }, mean<Dim>(square(xc), keep_dims));
+  using A = accumulator_t<T>;
+  auto rstd = tshard::map([eps](T v) { return T(A(1) / std::sqrt(A(v) + A(eps))); }, mean<Dim>(square(xc), keep_dims));
   return std::pair{std::move(xc), std::move(rstd)};
 }
 
@@ -52,19 +53,20 @@ inline bool row_is_valid(const tshard::detail::ShardLayout& l, int dims, tshard:
 
 // Per row: the mean and 1 / sqrt(var + eps), two passes over contiguous rows (padding rows get
 // values too; nothing reads them).
-template <class T>
-void row_statistics(const T* x, tshard::detail::Index rows, tshard::detail::Index n, T eps, T* mean, T* rstd) {
-  std::fill(mean, mean + rows, T(0));
-  std::fill(rstd, rstd + rows, T(0));
+// Kept in A: T itself, float for bfloat16.
+template <class T, class A>
+void row_statistics(const T* x, tshard::detail::Index rows, tshard::detail::Index n, A eps, A* mean, A* rstd) {
+  std::fill(mean, mean + rows, A(0));
+  std::fill(rstd, rstd + rows, A(0));
   for (tshard::detail::Index d = 0; d < n; ++d)
-    for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] += x[r + rows * d];
-  for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] /= T(n);
+    for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] += A(x[r + rows * d]);
+  for (tshard::detail::Index r = 0; r < rows; ++r) mean[r] /= A(n);
   for (tshard::detail::Index d = 0; d < n; ++d)
     for (tshard::detail::Index r = 0; r < rows; ++r) {
-      const T c = x[r + rows * d] - mean[r];
+      const A c = A(x[r + rows * d]) - mean[r];
       rstd[r] += c * c;
     }
-  for (tshard::detail::Index r = 0; r < rows; ++r) rstd[r] = T(1) / std::sqrt(rstd[r] / T(n) + eps);
+  for (tshard::detail::Index r = 0; r < rows; ++r) rstd[r] = A(1) / std::sqrt(rstd[r] / A(n) + eps);
 }
 
 }  // namespace detail
@@ -77,17 +79,18 @@ template <int Dim, class X, class G, class B>
 auto layer_norm_forward(const X& x, const G& gamma, const B& beta, typename X::Scalar eps) {
   if constexpr (detail::fused_layer_norm_v<X, G, B>) {
     using T = typename X::Scalar;
+    using A = accumulator_t<T>;
     ShardedTensor<T, typename X::MeshT, typename X::SpecType> y(x.mesh(), x.global_shape());
     const auto [rows, n] = detail::row_view(x);
-    std::vector<T> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
-    detail::row_statistics(x.data(), rows, n, eps, mean.data(), rstd.data());
+    std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+    detail::row_statistics(x.data(), rows, n, A(eps), mean.data(), rstd.data());
     const T* xd = x.data();
     const T* g = gamma.data();
     const T* b = beta.data();
     T* yd = y.data();
     for (tshard::detail::Index d = 0; d < n; ++d)
       for (tshard::detail::Index r = 0; r < rows; ++r)
-        yd[r + rows * d] = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)] * g[d] + b[d];
+        yd[r + rows * d] = T((A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)] * A(g[d]) + A(b[d]));
     return y;
   } else {
     auto [xc, rstd] = detail::normalised<Dim>(x, eps);
@@ -127,39 +130,40 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
     ShardedTensor<T, typename X::MeshT, typename X::SpecType> dx(x.mesh(), x.global_shape());
     Part dgamma(x.mesh(), {tshard::detail::extents_of(x)[Dim]}), dbeta(x.mesh(), {tshard::detail::extents_of(x)[Dim]});
     const auto [rows, n] = detail::row_view(x);
-    std::vector<T> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
-    detail::row_statistics(x.data(), rows, n, eps, mean.data(), rstd.data());
+    using A = accumulator_t<T>;
+    std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
+    detail::row_statistics(x.data(), rows, n, A(eps), mean.data(), rstd.data());
     const auto& layout = tshard::detail::layout_of(x);
-    std::vector<T> counted(static_cast<std::size_t>(rows));  // 1 for valid rows, 0 for padding
-    for (tshard::detail::Index r = 0; r < rows; ++r) counted[std::size_t(r)] = detail::row_is_valid(layout, Dim, r) ? T(1) : T(0);
+    std::vector<A> counted(static_cast<std::size_t>(rows));  // 1 for valid rows, 0 for padding
+    for (tshard::detail::Index r = 0; r < rows; ++r) counted[std::size_t(r)] = detail::row_is_valid(layout, Dim, r) ? A(1) : A(0);
     const T* xd = x.data();
     const T* g = gamma.data();
     const T* dnd = dn.data();
     T* dg = dgamma.data();
     T* db = dbeta.data();
     for (tshard::detail::Index d = 0; d < n; ++d) {
-      T sg = 0, sb = 0;
+      A sg = A(0), sb = A(0);
       for (tshard::detail::Index r = 0; r < rows; ++r) {
-        const T xhat = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)];
-        const T dnv = dnd[r + rows * d];
-        const T dxhat = dnv * g[d];
+        const A xhat = (A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+        const A dnv = A(dnd[r + rows * d]);
+        const A dxhat = dnv * A(g[d]);
         a[std::size_t(r)] += dxhat;
         c[std::size_t(r)] += dxhat * xhat;
-        if (counted[std::size_t(r)] != T(0)) {  // padding rows may hold anything, NaN included
+        if (counted[std::size_t(r)] != A(0)) {  // padding rows may hold anything, NaN included
           sg += dnv * xhat;
           sb += dnv;
         }
       }
-      dg[d] = sg;
-      db[d] = sb;
+      dg[d] = T(sg);
+      db[d] = T(sb);
     }
     T* dxd = dx.data();
-    const T inv_n = T(1) / T(tshard::detail::extents_of(x)[Dim]);
+    const A inv_n = A(1) / A(tshard::detail::extents_of(x)[Dim]);
     for (tshard::detail::Index d = 0; d < n; ++d)
       for (tshard::detail::Index r = 0; r < rows; ++r) {
-        const T xhat = (xd[r + rows * d] - mean[std::size_t(r)]) * rstd[std::size_t(r)];
-        const T dxhat = dnd[r + rows * d] * g[d];
-        dxd[r + rows * d] = rstd[std::size_t(r)] * (dxhat - a[std::size_t(r)] * inv_n - xhat * c[std::size_t(r)] * inv_n);
+        const A xhat = (A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+        const A dxhat = A(dnd[r + rows * d]) * A(g[d]);
+        dxd[r + rows * d] = T(rstd[std::size_t(r)] * (dxhat - a[std::size_t(r)] * inv_n - xhat * c[std::size_t(r)] * inv_n));
       }
     return std::tuple{std::move(dx), std::move(dgamma), std::move(dbeta)};
   }
@@ -178,7 +182,7 @@ template <class T, class M, class ParamSpec = Spec<R>>
 class LayerNorm : public Module {
   static_assert(tshard::detail::is_spec<ParamSpec>::value && ParamSpec::rank == 1,
                 "tshard: LayerNorm's parameter spec is a rank-1 tshard::Spec<...> for gamma and beta [H]");
-  static_assert(std::is_floating_point_v<T>, "tshard: LayerNorm's element type is float or double");
+  static_assert(is_real_floating_v<T>, "tshard: LayerNorm's element type is float, double or bfloat16");
 
  public:
   using Param = ShardedTensor<T, M, ParamSpec>;

@@ -21,7 +21,7 @@ template <class T, class M, class WeightSpec>
 class Linear : public Module {
   static_assert(tshard::detail::is_spec<WeightSpec>::value && WeightSpec::rank == 2,
                 "tshard: Linear's weight spec is a rank-2 tshard::Spec<in, out>");
-  static_assert(std::is_floating_point_v<T>, "tshard: Linear's element type is float or double");
+  static_assert(is_real_floating_v<T>, "tshard: Linear's element type is float, double or bfloat16");
 
  public:
   using BiasSpec = Spec<tshard::detail::dim_at_t<WeightSpec, 1>>;

@@ -176,7 +176,7 @@ void top2_gating_backward(const T* dcombine, const T* probs, const Route* routes
 // operand: GShard's row-major [E, G, C, M] is [G, C, M, E] here.
 template <class T, class M, FixedString ExpertAxis = "data", FixedString Model = "model">
 class MoE : public Module {
-  static_assert(std::is_floating_point_v<T>, "tshard: MoE's element type is float or double");
+  static_assert(is_real_floating_v<T>, "tshard: MoE's element type is float, double or bfloat16");
 
  public:
   using XSpec = Spec<S<ExpertAxis>, R, R>;                 // [G, S, D]
@@ -430,7 +430,7 @@ class MoE : public Module {
     std::vector<detail::Route> routes;
     std::vector<T> density;
     RoutingStats routing;
-    T aux_term = 0;
+    T aux_term = T(0);
     double aux_grad = 0;
   };
 

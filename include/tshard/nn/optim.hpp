@@ -314,7 +314,9 @@ class Optimizer {
     bool done = false;
     visit_slot<float>(slot, settings, streamable, bucket, finish, deferred, done);
     visit_slot<double>(slot, settings, streamable, bucket, finish, deferred, done);
-    if (!done) throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float or double");
+    visit_slot<bfloat16>(slot, settings, streamable, bucket, finish, deferred, done);
+    if (!done)
+      throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
   }
   template <class T, class Slot>
   void visit_slot(Slot& slot, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,

@@ -423,7 +423,7 @@ concept FloatingTensor = ShardedTensorType<X> && Numeric<typename std::remove_cv
                          !std::is_integral_v<typename std::remove_cvref_t<X>::Scalar>;
 
 template <class X, class S>
-concept ScalarFor = ShardedTensorType<X> && (std::is_arithmetic_v<S> || is_complex_v<S>) &&
+concept ScalarFor = ShardedTensorType<X> && (std::is_arithmetic_v<S> || is_complex_v<S> || std::is_same_v<S, bfloat16>) &&
                     std::is_constructible_v<typename std::remove_cvref_t<X>::Scalar, S>;
 
 // ---- comparisons and where: several operands, one broadcasting pass ----
