@@ -70,6 +70,78 @@ TEST_CASE("top-2 gating fills each expert's slots in token order and drops what 
   CHECK(h.stats.dropped == 2);
 }
 
+TEST_CASE("dispatch and combine over the routes equal GShard's one-hot einsums and their transposes, padding rows "
+          "included",
+          "[experts]") {
+  // Two valid groups in a buffer of three (the third is padding), 7 tokens, 3 experts of 3 slots,
+  // 4 features; random routing, so some second choices are not routed and some are dropped.
+  const Eigen::Index gp = 3, groups = 2, s = 7, e = 3, c = 3, d = 4;
+  std::uint64_t state = 12345;
+  auto uniform = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return double(state >> 11) / double(1ull << 53) * 2 - 1;
+  };
+  std::vector<double> logits(std::size_t(gp * s * e));
+  for (auto& v : logits) v = 2 * uniform();
+  std::vector<double> w(std::size_t(gp * s * e * c)), mask(w.size()), probs(logits.size()), density(std::size_t(gp * e));
+  std::vector<ts::nn::detail::Route> routes(std::size_t(gp * s));
+  ts::nn::RoutingStats stats;
+  ts::nn::detail::top2_gating<double>(logits.data(), gp, groups, s, e, c, true, 99, 0, 0, groups, w.data(), mask.data(),
+                                      probs.data(), routes.data(), density.data(), stats);
+  INFO("assignments " << stats.assignments << ", dropped " << stats.dropped);
+  REQUIRE(stats.dropped > 0);
+  const ts::nn::detail::RoutingShape shape{.gp = gp, .groups = groups, .s = s, .d = d, .e = e, .c = c};
+  const auto token = ts::nn::detail::slot_tokens(routes.data(), shape);
+  auto at_w = [&](Eigen::Index g, Eigen::Index t, Eigen::Index x, Eigen::Index k) { return g + gp * (t + s * (x + e * k)); };
+  auto at_x = [&](Eigen::Index g, Eigen::Index t, Eigen::Index m) { return g + gp * (t + s * m); };
+  auto at_slot = [&](Eigen::Index g, Eigen::Index k, Eigen::Index m, Eigen::Index x) { return g + gp * (k + c * (m + d * x)); };
+  std::vector<double> x(std::size_t(gp * s * d)), dy(x.size()), ye(std::size_t(gp * c * d * e)), dd(ye.size());
+  for (auto* v : {&x, &dy, &ye, &dd})
+    for (auto& a : *v) a = uniform();
+  std::vector<double> dispatched(ye.size()), dx(x.size()), y(x.size()), dye(ye.size()), dw(w.size());
+  ts::nn::detail::dispatch_tokens(x.data(), token, shape, dispatched.data());
+  ts::nn::detail::dispatch_tokens_transpose(dd.data(), routes.data(), shape, dx.data());
+  ts::nn::detail::combine_slots(w.data(), ye.data(), routes.data(), shape, y.data());
+  ts::nn::detail::combine_slots_transpose_outputs(w.data(), dy.data(), token, shape, dye.data());
+  ts::nn::detail::combine_slots_transpose_weights(dy.data(), ye.data(), routes.data(), shape, dw.data());
+  for (Eigen::Index g = 0; g < gp; ++g) {
+    INFO("group " << g);
+    const bool valid = g < groups;  // a padding row's outputs are zero, whatever its inputs
+    for (Eigen::Index k = 0; k < c; ++k)
+      for (Eigen::Index m = 0; m < d; ++m)
+        for (Eigen::Index ex = 0; ex < e; ++ex) {
+          double want_dispatched = 0, want_dye = 0;  // "gsec,gsm->gcme" with the one-hot and the gate weights
+          for (Eigen::Index t = 0; t < s && valid; ++t) {
+            want_dispatched += mask[std::size_t(at_w(g, t, ex, k))] * x[std::size_t(at_x(g, t, m))];
+            want_dye += w[std::size_t(at_w(g, t, ex, k))] * dy[std::size_t(at_x(g, t, m))];
+          }
+          // One term at most: exactly the einsum's value.
+          CHECK(dispatched[std::size_t(at_slot(g, k, m, ex))] == want_dispatched);
+          CHECK(dye[std::size_t(at_slot(g, k, m, ex))] == want_dye);
+        }
+    for (Eigen::Index t = 0; t < s; ++t) {
+      for (Eigen::Index m = 0; m < d; ++m) {
+        double want_dx = 0, want_y = 0;  // "gsec,gcme->gsm" with the one-hot and the gate weights
+        for (Eigen::Index ex = 0; ex < e && valid; ++ex)
+          for (Eigen::Index k = 0; k < c; ++k) {
+            want_dx += mask[std::size_t(at_w(g, t, ex, k))] * dd[std::size_t(at_slot(g, k, m, ex))];
+            want_y += w[std::size_t(at_w(g, t, ex, k))] * ye[std::size_t(at_slot(g, k, m, ex))];
+          }
+        CHECK(dx[std::size_t(at_x(g, t, m))] == want_dx);  // two terms at most: a + b = b + a
+        CHECK(std::abs(y[std::size_t(at_x(g, t, m))] - want_y) <= 1e-15);
+      }
+      for (Eigen::Index ex = 0; ex < e; ++ex)
+        for (Eigen::Index k = 0; k < c; ++k) {
+          // "gsm,gcme->gsec" where the token holds the slot; zero elsewhere (the gate reads no more).
+          double want = 0;
+          for (Eigen::Index m = 0; m < d && mask[std::size_t(at_w(g, t, ex, k))] != 0; ++m)
+            want += dy[std::size_t(at_x(g, t, m))] * ye[std::size_t(at_slot(g, k, m, ex))];
+          CHECK(std::abs(dw[std::size_t(at_w(g, t, ex, k))] - want) <= 1e-15);
+        }
+    }
+  }
+}
+
 TEST_CASE("a mixture-of-experts layer drops tokens over capacity to zero and equals a serial loop over the experts",
           "[experts]") {
   const Eigen::Index g = 3, s = 5, d = 4, hid = 3, e = 2;

@@ -1,8 +1,9 @@
 // A mixture-of-experts MLP as GShard has it (Lepikhin et al., arXiv 2006.16668, algorithm 1 and
 // figure 7): top-2 gating with an expert capacity, the auxiliary load-balancing loss, random
-// routing of the second expert, and dispatch and combine as einsums. Experts are split over a
-// mesh axis (the data axis by default); the all-to-all between the group-split and the
-// expert-split layout is a reshard of the expert dim, so explain() and the stats show it.
+// routing of the second expert, and dispatch and combine (GShard's one-hot einsums, computed as
+// the gathers they are: nn/moe_dispatch.hpp). Experts are split over a mesh axis (the data
+// axis by default); the all-to-all between the group-split and the expert-split layout is a
+// reshard of the expert dim, so explain() and the stats show it.
 //
 // Groups are data, not ranks: x is [G, S, D], G groups of S tokens (a group is a sequence), and
 // capacity, positions and the auxiliary loss are per group. So which tokens are dropped, and
@@ -23,6 +24,7 @@
 #include "tshard/nn/init.hpp"
 #include "tshard/nn/micro_batch.hpp"
 #include "tshard/nn/module.hpp"
+#include "tshard/nn/moe_dispatch.hpp"
 #include "tshard/ops/einsum.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/reshard/reshard.hpp"
@@ -49,15 +51,10 @@ struct RoutingStats {
 
 namespace detail {
 
-// One token's routing, kept for backward.
-struct Route {
-  std::int32_t e1 = 0, e2 = 0;  // top-1 and top-2 experts
-  std::int32_t c1 = -1, c2 = -1;  // their slots; -1: not dispatched (dropped, or not routed)
-};
-
 // GShard's top-2 gating on this rank's whole groups of logits [Gp, S, E] (local, column-major;
-// rows g < groups valid): fills combine and dispatch [Gp, S, E, C], the probabilities and
-// routes, and returns the sum over the groups of E * sum_e density_e * mean-gate_e.
+// rows g < groups valid): fills combine and dispatch [Gp, S, E, C] (dispatch may be null: the
+// layer dispatches by the routes), the probabilities and routes, and returns the sum over the
+// groups of E * sum_e density_e * mean-gate_e.
 template <class T>
 double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index experts, Index capacity,
                    bool random_routing, std::uint64_t seed, Index first_group, Index row_offset, Index rows_total,
@@ -65,7 +62,7 @@ double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index e
   const Index plane = gp * s_len;  // stride of e in [Gp, S, E]
   const Index slot = plane * experts;  // stride of c in [Gp, S, E, C]
   std::fill(combine, combine + slot * capacity, T(0));
-  std::fill(dispatch, dispatch + slot * capacity, T(0));
+  if (dispatch) std::fill(dispatch, dispatch + slot * capacity, T(0));
   double aux = 0;
   std::vector<Index> count1(static_cast<std::size_t>(experts)), count2(static_cast<std::size_t>(experts));
   std::vector<double> mean_gate(static_cast<std::size_t>(experts));
@@ -126,11 +123,11 @@ double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index e
       const double p1 = probs[at + plane * r.e1], p2 = r.e2 != r.e1 ? double(probs[at + plane * r.e2]) : 0.0;
       if (r.c1 >= 0) {
         combine[at + plane * r.e1 + slot * r.c1] = T(p1 / (p1 + p2));
-        dispatch[at + plane * r.e1 + slot * r.c1] = T(1);
+        if (dispatch) dispatch[at + plane * r.e1 + slot * r.c1] = T(1);
       }
       if (r.c2 >= 0) {
         combine[at + plane * r.e2 + slot * r.c2] = T(p2 / (p1 + p2));
-        dispatch[at + plane * r.e2 + slot * r.c2] = T(1);
+        if (dispatch) dispatch[at + plane * r.e2 + slot * r.c2] = T(1);
       }
     }
   }
@@ -189,6 +186,8 @@ class MoE : public Module {
   using Router = ShardedTensor<T, M, RouterSpec>;
   using In = ShardedTensor<T, M, InSpec>;
   using Out = ShardedTensor<T, M, OutSpec>;
+  using Slots = ShardedTensor<T, M, GroupSplit>;           // dispatched tokens, the experts' outputs
+  using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;  // gate weights [G, S, E, C]
 
   MoE(const M& mesh, const MoEOptions& o)
       : mesh_(mesh), o_(o), hidden_(o.hidden > 0 ? o.hidden : 4 * o.dmodel),
@@ -264,20 +263,21 @@ class MoE : public Module {
     const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
 
     auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
-    using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;
     Saved& sv = saved_.current();
     sv = Saved{};
-    Mask combine(mesh_, {groups, s_len, e, c}), dispatch(mesh_, {groups, s_len, e, c});
+    Mask combine(mesh_, {groups, s_len, e, c});
     ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> probs(mesh_, {groups, s_len, e});
     const auto& lay = tshard::detail::layout_of(logits);
     const Eigen::Index gp = lay.padded[0];
+    sv.shape = routing_shape(lay, s_len, c);
     sv.routes.assign(std::size_t(gp * s_len), detail::Route{});
     sv.density.assign(std::size_t(gp * e), T(0));
     RoutingStats local;
     const double aux = detail::top2_gating<T>(
         logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing && !mb.inference,
         tshard::detail::splitmix64(o_.seed * 1000033 + calls_), lay.offset[0], mb.row_offset, total_groups,
-        combine.data(), dispatch.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
+        combine.data(), nullptr, probs.data(), sv.routes.data(), sv.density.data(), local);
+    sv.slot_token = detail::slot_tokens(sv.routes.data(), sv.shape);
     // The routing's counts and l_aux over every group (split over ExpertAxis).
     double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
     tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums, all, 3,
@@ -287,16 +287,17 @@ class MoE : public Module {
     sv.aux_grad = o_.aux_weight / double(total_groups);
 
     // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split.
-    auto dispatched = einsum<"gsec,gsm->gcme">(dispatch, x);
+    Slots dispatched(mesh_, {groups, c, o_.dmodel, e});
+    detail::dispatch_tokens(x.data(), sv.slot_token, sv.shape, dispatched.data());
     auto xe = reshard<ExpertSplit>(dispatched);
     auto h = einsum<"gcme,mhe->gche">(xe, wi_);        // [G, C, H, E], H split over Model
     auto ye = einsum<"gche,hme->gcme">(gelu(h), wo_);  // partial over Model
-    auto yg = reshard<GroupSplit>(ye);  // the partial resolved, and back to groups split
-    X y = einsum<"gsec,gcme->gsm">(combine, yg);
+    Slots yg = reshard<GroupSplit>(ye);  // the partial resolved, and back to groups split
+    X y(mesh_, {groups, s_len, o_.dmodel});
+    detail::combine_slots(combine.data(), yg.data(), sv.routes.data(), sv.shape, y.data());
     sv.x.emplace(std::move(x));
     sv.probs.emplace(std::move(probs));
     sv.combine.emplace(std::move(combine));
-    sv.dispatch.emplace(std::move(dispatch));
     sv.xe.emplace(std::move(xe));
     sv.h.emplace(std::move(h));
     sv.yg.emplace(std::move(yg));
@@ -305,8 +306,8 @@ class MoE : public Module {
 
   // The layer forward only, its gradient derived (ts::ad): the same operators as forward(), the
   // top-2 gate a custom VJP (its hand-written backward, the load-balancing term's gradient
-  // included), the dispatch mask a constant. Routing statistics and the auxiliary loss are
-  // kept as forward() keeps them.
+  // included), dispatch and combine gathers over its routes. Routing statistics and the
+  // auxiliary loss are kept as forward() keeps them.
   template <tshard::detail::FloatingTensor XIn>
   X operator()(const XIn& x_in) {
     static_assert(XIn::rank == 3, "tshard: MoE takes x [G, S, D] (groups of S tokens)");
@@ -324,13 +325,13 @@ class MoE : public Module {
     const Eigen::Index groups = tshard::detail::extents_of(x)[0], s_len = tshard::detail::extents_of(x)[1],
                        e = o_.experts, c = capacity(s_len);
     const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
-    using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;
     using Probs = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>;
-    // What the gate's backward needs, shared by its forward and backward.
+    // What the gate's backward, dispatch and combine need, shared by their forwards and backwards.
     struct Gate {
       std::optional<Probs> probs;
-      std::optional<Mask> dispatch;
+      detail::RoutingShape shape;
       std::vector<detail::Route> routes;
+      std::vector<std::int32_t> slot_token;
       std::vector<T> density;
       double aux_grad = 0;
     };
@@ -342,16 +343,18 @@ class MoE : public Module {
     const std::uint64_t seed = tshard::detail::splitmix64(o_.seed * 1000033 + calls_);
     Mask combine = ad::custom_vjp(
         [&](const auto& l) {
-          Mask comb(mesh_, {groups, s_len, e, c}), disp(mesh_, {groups, s_len, e, c});
+          Mask comb(mesh_, {groups, s_len, e, c});
           Probs probs(mesh_, {groups, s_len, e});
           const auto& lay = tshard::detail::layout_of(l);
           const Eigen::Index gp = lay.padded[0];
+          gate->shape = routing_shape(lay, s_len, c);
           gate->routes.assign(std::size_t(gp * s_len), detail::Route{});
           gate->density.assign(std::size_t(gp * e), T(0));
           RoutingStats local;
           const double aux = detail::top2_gating<T>(l.data(), gp, lay.valid[0], s_len, e, c, random, seed, lay.offset[0],
-                                                    mb.row_offset, total_groups, comb.data(), disp.data(), probs.data(),
+                                                    mb.row_offset, total_groups, comb.data(), nullptr, probs.data(),
                                                     gate->routes.data(), gate->density.data(), local);
+          gate->slot_token = detail::slot_tokens(gate->routes.data(), gate->shape);
           double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
           tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums,
                                      all, 3, ReduceOp::Sum);
@@ -359,7 +362,6 @@ class MoE : public Module {
           sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
           gate->aux_grad = o_.aux_weight / double(total_groups);
           gate->probs.emplace(std::move(probs));
-          gate->dispatch.emplace(std::move(disp));
           return comb;
         },
         [gate, groups, s_len, e](const auto& dcombine, const auto&, const auto& l) {
@@ -371,13 +373,38 @@ class MoE : public Module {
         },
         logits);
     // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split; the experts'
-    // MLP; back to groups split (the partial over Model resolved) and combined.
-    auto dispatched = einsum<"gsec,gsm->gcme">(*gate->dispatch, x);
+    // MLP; back to groups split (the partial over Model resolved) and combined. Dispatch and
+    // combine are gathers over the routes with their transposes as VJPs (nn/moe_dispatch.hpp).
+    auto dispatched = ad::custom_vjp(
+        [gate, c](const X& t) {
+          Slots out(t.mesh(), {tshard::detail::extents_of(t)[0], c, tshard::detail::extents_of(t)[2], gate->shape.e});
+          detail::dispatch_tokens(t.data(), gate->slot_token, gate->shape, out.data());
+          return out;
+        },
+        [gate](const auto& dd, const auto&, const X& t) {
+          X dx(t.mesh(), t.global_shape());
+          detail::dispatch_tokens_transpose(dd.data(), gate->routes.data(), gate->shape, dx.data());
+          return dx;
+        },
+        x);
     auto xe = reshard<ExpertSplit>(dispatched);
     auto h = einsum<"gcme,mhe->gche">(xe, wi_);        // [G, C, H, E], H split over Model
     auto ye = einsum<"gche,hme->gcme">(gelu(h), wo_);  // partial over Model
-    auto yg = reshard<GroupSplit>(ye);
-    return X(einsum<"gsec,gcme->gsm">(combine, yg));
+    Slots yg = reshard<GroupSplit>(ye);
+    return ad::custom_vjp(
+        [gate, groups, s_len](const Mask& w, const Slots& out) {
+          X y(out.mesh(), {groups, s_len, tshard::detail::extents_of(out)[2]});
+          detail::combine_slots(w.data(), out.data(), gate->routes.data(), gate->shape, y.data());
+          return y;
+        },
+        [gate](const auto& dy, const auto&, const Mask& w, const Slots& out) {
+          Mask dw(w.mesh(), w.global_shape());
+          detail::combine_slots_transpose_weights(dy.data(), out.data(), gate->routes.data(), gate->shape, dw.data());
+          Slots dout(out.mesh(), out.global_shape());
+          detail::combine_slots_transpose_outputs(w.data(), dy.data(), gate->slot_token, gate->shape, dout.data());
+          return std::tuple{std::move(dw), std::move(dout)};
+        },
+        combine, yg);
   }
 
   template <tshard::detail::FloatingTensor DY>
@@ -391,15 +418,19 @@ class MoE : public Module {
       throw ShapeError("tshard::nn::MoE::backward: the gradient " + dy.describe() + " does not match the last forward's input " +
                        sv.x->describe());
     // Combine's gradient: to the gates, and to the experts' outputs (back to experts split).
-    auto dcombine = einsum<"gsm,gcme->gsec">(dy, *sv.yg);
-    auto dye = reshard<ExpertSplit>(einsum<"gsec,gsm->gcme">(*sv.combine, dy));
+    Mask dcombine(mesh_, sv.combine->global_shape());
+    detail::combine_slots_transpose_weights(dy.data(), sv.yg->data(), sv.routes.data(), sv.shape, dcombine.data());
+    Slots dyg(mesh_, sv.yg->global_shape());
+    detail::combine_slots_transpose_outputs(sv.combine->data(), dy.data(), sv.slot_token, sv.shape, dyg.data());
+    auto dye = reshard<ExpertSplit>(dyg);
     // The experts' MLP.
     auto da = einsum<"gcme,hme->gche">(dye, wo_);
     detail::accumulate_gradient(wo_grad_, einsum<"gche,gcme->hme">(gelu(*sv.h), dye), deferred_, "moe_backward");
     auto dh = gelu_backward(*sv.h, da);
     detail::accumulate_gradient(wi_grad_, einsum<"gcme,gche->mhe">(*sv.xe, dh), deferred_, "moe_backward");
-    auto dxg = reshard<GroupSplit>(einsum<"gche,mhe->gcme">(dh, wi_));
-    X dx = einsum<"gsec,gcme->gsm">(*sv.dispatch, dxg);
+    Slots dxg = reshard<GroupSplit>(einsum<"gche,mhe->gcme">(dh, wi_));
+    X dx(mesh_, dy.global_shape());
+    detail::dispatch_tokens_transpose(dxg.data(), sv.routes.data(), sv.shape, dx.data());
     // The gate: through the normalised top-2 weights, the softmax and the load-balancing loss.
     const Eigen::Index groups = tshard::detail::extents_of(dy)[0], s_len = tshard::detail::extents_of(dy)[1],
                        e = o_.experts;
@@ -420,14 +451,22 @@ class MoE : public Module {
   }
 
  private:
+  // The local routing's sizes, from the gate logits' layout [G, S, E] (groups split like x).
+  detail::RoutingShape routing_shape(const tshard::detail::ShardLayout& logits, Eigen::Index s_len, Eigen::Index c) const {
+    return {.gp = logits.padded[0], .groups = logits.valid[0], .s = s_len, .d = o_.dmodel, .e = Eigen::Index(o_.experts),
+            .c = c};
+  }
+
   struct Saved {
     std::optional<X> x;
     std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>> probs;
-    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>> combine, dispatch;
+    std::optional<Mask> combine;
     std::optional<ShardedTensor<T, M, ExpertSplit>> xe;
     std::optional<ShardedTensor<T, M, Spec<R, R, S<Model>, S<ExpertAxis>>>> h;
-    std::optional<ShardedTensor<T, M, GroupSplit>> yg;
+    std::optional<Slots> yg;
+    detail::RoutingShape shape;
     std::vector<detail::Route> routes;
+    std::vector<std::int32_t> slot_token;
     std::vector<T> density;
     RoutingStats routing;
     T aux_term = T(0);
