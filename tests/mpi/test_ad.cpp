@@ -188,6 +188,62 @@ TEST_CASE("unary ops on an expiring tensor compute in its buffer, never in one a
   });
 }
 
+TEST_CASE("binary ops on an expiring operand of the result's layout compute in its buffer, never in one a rule, a "
+          "broadcast or another tensor needs",
+          "[ad]") {
+  const auto ga = global_random<2>({6, 9}, 8), gb = global_random<2>({6, 9}, 9);
+  const auto grow = global_random<1>({9}, 10);
+  on_every_mesh("expiring binary operands", [&](const M& mesh) {
+    const auto a = ts::distribute<YX>(mesh, ga), b = ts::distribute<YX>(mesh, gb);
+    // Outside a gradient, each operator, either side: the result is in the expiring operand's buffer.
+    auto each = [&](auto op) {
+      auto t = a + 1.0, u = b + 1.0;
+      const Eigen::Tensor<double, 2> left = op(t, b).gather(), right = op(a, u).gather();
+      const double* tb = std::as_const(t).data();
+      const double* ub = std::as_const(u).data();
+      auto l = op(std::move(t), b);
+      auto r = op(a, std::move(u));
+      return std::as_const(l).data() == tb && std::as_const(r).data() == ub && compare(l.gather(), left) == "" &&
+             compare(r.gather(), right) == "";
+    };
+    TS_REQUIRE_ALL(each([](auto&& x, auto&& y) { return std::forward<decltype(x)>(x) + std::forward<decltype(y)>(y); }));
+    TS_REQUIRE_ALL(each([](auto&& x, auto&& y) { return std::forward<decltype(x)>(x) - std::forward<decltype(y)>(y); }));
+    TS_REQUIRE_ALL(each([](auto&& x, auto&& y) { return std::forward<decltype(x)>(x) * std::forward<decltype(y)>(y); }));
+    TS_REQUIRE_ALL(each([](auto&& x, auto&& y) { return std::forward<decltype(x)>(x) / std::forward<decltype(y)>(y); }));
+    // A broadcast operand is not the result's shape; another spec is not its layout; a buffer
+    // another tensor shares is left alone.
+    auto row = ts::distribute<Y1>(mesh, grow) + 0.0;
+    const auto sum_row = a + std::move(row);
+    Eigen::Tensor<double, 2> want(6, 9);
+    for (Eigen::Index i = 0; i < 6; ++i)
+      for (Eigen::Index j = 0; j < 9; ++j) want(i, j) = ga(i, j) + grow(j);
+    TS_REQUIRE_ALL(compare(sum_row.gather(), want) == "");
+    auto other = ts::distribute<XY>(mesh, gb) + 0.0;
+    const double* ob = std::as_const(other).data();
+    const auto mixed = a * std::move(other);
+    TS_REQUIRE_ALL(std::as_const(mixed).data() != ob && compare(mixed.gather(), Eigen::Tensor<double, 2>(ga * gb)) == "");
+    auto v = a + 1.0;
+    const auto scaled = 2.0 * v;  // shares v's buffer, unevaluated
+    (void)(std::move(v) - b);
+    TS_REQUIRE_ALL(compare(scaled.gather(), Eigen::Tensor<double, 2>(2.0 * (ga + 1.0))) == "");
+    // Under a gradient: t is read by t * t's rule, so std::move(t) + a must not overwrite it;
+    // a product's rule keeps both operands, so std::move(s) * a takes no buffer; a sum keeps
+    // none, so (a + 1) - a * 3 computes in the left operand's.
+    auto f = [](const auto& a) {
+      auto t = a * 2.0 + 1.0;
+      auto tt = t * t;
+      auto s = ts::square(a) + 0.5;
+      auto q = std::move(s) * a;
+      auto r = std::move(t) + a;
+      auto w = (a + 1.0) - a * 3.0;
+      auto rw = std::move(r) * w;
+      auto z = std::move(w) / (a * a + 1.0);
+      return ts::sum<0, 1>(std::move(tt) + std::move(q) + std::move(rw) + std::move(z));
+    };
+    return checked_gradients("expiring binary", f, ts::distribute<YX>(mesh, ga));
+  });
+}
+
 TEST_CASE("reduction gradients (sum, mean, max, min, keep_dims, partial results) equal finite differences and one rank",
           "[ad]") {
   const auto ga = global_random<2>({9, 7}, 6);

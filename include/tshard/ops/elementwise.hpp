@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <complex>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tshard/core/box_copy.hpp"
 #include "tshard/core/spec_algebra.hpp"
@@ -272,8 +274,12 @@ inline constexpr bool no_arithmetic_on_masks = !std::is_same_v<T, bool>;
                   "differentiable operators, or give it one with ts::ad::custom_vjp");
 }
 
+// expiring_a / expiring_b: the same operands where the caller gave them as rvalues (their
+// buffers may then hold the result).
 template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
-auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name) {
+auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name,
+            std::type_identity_t<ShardedTensor<T, M, SA, PA>>* expiring_a = nullptr,
+            std::type_identity_t<ShardedTensor<T, M, SB, PB>>* expiring_b = nullptr) {
   static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
   using A = ShardedTensor<T, M, SA, PA>;
   using B = ShardedTensor<T, M, SB, PB>;
@@ -294,13 +300,39 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
                   eb = extents_of_rank(detail::extents_of(b), B::rank, Rank);
     const Extents shape =
         broadcast_shape(ea, eb, Rank, name, [&] { return a.describe(); }, [&] { return b.describe(); });
-    Out out(a.mesh(), to_array<Rank>(shape));
+    constexpr bool linear = K == BinaryKind::Add || K == BinaryKind::Sub;  // rules that keep no value
+    const bool rec = recording(a, b);
+    std::optional<A> shape_a;
+    std::optional<B> shape_b;
+    if (rec && linear) {  // (the nodes, before an operand's buffer is taken)
+      shape_a.emplace(tape_shape(a));
+      shape_b.emplace(tape_shape(b));
+    }
     const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
-    binary_run<T>(*detail::state_of(a.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
+    // An expiring operand of the result's own type and shape (no broadcast) that owns its
+    // buffer, without an unevaluated factor, lends it to the result: the kernel reads each
+    // element before it writes it, so the arithmetic is the same. Not while a rule would keep
+    // the operands' values (multiply and divide under a gradient).
+    auto whole = [&](const Extents& e) {  // an operand that does not broadcast
+      for (int d = 0; d < Rank; ++d)
+        if (e[d] != shape[d]) return false;
+      return true;
+    };
+    Out out = [&] {
+      if (linear || !rec) {
+        if constexpr (std::is_same_v<A, Out>)
+          if (expiring_a && whole(ea) && TensorAccess::reusable(*expiring_a)) return TensorAccess::taken(std::move(*expiring_a));
+        if constexpr (std::is_same_v<B, Out>)
+          if (expiring_b && whole(eb) && TensorAccess::reusable(*expiring_b)) return TensorAccess::taken(std::move(*expiring_b));
+      }
+      return Out(a.mesh(), to_array<Rank>(shape));
+    }();
+    // (out's mesh: an operand whose buffer out took has expired)
+    binary_run<T>(*detail::state_of(out.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
                   vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
-    if (recording(a, b)) {
-      if constexpr (K == BinaryKind::Add || K == BinaryKind::Sub)  // linear: no value kept
-        record(out, grad::Binary<K>{}, tape_shape(a), tape_shape(b));
+    if (rec) {
+      if constexpr (linear)
+        record(out, grad::Binary<K>{}, std::move(*shape_a), std::move(*shape_b));
       else
         record(out, grad::Binary<K>{}, tape_value(a), tape_value(b));
     }
@@ -602,6 +634,26 @@ template <class T, class M, class SA, class PA, class SB, class PB>
 auto operator/(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {
   return detail::binary<detail::BinaryKind::Div>(a, b, "divide");
 }
+// An expiring operand (a temporary, or std::move(x)) of the result's spec and shape that owns
+// its buffer lends it to the result, as the unary operators' do: y = f(x) + g(x) allocates once.
+#define TSHARD_EXPIRING_BINARY(op, kind, label)                                                           \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(ShardedTensor<T, M, SA, PA>&& a, const ShardedTensor<T, M, SB, PB>& b) {               \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, &a, nullptr);                            \
+  }                                                                                                       \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(const ShardedTensor<T, M, SA, PA>& a, ShardedTensor<T, M, SB, PB>&& b) {               \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, nullptr, &b);                            \
+  }                                                                                                       \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(ShardedTensor<T, M, SA, PA>&& a, ShardedTensor<T, M, SB, PB>&& b) {                    \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, &a, &b);                                 \
+  }
+TSHARD_EXPIRING_BINARY(+, Add, "add")
+TSHARD_EXPIRING_BINARY(-, Sub, "subtract")
+TSHARD_EXPIRING_BINARY(*, Mul, "multiply")
+TSHARD_EXPIRING_BINARY(/, Div, "divide")
+#undef TSHARD_EXPIRING_BINARY
 
 // ---- tensor (op) scalar and scalar (op) tensor ----
 template <class X, class S> requires detail::ScalarFor<X, S>

@@ -108,8 +108,14 @@ class ShardedTensor {
 
   // The local (padded) buffer; elements beyond local_shape() are padding, unspecified, so
   // local().sum() counts them: local_valid() is the valid block alone.
-  LocalMap local() { return LocalMap(data(), padded_shape()); }
-  ConstLocalMap local() const { return ConstLocalMap(data(), padded_shape()); }
+  LocalMap local() {
+    require_values("local");
+    return LocalMap(data(), padded_shape());
+  }
+  ConstLocalMap local() const {
+    require_values("local");
+    return ConstLocalMap(data(), padded_shape());
+  }
   // The valid block of local() as an Eigen expression (readable, and writable where non-const):
   // x.local_valid().sum() sums this rank's elements, never padding.
   auto local_valid() { return local().slice(Shape{}, local_shape()); }
@@ -129,6 +135,7 @@ class ShardedTensor {
 
   // The global value on every rank; a partial is resolved first.
   Eigen::Tensor<T, rank> gather() const {
+    require_values("gather");
     Eigen::Tensor<T, rank> out(global_shape());
     detail::OperatorScope scope("gather");
     detail::gather_to_all(*detail::state_of(mesh_), spec_desc, shape_, data(), out.data());
@@ -136,6 +143,7 @@ class ShardedTensor {
   }
   // The global value on mesh rank `root`; other ranks get an empty (all-zero extents) tensor.
   Eigen::Tensor<T, rank> gather(int root) const {
+    require_values("gather");
     Eigen::Tensor<T, rank> out;
     if (mesh_.rank() == root) out.resize(global_shape());
     detail::OperatorScope scope("gather");
@@ -144,6 +152,7 @@ class ShardedTensor {
   }
   // Into an existing tensor of the global shape, on every rank (no allocation of the result).
   void gather_into(Eigen::Tensor<T, rank>& out) const {
+    require_values("gather_into");
     if (detail::to_extents(std::array<Eigen::Index, rank>(out.dimensions())) != shape_)
       out.resize(global_shape());
     detail::OperatorScope scope("gather");
@@ -157,6 +166,15 @@ class ShardedTensor {
 
  private:
   friend struct detail::TensorAccess;
+
+  // A parameter ZeRO-3 released between its layer's uses holds no buffer (on every rank alike):
+  // reading it is an error that says so, not a read of null.
+  void require_values(const char* op) const {
+    if (!data_ && layout_.padded_size() > 0)
+      throw SpecError(std::string("tshard::ShardedTensor::") + op + ": " + describe() +
+                      " holds no values: ZeRO-3 released this parameter after its layer's use "
+                      "(opt.gather_parameters() brings every parameter back)");
+  }
 
   // An unevaluated `scale_ * x` becomes a buffer of its own (once, on first read).
   void evaluate() const {
