@@ -23,7 +23,8 @@
 // bytes next to their analytic count. --check also trains on a one-rank mesh, unpipelined, on
 // every rank and compares the curves.
 // Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
-// layer's gradient reduction during backward, non-blocking), --peak-n N (the peak's sgemm size),
+// layer's gradient reduction during backward, non-blocking), --prefetch (ZeRO-3: start the next
+// layer's parameter gather during this one's use, and count the gathers), --peak-n N (the peak's sgemm size),
 // --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01),
 // --activation-checkpoint full|selective (each block's activations recomputed in the backward
 // instead of kept: all of them, or all but the GEMMs' outputs; the curve does not change),
@@ -62,7 +63,7 @@ struct Options {
   int data = 0, stage = 1, model = 1;  // without --mesh, every rank on data; with it, a missing axis is 1
   int steps = 10, layers = 2, zero = 0;
   long seed = 1;
-  bool use_double = false, check = false, overlap = false;
+  bool use_double = false, check = false, overlap = false, prefetch = false;
   bool use_bf16 = false;  // --dtype bf16: bfloat16 weights, activations and messages; float master weights
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
   double lr = 3e-3, clip = 1.0, dropout = 0.0;
@@ -141,6 +142,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--check") o.check = true;
     else if (a == "--overlap") o.overlap = true;
     else if (a == "--no-overlap") o.overlap = false;
+    else if (a == "--prefetch") o.prefetch = true;
     else if (a == "--microbatches") o.microbatches = int(integer());
     else if (a == "--remat") o.remat = true;
     else if (a == "--activation-checkpoint") {
@@ -539,6 +541,7 @@ struct Run {
   ts::nn::OptimizerMemory memory;
   std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
   double blocked = 0;
+  ts::nn::ParameterGatherStats gathers;  // ZeRO-3's, in the last step
   double dense = 0;
   ts::nn::PipelineStats pipeline;  // times summed over the timed steps; bytes of the last step
   double moe_bytes = 0;                    // bytes sent by the experts' layers, all ranks, per step
@@ -622,7 +625,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
-                     .zero_stage = zero, .overlap = o.overlap});
+                     .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch});
   model.register_with(opt);
   opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
   Run run;
@@ -660,6 +663,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.pipeline.boundary_bytes = ps.boundary_bytes;
     run.pipeline.in_flight = std::max(run.pipeline.in_flight, ps.in_flight);
     run.blocked += opt.last_reduction().blocked_seconds;
+    run.gathers = opt.last_parameter_gathers();  // the last step's: steady state
     run.losses.push_back(loss);
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0) {
       const auto e = model.evaluate(pipe);
@@ -782,6 +786,10 @@ int run_all(const M& mesh, const Options& o) {
                 mesh.size<"data">(), mesh.size<"stage">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "",
                 sizeof(T) == 8 ? "double" : sizeof(T) == 4 ? "float" : "bf16", tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak,
                 peak / 1e9, o.peak_n, 1e3 * run.blocked / std::max(1, o.steps));
+    if (o.zero == 3 && o.prefetch)
+      std::printf("ZeRO-3 parameter gathers in the last step: %d prefetched, %d kept from the use before, %d waited for, "
+                  "%d prefetched in vain\n",
+                  run.gathers.prefetched, run.gathers.kept, run.gathers.blocking, run.gathers.discarded);
     // ZeRO's formulas over the parameters replicated on data, with p, g and k bytes per element
     // of parameters, gradients and optimizer state (4, 4, 8 in float; in bf16 2, 2 and 12: the
     // moments and a master copy in float, as the ZeRO paper's mixed precision); the experts'

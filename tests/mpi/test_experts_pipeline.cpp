@@ -24,9 +24,9 @@ Gated gate(const std::vector<double>& logits, Eigen::Index s, Eigen::Index e, Ei
   Gated g;
   g.routes.resize(std::size_t(s));
   g.combine.resize(std::size_t(s * e * c));
-  std::vector<double> dispatch(g.combine.size()), probs(static_cast<std::size_t>(s * e)), density(static_cast<std::size_t>(e));
-  ts::nn::detail::top2_gating<double>(logits.data(), 1, 1, s, e, c, false, 0, 0, 0, 1, g.combine.data(), dispatch.data(),
-                                      probs.data(), g.routes.data(), density.data(), g.stats);
+  std::vector<double> probs(static_cast<std::size_t>(s * e)), density(static_cast<std::size_t>(e));
+  ts::nn::detail::top2_gating<double>(logits.data(), 1, 1, s, e, c, false, 0, 0, 0, 1, g.combine.data(), probs.data(),
+                                      g.routes.data(), density.data(), g.stats);
   return g;
 }
 
@@ -86,13 +86,19 @@ TEST_CASE("dispatch and combine over the routes equal GShard's one-hot einsums a
   std::vector<double> w(std::size_t(gp * s * e * c)), mask(w.size()), probs(logits.size()), density(std::size_t(gp * e));
   std::vector<ts::nn::detail::Route> routes(std::size_t(gp * s));
   ts::nn::RoutingStats stats;
-  ts::nn::detail::top2_gating<double>(logits.data(), gp, groups, s, e, c, true, 99, 0, 0, groups, w.data(), mask.data(),
-                                      probs.data(), routes.data(), density.data(), stats);
+  ts::nn::detail::top2_gating<double>(logits.data(), gp, groups, s, e, c, true, 99, 0, 0, groups, w.data(), probs.data(),
+                                      routes.data(), density.data(), stats);
   INFO("assignments " << stats.assignments << ", dropped " << stats.dropped);
   REQUIRE(stats.dropped > 0);
   const ts::nn::detail::RoutingShape shape{.gp = gp, .groups = groups, .s = s, .d = d, .e = e, .c = c};
   const auto token = ts::nn::detail::slot_tokens(routes.data(), shape);
   auto at_w = [&](Eigen::Index g, Eigen::Index t, Eigen::Index x, Eigen::Index k) { return g + gp * (t + s * (x + e * k)); };
+  for (Eigen::Index g = 0; g < groups; ++g)  // GShard's one-hot dispatch mask: 1 at each kept slot
+    for (Eigen::Index t = 0; t < s; ++t) {
+      const auto& r = routes[std::size_t(g + gp * t)];
+      if (r.c1 >= 0) mask[std::size_t(at_w(g, t, r.e1, r.c1))] = 1;
+      if (r.c2 >= 0) mask[std::size_t(at_w(g, t, r.e2, r.c2))] = 1;
+    }
   auto at_x = [&](Eigen::Index g, Eigen::Index t, Eigen::Index m) { return g + gp * (t + s * m); };
   auto at_slot = [&](Eigen::Index g, Eigen::Index k, Eigen::Index m, Eigen::Index x) { return g + gp * (k + c * (m + d * x)); };
   std::vector<double> x(std::size_t(gp * s * d)), dy(x.size()), ye(std::size_t(gp * c * d * e)), dd(ye.size());

@@ -207,10 +207,10 @@ struct Trained {
   std::vector<std::vector<double>> parameters;
 };
 
-Trained train_tiny(const DM& mesh, int zero, bool overlap, double clip) {
+Trained train_tiny(const DM& mesh, int zero, bool overlap, double clip, bool prefetch = false) {
   TinyLM lm(mesh);
   ts::nn::AdamW opt({.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f, .zero_stage = zero,
-                     .overlap = overlap});
+                     .overlap = overlap, .prefetch = prefetch});
   lm.add_to(opt);
   Trained t;
   for (long s = 0; s < 3; ++s) {
@@ -232,14 +232,96 @@ TEST_CASE("ZeRO stages 0-3 give the single-rank parameters, losses and gradient 
   REQUIRE(want.norms[0] > 0.5);  // clipping is active
   on_every_dm_mesh([&](DM& mesh, auto sizes) {
     for (int zero = 0; zero <= 3; ++zero)
-      for (bool overlap : {true, false}) {
-        if (!overlap && zero % 2) continue;
-        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap);
-        const Trained got = train_tiny(mesh, zero, overlap, 0.5);
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool overlap = variant != 1, prefetch = variant == 2;
+        if ((!overlap && zero % 2) || (prefetch && zero != 3)) continue;
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap << ", prefetch " << prefetch);
+        const Trained got = train_tiny(mesh, zero, overlap, 0.5, prefetch);
         TS_REQUIRE_ALL(close({got.losses}, {want.losses}, 1e-12));
         TS_REQUIRE_ALL(close({got.norms}, {want.norms}, 1e-12));
         TS_REQUIRE_ALL(close(got.parameters, want.parameters, 1e-11));
       }
+  });
+}
+
+namespace {
+
+// Two square layers (column- then row-parallel) under ZeRO-3, used in an order that changes:
+// fc2(fc1(x)) on most steps, fc1(x) alone on step 3. Loss 0.5 |y|^2 (dy = y). Returns the
+// losses, the parameters after the run and each step's ZeRO-3 gather counts.
+struct ReorderedRun {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> parameters;
+  std::vector<ts::nn::ParameterGatherStats> gathers;
+  bool read_after_step_refused = false;
+};
+ReorderedRun train_reordered(const DM& mesh, bool prefetch) {
+  constexpr Eigen::Index D = 7;
+  ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> fc1(mesh, D, D, 1);
+  ts::nn::Linear<double, DM, ts::Spec<ts::S<"model">, ts::R>> fc2(mesh, D, D, 2);
+  ts::nn::SGD opt({.lr = 0.05f, .momentum = 0.5f, .zero_stage = 3, .prefetch = prefetch});
+  opt.add(fc1);
+  opt.add(fc2);
+  ReorderedRun run;
+  auto half_square = [](const auto& y) {
+    const auto t = y.gather();
+    double sum = 0;
+    for (Eigen::Index i = 0; i < t.size(); ++i) sum += 0.5 * t.data()[i] * t.data()[i];
+    return sum;
+  };
+  for (int s = 0; s < 6; ++s) {
+    opt.zero_grad();
+    auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, D, s + 1));
+    if (s == 3) {
+      auto y = fc1.forward(x);
+      run.losses.push_back(half_square(y));
+      fc1.backward(y);
+    } else {
+      auto y = fc2.forward(fc1.forward(x));
+      run.losses.push_back(half_square(y));
+      fc1.backward(fc2.backward(y));
+    }
+    opt.step();
+    run.gathers.push_back(opt.last_parameter_gathers());
+  }
+  try {
+    (void)fc1.weight().gather();
+  } catch (const ts::SpecError&) {
+    run.read_after_step_refused = true;
+  }
+  opt.gather_parameters();
+  run.parameters = parameters_of(fc1, false);
+  for (auto&& v : parameters_of(fc2, false)) run.parameters.push_back(std::move(v));
+  return run;
+}
+
+bool gathers_are(const ts::nn::ParameterGatherStats& g, int blocking, int prefetched, int kept, int discarded) {
+  return g.blocking == blocking && g.prefetched == prefetched && g.kept == kept && g.discarded == discarded;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3's prefetch follows the last step's order of layers, keeps a layer used twice in a row, survives a "
+          "changed order, and computes bitwise what gathering at each use does",
+          "[layers]") {
+  DM self(MPI_COMM_SELF, {1, 1});
+  const ReorderedRun want = train_reordered(self, false);
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    const ReorderedRun plain = train_reordered(mesh, false), got = train_reordered(mesh, true);
+    TS_REQUIRE_ALL(got.losses == plain.losses && got.parameters == plain.parameters);
+    TS_REQUIRE_ALL(close({got.losses}, {want.losses}, 1e-12) && close(got.parameters, want.parameters, 1e-12));
+    // Uses per step: fc1 fc2 | fc2 fc1 (backward); on step 3 fc1 | fc1. Step 0 has no order to
+    // follow; steps 1-2 prefetch fc2's forward and fc1's backward and keep fc2 between its two
+    // uses; step 3's fc2 was prefetched in vain; step 4 follows step 3 (fc1 twice: kept),
+    // then leaves it; step 5 is step 1 again.
+    const auto& g = got.gathers;
+    const bool split = sizes[0] > 1;  // (one data rank: nothing is sharded, nothing to prefetch)
+    TS_REQUIRE_ALL(gathers_are(g[0], 4, 0, 0, 0) && gathers_are(g[3], 2, 0, 0, split ? 1 : 0) && gathers_are(g[4], 3, 0, 1, 0));
+    TS_REQUIRE_ALL(gathers_are(g[2], split ? 1 : 3, split ? 2 : 0, 1, 0) && gathers_are(g[5], split ? 1 : 3, split ? 2 : 0, 1, 0));
+    TS_REQUIRE_ALL(gathers_are(plain.gathers[2], 4, 0, 0, 0));
+    // After step() nothing is left present, kept or prefetched: a read is refused, not stale.
+    TS_REQUIRE_ALL(got.read_after_step_refused == split && plain.read_after_step_refused == split);
   });
 }
 

@@ -125,54 +125,87 @@ TEST_CASE("the buffer pool hands freed buffers out again instead of allocating")
   TS_REQUIRE_ALL(after.reuses == before.reuses + 100);
 }
 
-// Run only on purpose (hidden tag): rank 1 fails a plain REQUIRE and leaves the others waiting in
-// a barrier; the watchdog must end the job. Driven by tests/scripts/expect_quick_failure.cmake.
-TEST_CASE("reduce-scatter, blocking and non-blocking, equals the serial sum on groups of every size, and equals "
-          "MPI's to the bit on pairs", "[comm]") {
+namespace {
+// f(group, p, r, limit) on groups of each size (ranks 0..size-1 in groups of `size`, the rest
+// alone; p and r the group's size and this rank's place) under each collective chunk limit:
+// whole, and 3 elements (several chunks, each a strided block).
+template <class F>
+void on_groups_and_chunk_limits(std::initializer_list<int> sizes, F&& f) {
   const int world = world_size(), me = world_rank();
-  for (int size : {1, 2, 3}) {
+  for (int size : sizes) {
     if (size > world) continue;
-    MPI_Comm group;  // ranks 0..size-1 in groups of `size`; the rest alone
+    MPI_Comm group;
     const int color = me < (world / size) * size ? me / size : world + me;
     MPI_Comm_split(MPI_COMM_WORLD, color, me, &group);
-    const int p = ts::detail::comm_size(group), r = ts::detail::comm_rank(group);
     for (ts::detail::Index limit : {ts::detail::Index(INT_MAX), ts::detail::Index(3)}) {
       ts::detail::set_collective_chunk_limit(limit);
-      const ts::detail::Index n = 7;
-      const auto m = static_cast<std::size_t>(n);
-      std::vector<double> send(m * std::size_t(p)), want(m), max_want(m, -1e300);
-      for (ts::detail::Index i = 0; i < n * p; ++i) send[std::size_t(i)] = 0.1 * double(i) + 1.0 / double(3 + r) + 1e-3 * r * i;
-      for (int q = 0; q < p; ++q)
-        for (ts::detail::Index i = 0; i < n; ++i) {
-          const double v = 0.1 * double(r * n + i) + 1.0 / double(3 + q) + 1e-3 * q * (r * n + i);
-          want[std::size_t(i)] += v;
-          max_want[std::size_t(i)] = std::max(max_want[std::size_t(i)], v);
-        }
-      std::vector<double> got(m), got_max(m), mpi(m), later(m);
-      ts::detail::reduce_scatter_block(group, send.data(), got.data(), n, ts::ReduceOp::Sum);
-      ts::detail::reduce_scatter_block(group, send.data(), got_max.data(), n, ts::ReduceOp::Max);
-      MPI_Reduce_scatter_block(send.data(), mpi.data(), int(n), MPI_DOUBLE, MPI_SUM, group);
-      {
-        ts::detail::PendingReduction<double> pending;
-        pending.start_reduce_scatter(group, send.data(), later.data(), n);
-        while (!pending.test()) {
-        }
-        pending.wait();
-      }
-      INFO("group of " << p << ", chunk limit " << limit);
-      bool ok = true;
-      for (ts::detail::Index i = 0; i < n; ++i) {
-        const auto k = std::size_t(i);
-        ok &= std::abs(got[k] - want[k]) < 1e-12 && std::abs(later[k] - want[k]) < 1e-12 && got_max[k] == max_want[k];
-        if (p <= 2) ok &= got[k] == mpi[k] && later[k] == mpi[k];  // a op b is b op a
-      }
-      TS_REQUIRE_ALL(ok);
+      f(group, ts::detail::comm_size(group), ts::detail::comm_rank(group), limit);
     }
     ts::detail::set_collective_chunk_limit(INT_MAX);
     MPI_Comm_free(&group);
   }
 }
+}  // namespace
 
+TEST_CASE("reduce-scatter, blocking and non-blocking, equals the serial sum on groups of every size, and equals "
+          "MPI's to the bit on pairs", "[comm]") {
+  on_groups_and_chunk_limits({1, 2, 3}, [](MPI_Comm group, int p, int r, ts::detail::Index limit) {
+    const ts::detail::Index n = 7;
+    const auto m = static_cast<std::size_t>(n);
+    std::vector<double> send(m * std::size_t(p)), want(m), max_want(m, -1e300);
+    for (ts::detail::Index i = 0; i < n * p; ++i) send[std::size_t(i)] = 0.1 * double(i) + 1.0 / double(3 + r) + 1e-3 * r * i;
+    for (int q = 0; q < p; ++q)
+      for (ts::detail::Index i = 0; i < n; ++i) {
+        const double v = 0.1 * double(r * n + i) + 1.0 / double(3 + q) + 1e-3 * q * (r * n + i);
+        want[std::size_t(i)] += v;
+        max_want[std::size_t(i)] = std::max(max_want[std::size_t(i)], v);
+      }
+    std::vector<double> got(m), got_max(m), mpi(m), later(m);
+    ts::detail::reduce_scatter_block(group, send.data(), got.data(), n, ts::ReduceOp::Sum);
+    ts::detail::reduce_scatter_block(group, send.data(), got_max.data(), n, ts::ReduceOp::Max);
+    MPI_Reduce_scatter_block(send.data(), mpi.data(), int(n), MPI_DOUBLE, MPI_SUM, group);
+    {
+      ts::detail::PendingCollective<double> pending;
+      pending.start_reduce_scatter(group, send.data(), later.data(), n);
+      while (!pending.test()) {
+      }
+      pending.wait();
+    }
+    INFO("group of " << p << ", chunk limit " << limit);
+    bool ok = true;
+    for (ts::detail::Index i = 0; i < n; ++i) {
+      const auto k = std::size_t(i);
+      ok &= std::abs(got[k] - want[k]) < 1e-12 && std::abs(later[k] - want[k]) < 1e-12 && got_max[k] == max_want[k];
+      if (p <= 2) ok &= got[k] == mpi[k] && later[k] == mpi[k];  // a op b is b op a
+    }
+    TS_REQUIRE_ALL(ok);
+  });
+}
+
+TEST_CASE("a non-blocking all-gather (ZeRO-3's prefetch) equals the blocking one on groups of every size, in chunks too",
+          "[comm]") {
+  on_groups_and_chunk_limits({1, 2, 3, 4}, [](MPI_Comm group, int p, int r, ts::detail::Index limit) {
+    const ts::detail::Index n = 7;
+    std::vector<double> send(static_cast<std::size_t>(n)), want(static_cast<std::size_t>(n * p));
+    for (ts::detail::Index i = 0; i < n; ++i) send[std::size_t(i)] = 0.5 * double(i) + 100.0 * r + 1.0 / 3;
+    for (int q = 0; q < p; ++q)
+      for (ts::detail::Index i = 0; i < n; ++i) want[std::size_t(q * n + i)] = 0.5 * double(i) + 100.0 * q + 1.0 / 3;
+    std::vector<double> blocking(want.size()), later(want.size(), -1.0);
+    ts::detail::all_gather(group, send.data(), n, blocking.data());
+    {
+      ts::detail::PendingCollective<double> pending;
+      pending.start_all_gather(group, send.data(), n, later.data());
+      TS_REQUIRE_ALL(pending.in_flight() == (p > 1));
+      pending.wait();
+      TS_REQUIRE_ALL(!pending.in_flight());
+    }
+    INFO("group of " << p << ", chunk limit " << limit);
+    TS_REQUIRE_ALL(blocking == want && later == want);
+  });
+}
+
+// Run only on purpose (hidden tag): rank 1 fails a plain REQUIRE and leaves the others waiting in
+// a barrier; the watchdog must end the job. Driven by tests/scripts/expect_quick_failure.cmake.
 TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {
   if (world_rank() == 1 % world_size()) REQUIRE(false);
   MPI_Barrier(MPI_COMM_WORLD);

@@ -1,7 +1,8 @@
-// Non-blocking reductions left in flight while computation goes on (DDP's bucketed gradient
-// all-reduce, ZeRO's reduce-scatter): start() posts the MPI call in chunks of the collective
-// limit, test() lets MPI progress it, wait() completes it and records bytes and time under the
-// operator that started it, with the time spent blocked in wait() apart.
+// Non-blocking collectives left in flight while computation goes on (DDP's bucketed gradient
+// all-reduce, ZeRO's reduce-scatter, ZeRO-3's prefetched parameter gather): start() posts the
+// MPI call in chunks of the collective limit, test() lets MPI progress it, wait() completes it
+// and records bytes and time under the operator that started it, with the time spent blocked
+// in wait() apart.
 #pragma once
 #include <mpi.h>
 
@@ -16,12 +17,12 @@
 namespace tshard::detail {
 
 template <class T>
-class PendingReduction {
+class PendingCollective {
  public:
-  PendingReduction() = default;
-  PendingReduction(const PendingReduction&) = delete;
-  PendingReduction& operator=(const PendingReduction&) = delete;
-  ~PendingReduction() {
+  PendingCollective() = default;
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+  ~PendingCollective() {
     if (!reqs_.empty()) MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
   }
 
@@ -78,7 +79,30 @@ class PendingReduction {
     }
   }
 
-  // Lets MPI progress the reduction; true once it is complete.
+  // recv[i*n .. (i+1)*n) = send of group rank i (send and recv kept by the caller until done).
+  void start_all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
+    begin("all_gather", comm);
+    blocked_ = 0;
+    const int p = comm_size(comm);
+    if (p == 1 || n == 0) {
+      if (n && send != recv) std::copy(send, send + n, recv);
+      return;
+    }
+    moved_ = bytes_of<T>(n) * std::uint64_t(p - 1);
+    const Index limit = collective_chunk_limit();
+    for (Index off = 0; off < n; off += limit) {
+      const Index c = std::min(limit, n - off);
+      reqs_.emplace_back();
+      if (c == n) {
+        MPI_Iallgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm, &reqs_.back());
+      } else {  // chunk `off` of every rank's block; MPI keeps a freed datatype alive while in use
+        StridedBlock<T> block(c, n);
+        MPI_Iallgather(send + off, int(c), mpi_datatype<T>(), recv + off, 1, block.get(), comm, &reqs_.back());
+      }
+    }
+  }
+
+  // Lets MPI progress the collective; true once it is complete.
   // (Time spent inside counts as not hidden: MPI may do the whole transfer in here.)
   bool test() {
     if (reqs_.empty()) return true;
@@ -90,13 +114,13 @@ class PendingReduction {
     return done != 0;
   }
 
-  // Completes the reduction; returns the seconds spent inside MPI for it since start (in
+  // Completes the collective; returns the seconds spent inside MPI for it since start (in
   // test() and here): the part computation did not hide.
   double wait() {
     if (!reqs_.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       {
-        WatchedCall watched("non-blocking reduction (wait)", [] { return current_operator(); });
+        WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
         MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
       }
       blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

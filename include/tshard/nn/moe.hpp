@@ -52,17 +52,16 @@ struct RoutingStats {
 namespace detail {
 
 // GShard's top-2 gating on this rank's whole groups of logits [Gp, S, E] (local, column-major;
-// rows g < groups valid): fills combine and dispatch [Gp, S, E, C] (dispatch may be null: the
-// layer dispatches by the routes), the probabilities and routes, and returns the sum over the
-// groups of E * sum_e density_e * mean-gate_e.
+// rows g < groups valid): fills combine [Gp, S, E, C] (GShard's dispatch mask is its nonzero
+// pattern; the layer dispatches by the routes), the probabilities and routes, and returns the
+// sum over the groups of E * sum_e density_e * mean-gate_e.
 template <class T>
 double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index experts, Index capacity,
                    bool random_routing, std::uint64_t seed, Index first_group, Index row_offset, Index rows_total,
-                   T* combine, T* dispatch, T* probs, Route* routes, T* density, RoutingStats& stats) {
+                   T* combine, T* probs, Route* routes, T* density, RoutingStats& stats) {
   const Index plane = gp * s_len;  // stride of e in [Gp, S, E]
   const Index slot = plane * experts;  // stride of c in [Gp, S, E, C]
   std::fill(combine, combine + slot * capacity, T(0));
-  if (dispatch) std::fill(dispatch, dispatch + slot * capacity, T(0));
   double aux = 0;
   std::vector<Index> count1(static_cast<std::size_t>(experts)), count2(static_cast<std::size_t>(experts));
   std::vector<double> mean_gate(static_cast<std::size_t>(experts));
@@ -121,14 +120,8 @@ double top2_gating(const T* logits, Index gp, Index groups, Index s_len, Index e
       ++stats.assignments;
       if (r.c1 < 0) ++stats.dropped;
       const double p1 = probs[at + plane * r.e1], p2 = r.e2 != r.e1 ? double(probs[at + plane * r.e2]) : 0.0;
-      if (r.c1 >= 0) {
-        combine[at + plane * r.e1 + slot * r.c1] = T(p1 / (p1 + p2));
-        if (dispatch) dispatch[at + plane * r.e1 + slot * r.c1] = T(1);
-      }
-      if (r.c2 >= 0) {
-        combine[at + plane * r.e2 + slot * r.c2] = T(p2 / (p1 + p2));
-        if (dispatch) dispatch[at + plane * r.e2 + slot * r.c2] = T(1);
-      }
+      if (r.c1 >= 0) combine[at + plane * r.e1 + slot * r.c1] = T(p1 / (p1 + p2));
+      if (r.c2 >= 0) combine[at + plane * r.e2 + slot * r.c2] = T(p2 / (p1 + p2));
     }
   }
   return aux;
@@ -276,7 +269,7 @@ class MoE : public Module {
     const double aux = detail::top2_gating<T>(
         logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing && !mb.inference,
         tshard::detail::splitmix64(o_.seed * 1000033 + calls_), lay.offset[0], mb.row_offset, total_groups,
-        combine.data(), nullptr, probs.data(), sv.routes.data(), sv.density.data(), local);
+        combine.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
     sv.slot_token = detail::slot_tokens(sv.routes.data(), sv.shape);
     // The routing's counts and l_aux over every group (split over ExpertAxis).
     double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
@@ -352,7 +345,7 @@ class MoE : public Module {
           gate->density.assign(std::size_t(gp * e), T(0));
           RoutingStats local;
           const double aux = detail::top2_gating<T>(l.data(), gp, lay.valid[0], s_len, e, c, random, seed, lay.offset[0],
-                                                    mb.row_offset, total_groups, comb.data(), nullptr, probs.data(),
+                                                    mb.row_offset, total_groups, comb.data(), probs.data(),
                                                     gate->routes.data(), gate->density.data(), local);
           gate->slot_token = detail::slot_tokens(gate->routes.data(), gate->shape);
           double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};

@@ -59,6 +59,14 @@ struct GradientReductionStats {
   int buckets = 0;  // reduced at step() (not started during backward)
 };
 
+// How ZeRO-3 brought layers' parameters in during the last step, one count per layer use:
+// gathered there and waited for; prefetched (started during the layer before); still present
+// (the layer was used just before, and prefetch kept it); and prefetches never used because
+// the layers ran in another order than the step before (their bytes were moved for nothing).
+struct ParameterGatherStats {
+  int blocking = 0, prefetched = 0, kept = 0, discarded = 0;
+};
+
 namespace detail {
 
 // The registered parameters, their buckets and the update rule; Rule::update<T>(options, t, p,
@@ -179,6 +187,7 @@ class Optimizer {
   // One update of every registered parameter from its gradient's current values.
   void step() {
     finish_reductions();
+    end_parameter_uses();
     ++steps_;
     for (auto& u : updates_) u(options_, steps_);
     for (auto& b : buckets_) b->gather_parameters(false);
@@ -217,6 +226,7 @@ class Optimizer {
   // After parameters were loaded (with gather_parameters() before, under ZeRO-3): stage 3's
   // master chunks are taken from them again.
   void reload_parameters() {
+    for (auto& b : buckets_) b->drop_prefetch();  // (it holds the chunks from before the load)
     for (auto& b : buckets_) b->reload_parameters();
   }
   // The number of updates done, for the bias correction; a resumed run sets it.
@@ -238,6 +248,7 @@ class Optimizer {
     return m;
   }
   const GradientReductionStats& last_reduction() const { return reduction_; }
+  const ParameterGatherStats& last_parameter_gathers() const { return gathers_; }
 
  private:
   std::pair<BucketBase*, int> locate(int i) {
@@ -291,10 +302,62 @@ class Optimizer {
       for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
     };
     if (options_.zero_stage == 3) {
-      hooks.before_use = [bucket] { bucket->gather_parameters(true); };
-      hooks.after_use = [bucket] { bucket->release_parameters(); };
+      hooks.before_use = [this, bucket] { before_use(bucket); };
+      hooks.after_use = [this, bucket] { after_use(bucket); };
     }
     return hooks;
+  }
+
+  // Stage 3. The layers' uses in one step are recorded; with prefetch, a use starts the gather
+  // of the bucket that came next in the previous step's order before completing its own (so
+  // that MPI progresses both while this rank waits), and a bucket used again right after stays
+  // present between the two uses (the last layer's forward and backward, a checkpointed
+  // block's recompute and backward). Once the order differs from the last step's, nothing more
+  // is guessed until step(). Every rank of a data group records the same order, so the
+  // non-blocking gathers start in the same order on each (as MPI requires).
+  void before_use(BucketBase* b) {
+    if (uses_.size() < kMaxRecordedUses) uses_.push_back(b);
+    const std::size_t i = uses_.size();  // this use's position + 1
+    if (options_.prefetch && !diverged_) {
+      if (i > previous_.size() || previous_[i - 1] != b)
+        diverged_ = true;
+      else if (i < previous_.size() && previous_[i] != b && !previous_[i]->kept)
+        previous_[i]->prefetch_parameters();
+    }
+    if (b->kept) {
+      b->kept = false;
+      ++this_gathers_.kept;
+      return;
+    }
+    ++(b->prefetching() ? this_gathers_.prefetched : this_gathers_.blocking);
+    b->gather_parameters(true);
+  }
+  void after_use(BucketBase* b) {
+    const std::size_t i = uses_.size();
+    if (options_.prefetch && !diverged_ && i < previous_.size() && previous_[i] == b && uses_.back() == b) {
+      b->kept = true;
+    } else {
+      b->release_parameters();
+    }
+    if (options_.prefetch)
+      for (auto& other : buckets_) other->test();  // let MPI progress the prefetch in flight
+  }
+  // At step(): the chunks are about to change, so a prefetch never used is completed and
+  // dropped, and every stage-3 parameter leaves memory (one gathered by hand included: read
+  // after the update, it would be stale). This step's order predicts the next one's.
+  void end_parameter_uses() {
+    if (options_.zero_stage != 3) return;
+    for (auto& b : buckets_) {
+      if (b->prefetching()) ++this_gathers_.discarded;
+      b->drop_prefetch();
+      b->kept = false;
+      b->release_parameters();
+    }
+    previous_ = std::move(uses_);
+    uses_.clear();
+    diverged_ = false;
+    gathers_ = this_gathers_;
+    this_gathers_ = {};
   }
 
   // A parameter is updated once: a second registration (the same tensor through two modules,
@@ -430,20 +493,30 @@ class Optimizer {
   std::set<const void*> claimed_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   GradientReductionStats reduction_, this_step_;
+  // Stage 3: the buckets' uses this step and last step, in order; whether this step left it.
+  static constexpr std::size_t kMaxRecordedUses = std::size_t(1) << 16;
+  std::vector<BucketBase*> uses_, previous_;
+  bool diverged_ = false;
+  ParameterGatherStats gathers_, this_gathers_;
 };
 
 }  // namespace detail
 
 // AdamW's settings: the first five in this order (designated initializers: {.lr = 1e-3f, ...}),
 // then weight-update sharding over the mesh axis named data_axis (absent: no data parallelism),
-// and whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
-// overlap). Off by default: with OpenMPI's non-blocking collectives and no progress thread,
-// the overlapped reduction of a transformer's gradients spent 54-209 ms per step inside MPI
-// here against 37-52 ms for the blocking one in step() (bench/run_transformer_step.sh); turn
-// it on where the network progresses transfers on its own.
+// whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
+// overlap), and whether ZeRO-3 prefetches (below). Overlap is off by default: with OpenMPI's
+// non-blocking collectives and no progress thread, the overlapped reduction of a transformer's
+// gradients spent 54-209 ms per step inside MPI here against 37-52 ms for the blocking one in
+// step() (bench/run_transformer_step.sh); turn it on where the network progresses transfers
+// on its own.
 // The settings are doubles, so a double-precision run can follow a reference that writes
 // betas=(0.9, 0.95) exactly; the defaults are the float values they always were (1e-3f, ...),
 // so programs that keep them, or pass floats, compute bitwise what they did.
+// ZeRO-3's prefetch (DeepSpeed's stage3_prefetch_bucket_size and max_reuse_distance, for one
+// layer ahead): a layer's use starts the next layer's parameter gather, non-blocking, in the
+// order of the step before, and a layer used twice in a row keeps its parameters between the
+// two uses. It holds one more layer's parameters at a time; the result is the same bitwise.
 struct AdamWOptions {
   double lr = 1e-3f;
   double beta1 = 0.9f;
@@ -453,6 +526,7 @@ struct AdamWOptions {
   int zero_stage = 0;
   const char* data_axis = "data";
   bool overlap = false;
+  bool prefetch = false;
 };
 
 namespace detail {
@@ -493,6 +567,7 @@ struct SGDOptions {
   int zero_stage = 0;
   const char* data_axis = "data";
   bool overlap = false;
+  bool prefetch = false;  // ZeRO-3's, as AdamW's
 };
 
 namespace detail {

@@ -9,7 +9,10 @@
 //   stage 2  gradients reduce-scattered: each rank receives only its chunk, and the full
 //            gradient's memory goes back to the pool once its reduction has ended
 //   stage 3  as 2, and a layer's parameters exist only between its hooks (gathered just
-//            before its forward or backward, released after); each rank keeps its chunk
+//            before its forward or backward, released after); each rank keeps its chunk.
+//            With prefetch, the next layer's gather is in flight while this one computes
+//            (the order is the previous step's), and a layer used twice in a row stays
+//            present between the two uses
 //
 // A chunk is a 1/N slice of the flattened local block (N the data axis' size), the same
 // slicing whatever the parameter's spec, as DeepSpeed flattens. A parameter already split over
@@ -101,10 +104,17 @@ class BucketBase {
   virtual void zero_grad() = 0;
   virtual double squared_norm() = 0;      // this rank's share of the squared gradient norm
   virtual void scale_gradients(double s) = 0;
-  // All-gather of the updated chunks: of the streamed parameters (stage 3, before use) or of
-  // the others (stages 1 and 2, after the update).
+  // All-gather of the updated chunks: of the streamed parameters (stage 3, before use; this
+  // completes a prefetch in flight) or of the others (stages 1 and 2, after the update).
   virtual void gather_parameters(bool streamed) = 0;
   virtual void release_parameters() = 0;  // stage 3
+  // Stage 3's prefetch: the streamed parameters' gather started, non-blocking, into a staging
+  // buffer while another layer computes; false when there is nothing to gather or one is in
+  // flight already. drop_prefetch() completes one and discards it (the chunks are about to
+  // change: an update or a load).
+  virtual bool prefetch_parameters() = 0;
+  virtual bool prefetching() const = 0;
+  virtual void drop_prefetch() = 0;
   virtual OptimizerMemory memory() const = 0;
   // Checkpoints: state k of slot i as the parameter's whole local block (ZeRO chunks gathered
   // over the data axis: collective over it), and back (each rank keeps its chunk).
@@ -114,6 +124,7 @@ class BucketBase {
   // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
   virtual void reload_parameters() = 0;
   bool started = false;
+  bool kept = false;  // stage 3: left present after a use because this bucket is used next too
 };
 
 template <class T>
@@ -162,6 +173,7 @@ class Bucket : public BucketBase {
   void test() override {
     for (auto& p : pending_)
       if (p->in_flight()) p->test();
+    if (prefetch_ && prefetch_->in_flight()) prefetch_->test();
   }
 
   double finish_reduction() override {
@@ -240,33 +252,37 @@ class Bucket : public BucketBase {
   T* parameter_at(Slot<T>& s, Index i) { return s.streamed ? s.master.get() + (i - s.owned_begin(c_)) : s.param() + i; }
 
   void gather_parameters(bool streamed) override {
-    auto takes = [&](const Slot<T>& s) { return s.sharded && s.streamed == streamed; };
-    Index total = 0;
-    for (auto& s : slots)
-      if (takes(s)) total += s.chunk;
+    if (streamed && prefetch_) {
+      prefetch_->wait();
+      unpack_chunks(true, prefetch_recv_.get(), gathered_elements(true));
+      drop_prefetch();
+      return;
+    }
+    const Index total = gathered_elements(streamed);
     if (total == 0) return;
     tshard::detail::OperatorScope scope("parameter_gather");
-    auto mine = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+    auto mine = pack_owned_chunks(streamed, total);
     auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * n_));
-    T* out = mine.get();
-    for (auto& s : slots) {
-      if (!takes(s)) continue;
-      const Index b = s.owned_begin(c_), e = s.owned_end(c_);
-      const T* p = s.streamed ? s.master.get() : s.param() + b;
-      std::copy(p, p + (e - b), out);
-      std::fill(out + (e - b), out + s.chunk, T(0));
-      out += s.chunk;
-    }
     tshard::detail::all_gather(data_, mine.get(), total, all.get());
-    for (int j = 0; j < n_; ++j) {
-      const T* in = all.get() + Index(j) * total;
-      for (auto& s : slots) {
-        if (!takes(s)) continue;
-        const Index b = std::min(s.size, Index(j) * s.chunk), e = std::min(s.size, Index(j + 1) * s.chunk);
-        std::copy(in, in + (e - b), s.param() + b);
-        in += s.chunk;
-      }
-    }
+    unpack_chunks(streamed, all.get(), total);
+  }
+
+  bool prefetch_parameters() override {
+    const Index total = gathered_elements(true);
+    if (prefetch_ || total == 0) return false;
+    tshard::detail::OperatorScope scope("parameter_gather");
+    prefetch_send_ = pack_owned_chunks(true, total);
+    prefetch_recv_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * n_));
+    prefetch_ = std::make_unique<tshard::detail::PendingCollective<T>>();
+    prefetch_->start_all_gather(data_, prefetch_send_.get(), total, prefetch_recv_.get());
+    return true;
+  }
+  bool prefetching() const override { return prefetch_ != nullptr; }
+  void drop_prefetch() override {
+    if (prefetch_) prefetch_->wait();
+    prefetch_.reset();
+    prefetch_send_.reset();
+    prefetch_recv_.reset();
   }
 
   void release_parameters() override {
@@ -333,9 +349,46 @@ class Bucket : public BucketBase {
   int n_ = 1, c_ = 0, stage_ = 0;
   bool scatter_ = false;
   std::shared_ptr<T> send_, recv_;
-  std::vector<std::unique_ptr<tshard::detail::PendingReduction<T>>> pending_;
+  std::vector<std::unique_ptr<tshard::detail::PendingCollective<T>>> pending_;
   double blocking_seconds_ = 0;
+  std::shared_ptr<T> prefetch_send_, prefetch_recv_;  // (declared first: they outlive prefetch_'s wait)
+  std::unique_ptr<tshard::detail::PendingCollective<T>> prefetch_;  // stage 3: a gather in flight
   static constexpr Index kInPlace = Index(1) << 16;  // elements: reduced alone, without packing
+
+  // The parameters an all-gather of chunks moves: the streamed ones (stage 3) or the others.
+  bool gathers(const Slot<T>& s, bool streamed) const { return s.sharded && s.streamed == streamed; }
+  Index gathered_elements(bool streamed) const {
+    Index total = 0;
+    for (auto& s : slots)
+      if (gathers(s, streamed)) total += s.chunk;
+    return total;
+  }
+  // This rank's chunks of them, packed (each padded to its chunk size).
+  std::shared_ptr<T> pack_owned_chunks(bool streamed, Index total) {
+    auto mine = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+    T* out = mine.get();
+    for (auto& s : slots) {
+      if (!gathers(s, streamed)) continue;
+      const Index b = s.owned_begin(c_), e = s.owned_end(c_);
+      const T* p = s.streamed ? s.master.get() : s.param() + b;
+      std::copy(p, p + (e - b), out);
+      std::fill(out + (e - b), out + s.chunk, T(0));
+      out += s.chunk;
+    }
+    return mine;
+  }
+  // Every rank's packed chunks (rank j's at j * total) back into the parameters.
+  void unpack_chunks(bool streamed, const T* all, Index total) {
+    for (int j = 0; j < n_; ++j) {
+      const T* in = all + Index(j) * total;
+      for (auto& s : slots) {
+        if (!gathers(s, streamed)) continue;
+        const Index b = std::min(s.size, Index(j) * s.chunk), e = std::min(s.size, Index(j + 1) * s.chunk);
+        std::copy(in, in + (e - b), s.param() + b);
+        in += s.chunk;
+      }
+    }
+  }
 
   // One reduction over the data axis: all-reduce in place (recv null) or reduce-scatter.
   void reduce(bool nonblocking, T* send, T* recv, Index n) {
@@ -352,7 +405,7 @@ class Bucket : public BucketBase {
         tshard::detail::all_reduce(data_, send, send, n, ReduceOp::Sum);
       return;
     }
-    pending_.push_back(std::make_unique<tshard::detail::PendingReduction<T>>());
+    pending_.push_back(std::make_unique<tshard::detail::PendingCollective<T>>());
     if (recv)
       pending_.back()->start_reduce_scatter(data_, send, recv, n);
     else
