@@ -197,7 +197,7 @@ class Optimizer {
   }
 
   // ZeRO-3: every parameter present again (to read, gather or save it); each layer releases
-  // its own again after its next use.
+  // its own again after its next use, and step() releases them all (else they would be stale).
   void gather_parameters() {
     for (auto& b : buckets_) b->gather_parameters(true);
   }
