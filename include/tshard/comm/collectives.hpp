@@ -103,9 +103,9 @@ void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   });
 }
 
-// The tag of tshard's own point-to-point reductions (reduce_scatter_pair), apart from the
-// halo and redistribution messages on the same communicators. Both ranks post them in the same
-// order, so MPI's non-overtaking rule matches each with its partner.
+// The tag of tshard's own point-to-point reductions (reduce_scatter_block), apart from the
+// halo and redistribution messages on the same communicators. Every rank posts them in the same
+// order, so MPI's non-overtaking rule matches each with its partner's.
 inline constexpr int kReductionTag = 0x7e5d;
 
 template <class T>
@@ -117,44 +117,83 @@ T reduce_two(ReduceOp op, T a, T b) {
   return a + b;
 }
 
-// Two ranks' reduce-scatter as one exchange: each sends the other's block and combines what
-// comes back with its own. Open MPI 4.1's MPI_Reduce_scatter_block measured 2.1-4.5x slower
-// than this here (bench/run_reduce_scatter.sh: 1 M floats per block, 6.2 against 2.5 ms); for two
-// values a op b is b op a, so the result is MPI's to the bit.
-template <class T>
-void reduce_scatter_pair(MPI_Comm comm, const T* send, T* recv, Index n, Index off, Index c, ReduceOp op) {
-  const int me = comm_rank(comm), other = 1 - me;
-  auto theirs = pooled_array<T>(std::size_t(std::max<Index>(c, 1)));
-  MPI_Sendrecv(send + Index(other) * n + off, int(c), mpi_datatype<T>(), other, kReductionTag, theirs.get(), int(c),
-               mpi_datatype<T>(), other, kReductionTag, comm, MPI_STATUS_IGNORE);
-  const T* mine = send + Index(me) * n + off;
-  const T* got = theirs.get();
-  T* out = recv + off;
-  for (Index i = 0; i < c; ++i) out[i] = reduce_two(op, mine[i], got[i]);
+// The sum order of tshard's reduce-scatter: group rank r's block is
+// ((s[r+1] op s[r+2]) op ... op s[r-1]) op s[r], ranks taken mod p: a ring reduce-scatter's order
+// (each block's partial sum starts at the next rank and ends at its owner), so a ring and the
+// exchange below give the same bits. bfloat16 accumulates in float and is rounded once (a
+// pairwise MPI op rounds after every pair); A is the accumulator, T itself otherwise.
+//   the first contribution (q = r + 1):  acc = x
+template <class A, class T>
+void accumulate_first(A* acc, const T* x, Index c) {
+  for (Index i = 0; i < c; ++i) acc[i] = A(x[i]);
+}
+//   the next ones, r + 2 .. r - 1:        acc = acc op x
+template <class A, class T>
+void accumulate_next(ReduceOp op, A* acc, const T* x, Index c) {
+  for (Index i = 0; i < c; ++i) acc[i] = reduce_two(op, acc[i], A(x[i]));
+}
+//   the last one, r - 1, and the owner's:  out = (acc op x) op own, or x op own on two ranks
+//   (one pass; acc may be out)
+template <class A, class T>
+void accumulate_last(ReduceOp op, const A* acc, const T* x, const T* own, T* out, Index c) {
+  if (!acc) {
+    for (Index i = 0; i < c; ++i) out[i] = T(reduce_two(op, A(x[i]), A(own[i])));
+    return;
+  }
+  for (Index i = 0; i < c; ++i) out[i] = T(reduce_two(op, reduce_two(op, acc[i], A(x[i])), A(own[i])));
 }
 
-// Elements [off, off + c) of each of the p blocks of n in send, one after another.
+// Elements a reduce-scatter moves per message: a segment of a block. The non-blocking form
+// (nonblocking.hpp) stages (p - 1) blocks; this one one segment, reused every round.
 template <class T>
-std::shared_ptr<T> packed_chunks(const T* send, int p, Index n, Index off, Index c) {
-  auto packed = pooled_array<T>(std::size_t(std::max<Index>(c * p, 1)));
-  for (int q = 0; q < p; ++q) std::memcpy(packed.get() + Index(q) * c, send + Index(q) * n + off, bytes_of<T>(c));
-  return packed;
+Index reduction_segment() {
+  return Index(1 << 20) / Index(sizeof(T));  // 1 MiB
 }
 
-// send holds p blocks of n; group rank i receives op over the group of block i.
+// tshard's reduce-scatter, for every group size: in round d = 1 .. p-1 each rank sends its
+// contribution to rank r - d's block straight to it and receives rank r + d's contribution to
+// its own, adding it at once. The bytes are a ring's ((p - 1) blocks each way) and so is the sum
+// order, but no message waits for another rank's sum. Open MPI 4.1's MPI_Reduce_scatter_block
+// reduces onto one rank and scatters: on a 16-core node it measured 1.9-3.6x slower than this
+// exchange (summing at the end) on 2-16 ranks, slower than an all-reduce of the whole buffer
+// (bench/run_reduce_scatter.sh). For two ranks a op b is b op a: the one exchange it always was.
+// send and recv do not overlap.
+template <class T>
+void reduce_scatter_exchange(MPI_Comm comm, const T* send, T* recv, Index n, Index off, Index c, ReduceOp op) {
+  using A = accumulator_t<T>;
+  const int p = comm_size(comm), me = comm_rank(comm);
+  const Index seg = std::min(c, reduction_segment<T>());
+  auto incoming = pooled_array<T>(std::size_t(std::max<Index>(seg, 1)));
+  std::shared_ptr<A> own_acc;  // bfloat16's float sums (others sum in recv itself)
+  if constexpr (!std::is_same_v<A, T>) own_acc = pooled_array<A>(std::size_t(std::max<Index>(seg, 1)));
+  for (Index so = off; so < off + c; so += seg) {
+    const Index sc = std::min(seg, off + c - so);
+    A* acc;
+    if constexpr (std::is_same_v<A, T>)
+      acc = recv + so;
+    else
+      acc = own_acc.get();
+    for (int d = 1; d < p; ++d) {
+      const int to = (me - d + p) % p, from = (me + d) % p;
+      MPI_Sendrecv(send + Index(to) * n + so, int(sc), mpi_datatype<T>(), to, kReductionTag, incoming.get(), int(sc),
+                   mpi_datatype<T>(), from, kReductionTag, comm, MPI_STATUS_IGNORE);
+      if (d + 1 == p)
+        accumulate_last(op, d == 1 ? nullptr : acc, incoming.get(), send + Index(me) * n + so, recv + so, sc);
+      else if (d == 1)
+        accumulate_first(acc, incoming.get(), sc);
+      else
+        accumulate_next(op, acc, incoming.get(), sc);
+    }
+  }
+}
+
+// send holds p blocks of n; group rank i receives op over the group of block i (in the ring's order).
 template <class T>
 void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = reduce_scatter_traffic(bytes_of<T>(c), p);
     CollectiveTimer t("reduce_scatter", tr.sent, tr.received);
-    if (p == 2) {
-      reduce_scatter_pair(comm, send, recv, n, off, c, op);
-    } else if (c == n) {
-      MPI_Reduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op<T>(op), comm);
-    } else {  // MPI reduces intrinsic types only: the chunk of every block packed together
-      const auto packed = packed_chunks(send, p, n, off, c);
-      MPI_Reduce_scatter_block(packed.get(), recv + off, int(c), mpi_datatype<T>(), mpi_op<T>(op), comm);
-    }
+    reduce_scatter_exchange(comm, send, recv, n, off, c, op);
   });
 }
 

@@ -28,11 +28,7 @@ class PendingCollective {
 
   // data = sum over the group of data, in place.
   void start_all_reduce(MPI_Comm comm, T* data, Index n) {
-    begin("all_reduce", comm);
-    blocked_ = 0;
-    const int p = comm_size(comm);
-    if (p == 1 || n == 0) return;
-    moved_ = 2 * bytes_of<T>(n) * (p - 1) / p;
+    if (!begin("all_reduce", comm, data, data, n, 2 * bytes_of<T>(n) * (comm_size(comm) - 1) / comm_size(comm))) return;
     for (Index off = 0; off < n; off += collective_chunk_limit()) {
       const Index c = std::min(collective_chunk_limit(), n - off);
       reqs_.emplace_back();
@@ -40,55 +36,36 @@ class PendingCollective {
     }
   }
 
-  // send holds p blocks of n; group rank i receives the sum of block i into recv.
+  // send holds p blocks of n; group rank i receives the sum of block i into recv. The exchange
+  // of collectives.hpp's reduce_scatter_exchange with every message in flight at once, summed
+  // in the same order when it completes: the blocking form's bits. It stages the p - 1 other
+  // ranks' contributions to this rank's block, (p - 1) n elements, until then.
   void start_reduce_scatter(MPI_Comm comm, const T* send, T* recv, Index n) {
-    begin("reduce_scatter", comm);
-    blocked_ = 0;
     const int p = comm_size(comm);
-    if (p == 1 || n == 0) {
-      if (n && send != recv) std::copy(send, send + n, recv);
-      return;
-    }
-    moved_ = bytes_of<T>(n) * (p - 1);
+    if (!begin("reduce_scatter", comm, send, recv, n, bytes_of<T>(n) * std::uint64_t(p - 1))) return;
+    const int me = comm_rank(comm);
+    staged_ = pooled_array<T>(std::size_t(n) * std::size_t(p - 1));
+    mine_ = send + Index(me) * n;
+    out_ = recv;
+    count_ = n;
+    me_ = me;
+    p_ = p;
     const Index limit = collective_chunk_limit();
-    if (p == 2) {  // one exchange, combined when it completes (collectives.hpp: reduce_scatter_pair)
-      const int me = comm_rank(comm), other = 1 - me;
-      theirs_ = pooled_array<T>(std::size_t(n));
-      mine_ = send + Index(me) * n;
-      out_ = recv;
-      count_ = n;
-      for (Index off = 0; off < n; off += limit) {
-        const Index c = std::min(limit, n - off);
-        reqs_.emplace_back();
-        MPI_Irecv(theirs_.get() + off, int(c), mpi_datatype<T>(), other, kReductionTag, comm, &reqs_.back());
-        reqs_.emplace_back();
-        MPI_Isend(send + Index(other) * n + off, int(c), mpi_datatype<T>(), other, kReductionTag, comm, &reqs_.back());
-      }
-      return;
-    }
     for (Index off = 0; off < n; off += limit) {
       const Index c = std::min(limit, n - off);
-      reqs_.emplace_back();
-      if (c == n) {
-        MPI_Ireduce_scatter_block(send, recv, int(c), mpi_datatype<T>(), mpi_op<T>(ReduceOp::Sum), comm, &reqs_.back());
-      } else {  // MPI reduces intrinsic types only: the chunk of every block packed together
-        packed_.push_back(packed_chunks(send, p, n, off, c));
-        MPI_Ireduce_scatter_block(packed_.back().get(), recv + off, int(c), mpi_datatype<T>(), mpi_op<T>(ReduceOp::Sum), comm,
-                                  &reqs_.back());
+      for (int d = 1; d < p; ++d) {
+        const int to = (me - d + p) % p, from = (me + d) % p;
+        reqs_.emplace_back();
+        MPI_Irecv(staged(from) + off, int(c), mpi_datatype<T>(), from, kReductionTag, comm, &reqs_.back());
+        reqs_.emplace_back();
+        MPI_Isend(send + Index(to) * n + off, int(c), mpi_datatype<T>(), to, kReductionTag, comm, &reqs_.back());
       }
     }
   }
 
   // recv[i*n .. (i+1)*n) = send of group rank i (send and recv kept by the caller until done).
   void start_all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
-    begin("all_gather", comm);
-    blocked_ = 0;
-    const int p = comm_size(comm);
-    if (p == 1 || n == 0) {
-      if (n && send != recv) std::copy(send, send + n, recv);
-      return;
-    }
-    moved_ = bytes_of<T>(n) * std::uint64_t(p - 1);
+    if (!begin("all_gather", comm, send, recv, n, bytes_of<T>(n) * std::uint64_t(comm_size(comm) - 1))) return;
     const Index limit = collective_chunk_limit();
     for (Index off = 0; off < n; off += limit) {
       const Index c = std::min(limit, n - off);
@@ -133,31 +110,53 @@ class PendingCollective {
   bool in_flight() const { return !reqs_.empty(); }
 
  private:
-  void begin(const char* kind, MPI_Comm) {
+  // What every start shares: the label and clock of this collective, and, on one rank or with
+  // nothing to move, the copy that is all of it. False when there is nothing to post.
+  bool begin(const char* kind, MPI_Comm comm, const T* send, T* recv, Index n, std::uint64_t moved) {
     kind_ = kind;
     op_ = current_operator();
-    moved_ = 0;
     start_ = std::chrono::steady_clock::now();
+    blocked_ = 0;
+    if (comm_size(comm) == 1 || n == 0) {
+      moved_ = 0;
+      if (n && send != recv) std::copy(send, send + n, recv);
+      return false;
+    }
+    moved_ = moved;
+    return true;
   }
+  // Rank q's contribution (q != me_): slot (q - me_) mod p - 1, the round it came in.
+  T* staged(int q) const { return staged_.get() + Index((q - me_ + p_) % p_ - 1) * count_; }
   void finish(double) {
     reqs_.clear();
-    packed_.clear();
-    if (out_) {  // a pair's reduce-scatter: its own block plus the partner's
-      const T* got = theirs_.get();
-      for (Index i = 0; i < count_; ++i) out_[i] = mine_[i] + got[i];
+    if (out_) {  // a reduce-scatter: this rank's block, summed in the blocking form's order
+      using A = accumulator_t<T>;
+      std::shared_ptr<A> sums;
+      A* acc;
+      if constexpr (std::is_same_v<A, T>) {
+        acc = out_;
+      } else {
+        sums = pooled_array<A>(std::size_t(count_));
+        acc = sums.get();
+      }
+      if (p_ > 2) accumulate_first(acc, staged((me_ + 1) % p_), count_);
+      for (int d = 2; d + 1 < p_; ++d) accumulate_next(ReduceOp::Sum, acc, staged((me_ + d) % p_), count_);
+      accumulate_last(ReduceOp::Sum, p_ > 2 ? acc : nullptr, staged((me_ + p_ - 1) % p_), mine_, out_, count_);
       out_ = nullptr;
-      theirs_.reset();
+      staged_.reset();
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     record_collective(op_, kind_, moved_, moved_, s);
   }
 
   std::vector<MPI_Request> reqs_;
-  std::vector<std::shared_ptr<T>> packed_;  // chunks of a reduce-scatter, packed (kept until done)
-  std::shared_ptr<T> theirs_;   // a pair's reduce-scatter: the partner's share of my block
-  const T* mine_ = nullptr;     // my share of it (in the caller's send buffer)
+  // A reduce-scatter's other ranks' contributions to this rank's block, this rank's own (in
+  // the caller's send buffer) and where their sum goes.
+  std::shared_ptr<T> staged_;
+  const T* mine_ = nullptr;
   T* out_ = nullptr;
   Index count_ = 0;
+  int me_ = 0, p_ = 1;
   const char* kind_ = "";
   std::string op_;
   std::uint64_t moved_ = 0;

@@ -254,7 +254,7 @@ class Bucket : public BucketBase {
   void gather_parameters(bool streamed) override {
     if (streamed && prefetch_) {
       prefetch_->wait();
-      unpack_chunks(true, prefetch_recv_.get(), gathered_elements(true));
+      unpack_chunks(true, prefetch_recv_.get(), prefetch_total_);
       drop_prefetch();
       return;
     }
@@ -271,6 +271,7 @@ class Bucket : public BucketBase {
     const Index total = gathered_elements(true);
     if (prefetch_ || total == 0) return false;
     tshard::detail::OperatorScope scope("parameter_gather");
+    prefetch_total_ = total;
     prefetch_send_ = pack_owned_chunks(true, total);
     prefetch_recv_ = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * n_));
     prefetch_ = std::make_unique<tshard::detail::PendingCollective<T>>();
@@ -352,6 +353,7 @@ class Bucket : public BucketBase {
   std::vector<std::unique_ptr<tshard::detail::PendingCollective<T>>> pending_;
   double blocking_seconds_ = 0;
   std::shared_ptr<T> prefetch_send_, prefetch_recv_;  // (declared first: they outlive prefetch_'s wait)
+  Index prefetch_total_ = 0;  // elements of each rank's packed chunks in the prefetch
   std::unique_ptr<tshard::detail::PendingCollective<T>> prefetch_;  // stage 3: a gather in flight
   static constexpr Index kInPlace = Index(1) << 16;  // elements: reduced alone, without packing
 
