@@ -1,7 +1,9 @@
 // Sharded operators against serial references computed with Eigen on the gathered inputs, on
 // every 2-D mesh of the world size, for a representative set of input specs (every per-dim case
 // of the propagation rules), with uneven shapes.
+#include <algorithm>
 #include <map>
+#include <numeric>
 
 #include "test_support.hpp"
 
@@ -542,4 +544,117 @@ TEST_CASE("forbidding implicit communication makes a misaligned operator a SpecE
     TS_REQUIRE_ALL(aligned_ok && sliced_ok);
     TS_REQUIRE_ALL(refused || sizes[0] == 1);
   });
+}
+
+// The local kernels walk their blocks in runs as long as the layouts allow (leading dims merged);
+// each element must still be read from, and written to, where a per-element walk puts it.
+namespace {
+using tshard::detail::Extents;
+using tshard::detail::Index;
+
+Index column_major_offset(const Extents& i, const Extents& dims, int rank) {
+  Index o = 0;
+  for (int d = rank - 1; d >= 0; --d) o = o * dims[d] + i[d];
+  return o;
+}
+
+template <class F>
+void for_every_index(const Extents& dims, int rank, F&& f) {
+  Extents i{};
+  for (Index n = tshard::detail::volume(dims, rank), k = 0; k < n; ++k) {
+    f(i);
+    for (int d = 0; d < rank && ++i[d] == dims[d]; ++d) i[d] = 0;
+  }
+}
+}  // namespace
+
+TEST_CASE("local kernels in merged runs: broadcasts, reductions and GEMM packing equal a per-element walk", "[ops]") {
+  namespace td = tshard::detail;
+  std::mt19937 rng(2026);
+  auto pick = [&](int lo, int hi) { return int(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  auto values = [&](Index n) {  // small integers: every sum is exact in any order
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = float(pick(-8, 8));
+    return v;
+  };
+  int broadcasts = 0, merged_reductions = 0, merged_packs = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int rank = pick(1, 5);
+    Extents out{}, ae{}, be{};
+    for (int d = 0; d < rank; ++d) {
+      out[d] = pick(1, 4);
+      ae[d] = pick(0, 2) == 0 ? 1 : out[d];  // [B, T, D] against [B, T, 1], [1, 1, D], ...
+      be[d] = pick(0, 2) == 0 ? 1 : out[d];
+    }
+    const auto a = values(td::volume(ae, rank)), b = values(td::volume(be, rank));
+    std::vector<float> got(static_cast<std::size_t>(td::volume(out, rank)));
+    const auto kind = static_cast<td::BinaryKind>(pick(0, 2));
+    td::binary_kernel<float>(kind, got.data(), out, a.data(), ae, 1.f, b.data(), be, 2.f, rank);
+    bool same = true;
+    for_every_index(out, rank, [&](const Extents& i) {
+      Extents ia{}, ib{};
+      for (int d = 0; d < rank; ++d) ia[d] = ae[d] == 1 ? 0 : i[d], ib[d] = be[d] == 1 ? 0 : i[d];
+      const float x = a[std::size_t(column_major_offset(ia, ae, rank))], y = 2.f * b[std::size_t(column_major_offset(ib, be, rank))];
+      const float want = kind == td::BinaryKind::Add ? x + y : kind == td::BinaryKind::Sub ? x - y : x * y;
+      same &= got[std::size_t(column_major_offset(i, out, rank))] == want;
+    });
+    broadcasts += ae != out || be != out;
+    REQUIRE(same);
+
+    // A padded block reduced over some dims into an output whose kept dims may be padded too.
+    td::ShardLayout l;
+    l.rank = rank;
+    std::array<bool, td::kMaxRank> reduced{};
+    Extents op_ext{};
+    int out_rank = 0;
+    for (int d = 0; d < rank; ++d) {
+      l.valid[d] = pick(1, 4);
+      l.padded[d] = l.valid[d] + (pick(0, 3) == 0 ? 1 : 0);
+      reduced[d] = pick(0, 1) == 1;
+      if (!reduced[d]) op_ext[out_rank++] = l.valid[d] + (pick(0, 3) == 0 ? 1 : 0);
+    }
+    const auto in = values(l.padded_size());
+    const auto op = pick(0, 1) == 0 ? ts::ReduceOp::Sum : ts::ReduceOp::Max;
+    std::vector<float> sums(static_cast<std::size_t>(td::volume(op_ext, out_rank)), -1.f);
+    td::reduce_into<float, float>(op, in.data(), l, reduced, sums.data(), op_ext, out_rank);
+    std::vector<float> want(sums.size(), td::reduce_identity<float>(op));
+    for_every_index(l.valid, rank, [&](const Extents& i) {
+      Extents o{};
+      for (int d = 0, k = 0; d < rank; ++d)
+        if (!reduced[d]) o[k++] = i[d];
+      auto& w = want[std::size_t(column_major_offset(o, op_ext, out_rank))];
+      w = td::combine(op, w, in[std::size_t(column_major_offset(i, l.padded, rank))]);
+    });
+    merged_reductions += rank > 1 && !reduced[0] && !reduced[1] && l.valid[0] == l.padded[0] && l.valid[0] == op_ext[0];
+    REQUIRE(sums == want);
+
+    // GEMM packing in a random dim order, and back: adjacent dims in order merge.
+    std::array<int, td::kMaxRank> order{};
+    std::iota(order.begin(), order.begin() + rank, 0);
+    if (pick(0, 1)) std::shuffle(order.begin(), order.begin() + rank, rng);
+    std::vector<float> packed(static_cast<std::size_t>(l.valid_size())), back(in.size(), 0.f);
+    td::permuted_copy<true>(l, order, rank, in.data(), packed.data());
+    Extents pe{};
+    for (int k = 0; k < rank; ++k) pe[k] = l.valid[order[k]];
+    bool packs = true;
+    for_every_index(pe, rank, [&](const Extents& p) {
+      Extents i{};
+      for (int k = 0; k < rank; ++k) i[order[k]] = p[k];
+      packs &= packed[std::size_t(column_major_offset(p, pe, rank))] == in[std::size_t(column_major_offset(i, l.padded, rank))];
+    });
+    REQUIRE(packs);
+    td::permuted_copy<false>(l, order, rank, packed.data(), back.data());
+    bool unpacks = true;
+    for_every_index(l.padded, rank, [&](const Extents& i) {
+      bool valid = true;
+      for (int d = 0; d < rank; ++d) valid &= i[d] < l.valid[d];
+      const auto at = std::size_t(column_major_offset(i, l.padded, rank));
+      unpacks &= back[at] == (valid ? in[at] : 0.f);  // padding is never written
+    });
+    merged_packs += rank > 1 && order[1] == order[0] + 1 && l.valid[order[0]] == l.padded[order[0]];
+    REQUIRE(unpacks);
+  }
+  CHECK(broadcasts > 100);  // the cases the merging is for came up
+  CHECK(merged_reductions > 20);
+  CHECK(merged_packs > 20);
 }

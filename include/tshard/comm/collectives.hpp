@@ -142,6 +142,17 @@ void accumulate_last(ReduceOp op, const A* acc, const T* x, const T* own, T* out
   }
   for (Index i = 0; i < c; ++i) out[i] = T(reduce_two(op, reduce_two(op, acc[i], A(x[i])), A(own[i])));
 }
+// Round d = 1 .. p-1, which brings rank r + d's contribution x: the one schedule the blocking
+// exchange and the non-blocking form's finish() both follow. acc is unused on two ranks.
+template <class A, class T>
+void accumulate_round(ReduceOp op, int d, int p, A* acc, const T* x, const T* own, T* out, Index c) {
+  if (d + 1 == p)
+    accumulate_last(op, d == 1 ? nullptr : acc, x, own, out, c);
+  else if (d == 1)
+    accumulate_first(acc, x, c);
+  else
+    accumulate_next(op, acc, x, c);
+}
 
 // Elements a reduce-scatter moves per message: a segment of a block. The non-blocking form
 // (nonblocking.hpp) stages (p - 1) blocks; this one one segment, reused every round.
@@ -164,8 +175,9 @@ void reduce_scatter_exchange(MPI_Comm comm, const T* send, T* recv, Index n, Ind
   const int p = comm_size(comm), me = comm_rank(comm);
   const Index seg = std::min(c, reduction_segment<T>());
   auto incoming = pooled_array<T>(std::size_t(std::max<Index>(seg, 1)));
-  std::shared_ptr<A> own_acc;  // bfloat16's float sums (others sum in recv itself)
-  if constexpr (!std::is_same_v<A, T>) own_acc = pooled_array<A>(std::size_t(std::max<Index>(seg, 1)));
+  std::shared_ptr<A> own_acc;  // bfloat16's float sums on more than two ranks (others sum in recv itself)
+  if constexpr (!std::is_same_v<A, T>)
+    if (p > 2) own_acc = pooled_array<A>(std::size_t(std::max<Index>(seg, 1)));
   for (Index so = off; so < off + c; so += seg) {
     const Index sc = std::min(seg, off + c - so);
     A* acc;
@@ -177,12 +189,7 @@ void reduce_scatter_exchange(MPI_Comm comm, const T* send, T* recv, Index n, Ind
       const int to = (me - d + p) % p, from = (me + d) % p;
       MPI_Sendrecv(send + Index(to) * n + so, int(sc), mpi_datatype<T>(), to, kReductionTag, incoming.get(), int(sc),
                    mpi_datatype<T>(), from, kReductionTag, comm, MPI_STATUS_IGNORE);
-      if (d + 1 == p)
-        accumulate_last(op, d == 1 ? nullptr : acc, incoming.get(), send + Index(me) * n + so, recv + so, sc);
-      else if (d == 1)
-        accumulate_first(acc, incoming.get(), sc);
-      else
-        accumulate_next(op, acc, incoming.get(), sc);
+      accumulate_round(op, d, p, acc, incoming.get(), send + Index(me) * n + so, recv + so, sc);
     }
   }
 }

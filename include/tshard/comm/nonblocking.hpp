@@ -135,13 +135,11 @@ class PendingCollective {
       A* acc;
       if constexpr (std::is_same_v<A, T>) {
         acc = out_;
-      } else {
-        sums = pooled_array<A>(std::size_t(count_));
+      } else {  // bfloat16 on more than two ranks sums in float
+        if (p_ > 2) sums = pooled_array<A>(std::size_t(count_));
         acc = sums.get();
       }
-      if (p_ > 2) accumulate_first(acc, staged((me_ + 1) % p_), count_);
-      for (int d = 2; d + 1 < p_; ++d) accumulate_next(ReduceOp::Sum, acc, staged((me_ + d) % p_), count_);
-      accumulate_last(ReduceOp::Sum, p_ > 2 ? acc : nullptr, staged((me_ + p_ - 1) % p_), mine_, out_, count_);
+      for (int d = 1; d < p_; ++d) accumulate_round(ReduceOp::Sum, d, p_, acc, staged((me_ + d) % p_), mine_, out_, count_);
       out_ = nullptr;
       staged_.reset();
     }

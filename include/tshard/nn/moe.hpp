@@ -260,24 +260,9 @@ class MoE : public Module {
     sv = Saved{};
     Mask combine(mesh_, {groups, s_len, e, c});
     ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> probs(mesh_, {groups, s_len, e});
-    const auto& lay = tshard::detail::layout_of(logits);
-    const Eigen::Index gp = lay.padded[0];
-    sv.shape = routing_shape(lay, s_len, c);
-    sv.routes.assign(std::size_t(gp * s_len), detail::Route{});
-    sv.density.assign(std::size_t(gp * e), T(0));
-    RoutingStats local;
-    const double aux = detail::top2_gating<T>(
-        logits.data(), gp, lay.valid[0], s_len, e, c, o_.random_routing && !mb.inference,
-        tshard::detail::splitmix64(o_.seed * 1000033 + calls_), lay.offset[0], mb.row_offset, total_groups,
-        combine.data(), probs.data(), sv.routes.data(), sv.density.data(), local);
-    sv.slot_token = detail::slot_tokens(sv.routes.data(), sv.shape);
-    // The routing's counts and l_aux over every group (split over ExpertAxis).
-    double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
-    tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums, all, 3,
-                               ReduceOp::Sum);
-    sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
-    sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
-    sv.aux_grad = o_.aux_weight / double(total_groups);
+    route(logits.data(), tshard::detail::layout_of(logits), s_len, c, o_.random_routing && !mb.inference,
+          tshard::detail::splitmix64(o_.seed * 1000033 + calls_), mb, groups, total_groups, combine.data(),
+          probs.data(), sv, sv);
 
     // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split.
     Slots dispatched(mesh_, {groups, c, o_.dmodel, e});
@@ -320,13 +305,8 @@ class MoE : public Module {
     const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
     using Probs = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>;
     // What the gate's backward, dispatch and combine need, shared by their forwards and backwards.
-    struct Gate {
+    struct Gate : Routes {
       std::optional<Probs> probs;
-      detail::RoutingShape shape;
-      std::vector<detail::Route> routes;
-      std::vector<std::int32_t> slot_token;
-      std::vector<T> density;
-      double aux_grad = 0;
     };
     auto gate = std::make_shared<Gate>();
     Saved& sv = saved_.current();
@@ -338,22 +318,8 @@ class MoE : public Module {
         [&](const auto& l) {
           Mask comb(mesh_, {groups, s_len, e, c});
           Probs probs(mesh_, {groups, s_len, e});
-          const auto& lay = tshard::detail::layout_of(l);
-          const Eigen::Index gp = lay.padded[0];
-          gate->shape = routing_shape(lay, s_len, c);
-          gate->routes.assign(std::size_t(gp * s_len), detail::Route{});
-          gate->density.assign(std::size_t(gp * e), T(0));
-          RoutingStats local;
-          const double aux = detail::top2_gating<T>(l.data(), gp, lay.valid[0], s_len, e, c, random, seed, lay.offset[0],
-                                                    mb.row_offset, total_groups, comb.data(), probs.data(),
-                                                    gate->routes.data(), gate->density.data(), local);
-          gate->slot_token = detail::slot_tokens(gate->routes.data(), gate->shape);
-          double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
-          tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums,
-                                     all, 3, ReduceOp::Sum);
-          sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
-          sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
-          gate->aux_grad = o_.aux_weight / double(total_groups);
+          route(l.data(), tshard::detail::layout_of(l), s_len, c, random, seed, mb, groups, total_groups, comb.data(),
+                probs.data(), *gate, sv);
           gate->probs.emplace(std::move(probs));
           return comb;
         },
@@ -450,21 +416,47 @@ class MoE : public Module {
             .c = c};
   }
 
-  struct Saved {
+  // What the gate decided in one forward, which dispatch, combine and the gate's backward read.
+  struct Routes {
+    detail::RoutingShape shape;
+    std::vector<detail::Route> routes;
+    std::vector<std::int32_t> slot_token;
+    std::vector<T> density;
+    double aux_grad = 0;  // d(objective)/d(l_aux) of each group
+  };
+  struct Saved : Routes {
     std::optional<X> x;
     std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>> probs;
     std::optional<Mask> combine;
     std::optional<ShardedTensor<T, M, ExpertSplit>> xe;
     std::optional<ShardedTensor<T, M, Spec<R, R, S<Model>, S<ExpertAxis>>>> h;
     std::optional<Slots> yg;
-    detail::RoutingShape shape;
-    std::vector<detail::Route> routes;
-    std::vector<std::int32_t> slot_token;
-    std::vector<T> density;
     RoutingStats routing;
     T aux_term = T(0);
-    double aux_grad = 0;
   };
+
+  // The top-2 gate over this rank's logits (layout lay, [G, S, E]): fills combine and probs
+  // ([G, S, E, C] and [G, S, E] blocks), the routes, and the routing's counts and auxiliary term
+  // over every group (an all-reduce over the groups' axes) in sv. forward() and operator() share it.
+  void route(const T* logits, const tshard::detail::ShardLayout& lay, Eigen::Index s_len, Eigen::Index c, bool random,
+             std::uint64_t seed, const MicroBatch& mb, Eigen::Index groups, Eigen::Index total_groups, T* combine,
+             T* probs, Routes& r, Saved& sv) {
+    const Eigen::Index gp = lay.padded[0], e = o_.experts;
+    r.shape = routing_shape(lay, s_len, c);
+    r.routes.assign(std::size_t(gp * s_len), detail::Route{});
+    r.density.assign(std::size_t(gp * e), T(0));
+    RoutingStats local;
+    const double aux = detail::top2_gating<T>(logits, gp, lay.valid[0], s_len, e, c, random, seed, lay.offset[0],
+                                              mb.row_offset, total_groups, combine, probs, r.routes.data(),
+                                              r.density.data(), local);
+    r.slot_token = detail::slot_tokens(r.routes.data(), r.shape);
+    double sums[3] = {double(local.assignments), double(local.dropped), aux}, all[3] = {0, 0, 0};
+    tshard::detail::all_reduce(tshard::detail::state_of(mesh_)->group_of_mask(X::spec_desc.split_axes()), sums, all, 3,
+                               ReduceOp::Sum);
+    sv.routing = RoutingStats{std::int64_t(all[0]), std::int64_t(all[1]), all[2] / double(groups)};
+    sv.aux_term = T(o_.aux_weight * all[2] / double(total_groups));
+    r.aux_grad = o_.aux_weight / double(total_groups);
+  }
 
   M mesh_;
   MoEOptions o_;

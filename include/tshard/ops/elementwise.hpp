@@ -108,34 +108,47 @@ inline Extents broadcast_shape(const Extents& a, const Extents& b, int rank, con
 // ---- the local engine: runs of the output with each operand's offset and inner stride ----
 
 // Calls f(out_offset, offsets, inner_strides, length) over the output's padded block (extents
-// `out`) in runs along dim 0; an operand whose extent is 1 where the output's is not is read
-// with stride 0 along that dim (broadcast). Without broadcasting the whole block is one run.
+// `out`) in runs; an operand whose extent is 1 where the output's is not is read with stride 0
+// along that dim (broadcast). A run spans the leading dims across which every operand is read
+// either contiguously or as one broadcast element (inner stride 1 or 0): [B, T, D] x [B, T, 1]
+// runs over B T, not B. Without broadcasting the whole block is one run.
 template <std::size_t N, class F>
 void for_each_broadcast_run(const Extents& out, int rank, const std::array<Extents, N>& in, F&& f) {
   const Index n = volume(out, rank);
   if (n == 0) return;
+  enum Read : unsigned char { Unknown, Contiguous, Broadcast };
+  std::array<Read, N> read{};
+  int first = 0;  // dims [0, first) form the run
+  for (; first < rank; ++first) {
+    if (out[first] == 1) continue;  // merges whatever the operands do
+    std::array<Read, N> next = read;
+    bool merges = true;
+    for (std::size_t j = 0; j < N; ++j) {
+      const Read r = in[j][first] == out[first] ? Contiguous : Broadcast;
+      merges &= next[j] == Unknown || next[j] == r;
+      next[j] = r;
+    }
+    if (!merges) break;
+    read = next;
+  }
+  std::array<Index, N> off{}, inner{};
+  for (std::size_t j = 0; j < N; ++j) inner[j] = read[j] == Broadcast ? 0 : 1;
+  if (first >= rank) return f(Index(0), off, inner, n);
   std::array<Extents, N> stride{};
-  bool broadcast = false;
   for (std::size_t j = 0; j < N; ++j)
     for (Index d = 0, t = 1; d < rank; ++d) {
       stride[j][d] = in[j][d] == out[d] ? t : 0;
-      broadcast |= in[j][d] != out[d];
       t *= in[j][d];
     }
-  std::array<Index, N> off{}, inner{};
-  if (!broadcast) {
-    inner.fill(1);
-    return f(Index(0), off, inner, n);
-  }
-  for (std::size_t j = 0; j < N; ++j) inner[j] = stride[j][0];
+  const Index run = volume(out, first);
   Extents i{};
-  for (Index o = 0;; o += out[0]) {
+  for (Index o = 0;; o += run) {
     for (std::size_t j = 0; j < N; ++j) {
       off[j] = 0;
-      for (int d = 1; d < rank; ++d) off[j] += i[d] * stride[j][d];
+      for (int d = first; d < rank; ++d) off[j] += i[d] * stride[j][d];
     }
-    f(o, off, inner, out[0]);
-    int d = 1;
+    f(o, off, inner, run);
+    int d = first;
     for (; d < rank; ++d) {
       if (++i[d] < out[d]) break;
       i[d] = 0;

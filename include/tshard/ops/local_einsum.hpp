@@ -29,12 +29,23 @@ void permuted_copy(const ShardLayout& l, const std::array<int, kMaxRank>& order,
     stride[d] = s;
     s *= l.padded[d];
   }
-  for (int i = 0; i < rank; ++i) ext[i] = l.valid[order[i]];
-  const Index inner = ext[0], inner_stride = stride[order[0]];
+  // Dims that stay adjacent in `order`, the lower one held whole, merge into one: longer runs.
+  Extents from_stride{};
+  int n = 0;
+  for (int k = 0; k < rank; ++k) {
+    const int d = order[k];
+    if (n > 0 && d == order[k - 1] + 1 && l.valid[d - 1] == l.padded[d - 1]) {
+      ext[n - 1] *= l.valid[d];
+      continue;
+    }
+    ext[n] = l.valid[d];
+    from_stride[n++] = stride[d];
+  }
+  const Index inner = ext[0], inner_stride = from_stride[0];
   Extents i{};
   for (Index run = 0;; run += inner) {
     Index base = 0;
-    for (int k = 1; k < rank; ++k) base += i[k] * stride[order[k]];
+    for (int k = 1; k < n; ++k) base += i[k] * from_stride[k];
     const Index src = Pack ? base : run, dst = Pack ? run : base;
     if (inner_stride == 1)
       std::copy(from + src, from + src + inner, to + dst);
@@ -46,11 +57,11 @@ void permuted_copy(const ShardLayout& l, const std::array<int, kMaxRank>& order,
           to[base + x * inner_stride] = from[run + x];
       }
     int k = 1;
-    for (; k < rank; ++k) {
+    for (; k < n; ++k) {
       if (++i[k] < ext[k]) break;
       i[k] = 0;
     }
-    if (k >= rank) return;
+    if (k >= n) return;
   }
 }
 

@@ -53,9 +53,17 @@ void reduce_into(ReduceOp op, const T* in, const ShardLayout& l, const std::arra
       s *= op_ext[k++];
     }
   }
-  const Index run = l.valid[0];
-  for_each_index(l.valid, 1, l.rank, [&](const Extents& i) {
-    const Index ib = offset_of(i, istride, 1, l.rank), ob = offset_of(i, ostride, 1, l.rank);
+  // The run: dim 0, and where dim 0 is kept, every leading kept dim that the block and out hold
+  // whole ([B, T, D] summed over D adds runs of B T). Each output element still takes its terms
+  // in the same order.
+  int first = 1;
+  if (!reduced[0])
+    while (first < l.rank && !reduced[first] && l.valid[first - 1] == l.padded[first - 1] &&
+           l.valid[first - 1] == op_ext[first - 1])
+      ++first;
+  const Index run = volume(l.valid, first);
+  for_each_index(l.valid, first, l.rank, [&](const Extents& i) {
+    const Index ib = offset_of(i, istride, first, l.rank), ob = offset_of(i, ostride, first, l.rank);
     const T* src = in + ib;
     if (reduced[0] && op == ReduceOp::Sum) {  // vectorised, with Eigen's blocked (more accurate) summation
       if constexpr (std::is_same_v<T, A>)
@@ -66,6 +74,9 @@ void reduce_into(ReduceOp op, const T* in, const ShardLayout& l, const std::arra
       A acc = out[ob];
       for (Index x = 0; x < run; ++x) acc = combine(op, acc, A(src[x]));
       out[ob] = acc;
+    } else if (op == ReduceOp::Sum) {
+      A* dst = out + ob;
+      for (Index x = 0; x < run; ++x) dst[x] += A(src[x]);
     } else {
       A* dst = out + ob;
       for (Index x = 0; x < run; ++x) dst[x] = combine(op, dst[x], A(src[x]));
