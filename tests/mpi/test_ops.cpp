@@ -156,6 +156,60 @@ TEST_CASE("sum, max, min and mean over split dims give partials that resolve to 
   });
 }
 
+TEST_CASE("rank-3 broadcasts, keep-dims reductions and a 4-D batched einsum equal the serial result", "[ops]") {
+  // RMSNorm's, rotary's and attention's shapes ([B, T, D] against [B, T, 1], [1, 1, D], [1, T, D],
+  // a scalar and a partial), where the local kernels merge leading dims into long runs; uneven
+  // on every mesh, split and broadcast operands on either side.
+  on_every_mesh([](M2& mesh, auto sizes) {
+    auto filled = [](std::array<Eigen::Index, 3> e, double phase) {
+      Eigen::Tensor<double, 3> t(e[0], e[1], e[2]);
+      for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = std::cos(0.37 * double(i) + phase);
+      return t;
+    };
+    const auto gx = filled({5, 7, 6}, 0), gr = filled({5, 7, 1}, 1), gw = filled({1, 1, 6}, 2), gm = filled({1, 7, 6}, 3);
+    auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::S<"y">>>(mesh, gx);
+    auto r = ts::distribute<ts::Spec<ts::S<"y">, ts::S<"x">, ts::R>>(mesh, gr);
+    auto w = ts::distribute<ts::Spec<ts::R, ts::R, ts::S<"x">>>(mesh, gw);
+    auto m = ts::distribute<ts::Spec<ts::R, ts::S<"y">, ts::R>>(mesh, gm);
+    const Eigen::array<Eigen::Index, 3> over_d{1, 1, 6}, over_bt{5, 7, 1}, over_b{5, 1, 1};
+    const Eigen::Tensor<double, 3> br = gr.broadcast(over_d), bw = gw.broadcast(over_bt), bm = gm.broadcast(over_b);
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    Eigen::Tensor<double, 3> want_xr = gx * br, want_wx = bw * gx, want_xm = gx + bm, want_rw = br - bw,
+                             want_scaled = gx * 2.0 + bm;
+    TS_REQUIRE_ALL(compare((x * r).gather(), want_xr) == "" && compare((w * x).gather(), want_wx) == "");
+    TS_REQUIRE_ALL(compare((x + m).gather(), want_xm) == "" && compare((r - w).gather(), want_rw) == "");
+    TS_REQUIRE_ALL(compare((x * 2.0 + m).gather(), want_scaled) == "");
+    // A keep-dims sum over D, partial where D is split, on either side of a broadcast product.
+    const Eigen::array<Eigen::Index, 1> d2{2};
+    const Eigen::array<Eigen::Index, 3> kept{5, 7, 1};
+    const Eigen::Tensor<double, 3> gs = gx.sum(d2).reshape(kept), gmean = gx.mean(d2).reshape(kept),
+                                   gmax = gx.maximum(d2).reshape(kept);
+    auto s = ts::sum<2>(x, ts::keep_dims);
+    static_assert(decltype(s)::is_partial);
+    Eigen::Tensor<double, 3> want_xs = gx * gs.broadcast(over_d);
+    TS_REQUIRE_ALL(compare((x * s).gather(), want_xs, 1e-12) == "" && compare((s * x).gather(), want_xs, 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::mean<2>(x, ts::keep_dims).gather(), gmean, 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::max<2>(x, ts::keep_dims).gather(), gmax) == "");
+    auto xr = ts::reshard<ts::Spec<ts::S<"x">, ts::S<"y">, ts::R>>(x);  // D whole: the kept B T runs are local
+    TS_REQUIRE_ALL(compare(ts::sum<2>(xr, ts::keep_dims).gather(), gs, 1e-12) == "");
+    // Attention's scores, q [B, T, K, V] and k [B, S, K, V]: b and v are batch labels.
+    Eigen::Tensor<double, 4> gq(3, 5, 4, 2), gk(3, 6, 4, 2), want(3, 5, 6, 2);
+    for (Eigen::Index i = 0; i < gq.size(); ++i) gq.data()[i] = std::sin(0.3 * double(i));
+    for (Eigen::Index i = 0; i < gk.size(); ++i) gk.data()[i] = std::cos(0.7 * double(i));
+    for (int b = 0; b < 3; ++b)
+      for (int t = 0; t < 5; ++t)
+        for (int u = 0; u < 6; ++u)
+          for (int v = 0; v < 2; ++v) {
+            double acc = 0;
+            for (int k = 0; k < 4; ++k) acc += gq(b, t, k, v) * gk(b, u, k, v);
+            want(b, t, u, v) = acc;
+          }
+    auto q = ts::distribute<ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>>(mesh, gq);
+    auto k = ts::distribute<ts::Spec<ts::S<"y">, ts::R, ts::R, ts::R>>(mesh, gk);
+    TS_REQUIRE_ALL(compare(ts::einsum<"btkv,bskv->btsv">(q, k).gather(), want, 1e-12) == "");
+  });
+}
+
 TEST_CASE("argmax returns global indices: ties to the lowest, NaN wins, never partial", "[ops]") {
   on_every_mesh([](M2& mesh, auto) {
     Eigen::Tensor<double, 2> g(7, 3);
