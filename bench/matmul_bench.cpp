@@ -20,6 +20,7 @@
 #include "bench_support.hpp"
 
 namespace ts = tshard;
+using tshard_bench::blas_kernels;
 using tshard_bench::interleaved;
 using tshard_bench::world_rank;
 using tshard_bench::world_size;
