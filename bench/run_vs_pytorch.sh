@@ -75,3 +75,18 @@ for ac in selective full; do
     sed -E 's/.*, ([0-9.]+) MiB over all.*/\1/') MiB over 2 ranks"
 done
 rm -rf "$gpt_dir"
+# Both sides are bound by GEMM, so the ratio has a ceiling: each side's model FLOP rate (6 N +
+# 12 L T D a token, PyTorch's at the FLOPs a token tshard counts) against what sgemm reaches on
+# this machine with every core busy at once (train_transformer measures it at start; on a VM whose
+# cores share FMA units that is well under cores x one core's rate).
+peak=$(grep '^mesh' /tmp/tshard_vs_torch_gpt_ours.txt | sed -E 's/.* of ([0-9.]+) GFLOP\/s.*/\1/')
+echo "sgemm on both cores at once: $peak GFLOP/s (train_transformer's measure)"
+for model in Llama GPT; do
+  ours_file=/tmp/tshard_vs_torch_ours.txt theirs_file=/tmp/tshard_vs_torch_theirs.txt
+  [[ $model == GPT ]] && ours_file=/tmp/tshard_vs_torch_gpt_ours.txt theirs_file=/tmp/tshard_vs_torch_gpt_theirs.txt
+  paste <(grep '^mesh' "$ours_file" | sed -E 's/.*: ([0-9.]+) tokens\/s, ([0-9.]+) GFLOP\/s.*/\1 \2/') \
+        <(grep '^pytorch.*tokens/s' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/') |
+    awk -v model=$model -v peak="$peak" '{ theirs = $2 * $3 / $1;
+      printf "%s: tshard %.1f GFLOP/s (%.0f%% of that), PyTorch %.1f GFLOP/s (%.0f%%): at 100%% tshard would be %.2fx PyTorch\n",
+        model, $2, 100 * $2 / peak, theirs, 100 * theirs / peak, peak / theirs }'
+done

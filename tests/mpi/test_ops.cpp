@@ -620,6 +620,33 @@ void for_every_index(const Extents& dims, int rank, F&& f) {
     for (int d = 0; d < rank && ++i[d] == dims[d]; ++d) i[d] = 0;
   }
 }
+
+// permuted_copy packs l's valid block in `order` and unpacks it back: both equal a per-element
+// walk, and the unpack writes no padding.
+bool packs_and_unpacks(const tshard::detail::ShardLayout& l, const std::array<int, tshard::detail::kMaxRank>& order,
+                       const std::vector<float>& in) {
+  namespace td = tshard::detail;
+  const int rank = l.rank;
+  std::vector<float> packed(static_cast<std::size_t>(l.valid_size())), back(in.size(), 0.f);
+  td::permuted_copy<true>(l, order, rank, in.data(), packed.data());
+  td::permuted_copy<false>(l, order, rank, packed.data(), back.data());
+  Extents pe{};
+  for (int k = 0; k < rank; ++k) pe[k] = l.valid[order[k]];
+  bool same = true;
+  for_every_index(pe, rank, [&](const Extents& p) {
+    Extents i{};
+    for (int k = 0; k < rank; ++k) i[order[k]] = p[k];
+    same &= packed[std::size_t(column_major_offset(p, pe, rank))] == in[std::size_t(column_major_offset(i, l.padded, rank))];
+  });
+  for_every_index(l.padded, rank, [&](const Extents& i) {
+    bool valid = true;
+    for (int d = 0; d < rank; ++d) valid &= i[d] < l.valid[d];
+    const auto at = std::size_t(column_major_offset(i, l.padded, rank));
+    same &= back[at] == (valid ? in[at] : 0.f);  // padding is never written
+  });
+  return same;
+}
+
 }  // namespace
 
 TEST_CASE("local kernels in merged runs: broadcasts, reductions and GEMM packing equal a per-element walk", "[ops]") {
@@ -686,29 +713,35 @@ TEST_CASE("local kernels in merged runs: broadcasts, reductions and GEMM packing
     std::array<int, td::kMaxRank> order{};
     std::iota(order.begin(), order.begin() + rank, 0);
     if (pick(0, 1)) std::shuffle(order.begin(), order.begin() + rank, rng);
-    std::vector<float> packed(static_cast<std::size_t>(l.valid_size())), back(in.size(), 0.f);
-    td::permuted_copy<true>(l, order, rank, in.data(), packed.data());
-    Extents pe{};
-    for (int k = 0; k < rank; ++k) pe[k] = l.valid[order[k]];
-    bool packs = true;
-    for_every_index(pe, rank, [&](const Extents& p) {
-      Extents i{};
-      for (int k = 0; k < rank; ++k) i[order[k]] = p[k];
-      packs &= packed[std::size_t(column_major_offset(p, pe, rank))] == in[std::size_t(column_major_offset(i, l.padded, rank))];
-    });
-    REQUIRE(packs);
-    td::permuted_copy<false>(l, order, rank, packed.data(), back.data());
-    bool unpacks = true;
-    for_every_index(l.padded, rank, [&](const Extents& i) {
-      bool valid = true;
-      for (int d = 0; d < rank; ++d) valid &= i[d] < l.valid[d];
-      const auto at = std::size_t(column_major_offset(i, l.padded, rank));
-      unpacks &= back[at] == (valid ? in[at] : 0.f);  // padding is never written
-    });
+    REQUIRE(packs_and_unpacks(l, order, in));
     merged_packs += rank > 1 && order[1] == order[0] + 1 && l.valid[order[0]] == l.padded[order[0]];
-    REQUIRE(unpacks);
   }
   CHECK(broadcasts > 100);  // the cases the merging is for came up
   CHECK(merged_reductions > 20);
   CHECK(merged_packs > 20);
+}
+
+// Attention's packs are transposes (b, the buffer's contiguous dim, is a batch label), which
+// permuted_copy walks in tiles: extents past a tile and not multiples of one, with padding.
+TEST_CASE("GEMM packing that transposes, in tiles, equals a per-element walk", "[ops]") {
+  namespace td = tshard::detail;
+  std::mt19937 rng(2611);
+  auto pick = [&](int lo, int hi) { return int(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  int transposes = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    td::ShardLayout l;
+    l.rank = pick(2, 4);
+    for (int d = 0; d < l.rank; ++d) {
+      l.valid[d] = d < 2 ? pick(1, 40) : pick(1, 5);
+      l.padded[d] = l.valid[d] + (pick(0, 2) == 0 ? pick(1, 3) : 0);
+    }
+    std::array<int, td::kMaxRank> order{};
+    std::iota(order.begin(), order.begin() + l.rank, 0);
+    std::shuffle(order.begin(), order.begin() + l.rank, rng);
+    std::vector<float> in(static_cast<std::size_t>(l.padded_size()));
+    std::iota(in.begin(), in.end(), 1.f);
+    REQUIRE(packs_and_unpacks(l, order, in));
+    transposes += order[0] != 0 && l.valid[0] > 16 && l.valid[order[0]] > 16;
+  }
+  CHECK(transposes > 5);  // tiles were split along both dims
 }

@@ -41,23 +41,50 @@ void permuted_copy(const ShardLayout& l, const std::array<int, kMaxRank>& order,
     ext[n] = l.valid[d];
     from_stride[n++] = stride[d];
   }
-  const Index inner = ext[0], inner_stride = from_stride[0];
+  // The contiguous buffer's strides; `from_stride` are the padded buffer's, Pack or not.
+  Extents packed_stride{};
+  for (Index k = 0, p = 1; k < n; p *= ext[k++]) packed_stride[k] = p;
+  // Where the padded buffer's contiguous dim is not the run's (a transpose: attention's batch
+  // label b first), a walk along the run reads or writes one element per cache line and comes
+  // back to each line once per element of that dim, from L2 or memory when the dims between hold
+  // more than L1. So that pair of dims goes in square tiles that stay in L1.
+  int across = 0;
+  for (int k = 1; k < n; ++k)
+    if (from_stride[k] == 1 && from_stride[0] != 1) across = k;
+  const auto padded_at = [&](Index x, Index y) { return x * from_stride[0] + y * from_stride[across]; };
+  const auto packed_at = [&](Index x, Index y) { return x + y * packed_stride[across]; };
+  constexpr Index tile = 16;
   Extents i{};
-  for (Index run = 0;; run += inner) {
-    Index base = 0;
-    for (int k = 1; k < n; ++k) base += i[k] * from_stride[k];
-    const Index src = Pack ? base : run, dst = Pack ? run : base;
-    if (inner_stride == 1)
-      std::copy(from + src, from + src + inner, to + dst);
-    else
-      for (Index x = 0; x < inner; ++x) {
+  for (;;) {
+    Index base = 0, run = 0;
+    for (int k = 1; k < n; ++k)
+      if (k != across) base += i[k] * from_stride[k], run += i[k] * packed_stride[k];
+    if (across > 0) {
+      for (Index x0 = 0; x0 < ext[0]; x0 += tile)
+        for (Index y0 = 0; y0 < ext[across]; y0 += tile)
+          for (Index x = x0, xe = std::min(ext[0], x0 + tile); x < xe; ++x)
+            for (Index y = y0, ye = std::min(ext[across], y0 + tile); y < ye; ++y) {
+              if constexpr (Pack)
+                to[run + packed_at(x, y)] = from[base + padded_at(x, y)];
+              else
+                to[base + padded_at(x, y)] = from[run + packed_at(x, y)];
+            }
+    } else if (from_stride[0] == 1) {
+      if constexpr (Pack)
+        std::copy(from + base, from + base + ext[0], to + run);
+      else
+        std::copy(from + run, from + run + ext[0], to + base);
+    } else {
+      for (Index x = 0; x < ext[0]; ++x) {
         if constexpr (Pack)
-          to[run + x] = from[base + x * inner_stride];
+          to[run + x] = from[base + x * from_stride[0]];
         else
-          to[base + x * inner_stride] = from[run + x];
+          to[base + x * from_stride[0]] = from[run + x];
       }
+    }
     int k = 1;
     for (; k < n; ++k) {
+      if (k == across) continue;
       if (++i[k] < ext[k]) break;
       i[k] = 0;
     }
