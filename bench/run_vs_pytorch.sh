@@ -29,12 +29,15 @@ while (($#)); do
     *) echo "run_vs_pytorch.sh: unknown option $1"; exit 2 ;;
   esac
 done
+# tokens/s from tshard's and from PyTorch's output.
+ours_tokens() { grep '^mesh' "$1" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/'; }
+theirs_tokens() { grep '^pytorch.*tokens/s' "$1" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/'; }
 # The losses of both runs side by side, then both tokens/s and their ratio; `model` prefixes the
 # lines ("" for the Llama, whose lines keep their first form).
 side_by_side() {
   local model=$1 ours_file=$2 theirs_file=$3 ours theirs
-  ours=$(grep '^mesh' "$ours_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
-  theirs=$(grep '^pytorch.*tokens/s' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+  ours=$(ours_tokens "$ours_file")
+  theirs=$(theirs_tokens "$theirs_file")
   echo "${model:+$model }losses (tshard $mesh | PyTorch):"
   paste <(grep '^step' "$ours_file") <(grep '^step' "$theirs_file" | awk '{print $4}') |
     awk '{printf "  step %s  %.7f  %.7f  (relative difference %.1e)\n", $2, $4, $5, ($4 - $5) / $5}'
@@ -70,8 +73,7 @@ for ac in selective full; do
     --data "$gpt_dir"/tokens.npy --activation-checkpoint $ac > /tmp/tshard_vs_torch_gpt_ac.txt
   cmp -s <(grep '^step' /tmp/tshard_vs_torch_gpt_ac.txt) <(grep '^step' /tmp/tshard_vs_torch_gpt_ours.txt) || {
     echo "run_vs_pytorch.sh: --activation-checkpoint $ac changed the losses"; exit 1; }
-  echo "GPT with --activation-checkpoint $ac (the same losses): tshard $(grep '^mesh' /tmp/tshard_vs_torch_gpt_ac.txt |
-    sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/') tokens/s, $(grep '^resident memory' /tmp/tshard_vs_torch_gpt_ac.txt |
+  echo "GPT with --activation-checkpoint $ac (the same losses): tshard $(ours_tokens /tmp/tshard_vs_torch_gpt_ac.txt) tokens/s, $(grep '^resident memory' /tmp/tshard_vs_torch_gpt_ac.txt |
     sed -E 's/.*, ([0-9.]+) MiB over all.*/\1/') MiB over 2 ranks"
 done
 rm -rf "$gpt_dir"
@@ -84,8 +86,7 @@ echo "sgemm on both cores at once: $peak GFLOP/s (train_transformer's measure)"
 for model in Llama GPT; do
   ours_file=/tmp/tshard_vs_torch_ours.txt theirs_file=/tmp/tshard_vs_torch_theirs.txt
   [[ $model == GPT ]] && ours_file=/tmp/tshard_vs_torch_gpt_ours.txt theirs_file=/tmp/tshard_vs_torch_gpt_theirs.txt
-  paste <(grep '^mesh' "$ours_file" | sed -E 's/.*: ([0-9.]+) tokens\/s, ([0-9.]+) GFLOP\/s.*/\1 \2/') \
-        <(grep '^pytorch.*tokens/s' "$theirs_file" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/') |
+  echo "$(ours_tokens "$ours_file") $(grep '^mesh' "$ours_file" | sed -E 's/.*tokens\/s, ([0-9.]+) GFLOP\/s.*/\1/') $(theirs_tokens "$theirs_file")" |
     awk -v model=$model -v peak="$peak" '{ theirs = $2 * $3 / $1;
       printf "%s: tshard %.1f GFLOP/s (%.0f%% of that), PyTorch %.1f GFLOP/s (%.0f%%): at 100%% tshard would be %.2fx PyTorch\n",
         model, $2, 100 * $2 / peak, theirs, 100 * theirs / peak, peak / theirs }'

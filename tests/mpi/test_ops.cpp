@@ -156,7 +156,7 @@ TEST_CASE("sum, max, min and mean over split dims give partials that resolve to 
   });
 }
 
-TEST_CASE("rank-3 broadcasts, keep-dims reductions and a 4-D batched einsum equal the serial result", "[ops]") {
+TEST_CASE("rank-3 broadcasts, keep-dims reductions and 4-D batched einsums equal the serial result", "[ops]") {
   // RMSNorm's, rotary's and attention's shapes ([B, T, D] against [B, T, 1], [1, 1, D], [1, T, D],
   // a scalar and a partial), where the local kernels merge leading dims into long runs; uneven
   // on every mesh, split and broadcast operands on either side.
@@ -207,6 +207,28 @@ TEST_CASE("rank-3 broadcasts, keep-dims reductions and a 4-D batched einsum equa
     auto q = ts::distribute<ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>>(mesh, gq);
     auto k = ts::distribute<ts::Spec<ts::S<"y">, ts::R, ts::R, ts::R>>(mesh, gk);
     TS_REQUIRE_ALL(compare(ts::einsum<"btkv,bskv->btsv">(q, k).gather(), want, 1e-12) == "");
+    // Past the GEMM packing's 16 x 16 tiles in b, t and s (packs that transpose, b first), a
+    // scalar on either side: scores partial over x (k split alike), then read as the context's
+    // left operand.
+    Eigen::Tensor<double, 4> hq(19, 37, 4, 2), hk(19, 35, 4, 2), scores(19, 37, 35, 2), context(19, 37, 4, 2);
+    for (Eigen::Index i = 0; i < hq.size(); ++i) hq.data()[i] = std::sin(0.11 * double(i));
+    for (Eigen::Index i = 0; i < hk.size(); ++i) hk.data()[i] = std::cos(0.13 * double(i));
+    scores.setZero();
+    context.setZero();
+    for (int v = 0; v < 2; ++v)
+      for (int b = 0; b < 19; ++b)
+        for (int t = 0; t < 37; ++t)
+          for (int u = 0; u < 35; ++u) {
+            for (int c = 0; c < 4; ++c) scores(b, t, u, v) += 0.5 * hq(b, t, c, v) * hk(b, u, c, v);
+            for (int c = 0; c < 4; ++c) context(b, t, c, v) += scores(b, t, u, v) * 2.0 * hk(b, u, c, v);
+          }
+    auto tq = ts::distribute<ts::Spec<ts::S<"y">, ts::R, ts::S<"x">, ts::R>>(mesh, hq);
+    auto tk = ts::distribute<ts::Spec<ts::R, ts::R, ts::S<"x">, ts::R>>(mesh, hk);
+    auto tv = ts::distribute<ts::Spec<ts::R, ts::S<"y">, ts::R, ts::S<"x">>>(mesh, hk);
+    auto ts_scores = ts::einsum<"btkv,bskv->btsv">(0.5 * tq, tk);
+    static_assert(decltype(ts_scores)::is_partial);
+    TS_REQUIRE_ALL(compare(ts_scores.gather(), scores, 1e-12) == "");
+    TS_REQUIRE_ALL(compare(ts::einsum<"btsv,bskv->btkv">(ts_scores, tv * 2.0).gather(), context, 1e-11) == "");
   });
 }
 
