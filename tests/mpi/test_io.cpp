@@ -173,6 +173,62 @@ TEST_CASE("a checkpoint reloads with other specs and meshes, verifies checksums,
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("every writer writes a ZeRO-3 parameter's true values between its uses; gather() still says it holds none",
+          "[io][zero]") {
+  // After step(), stage 3 keeps each rank's chunk and releases the parameter. What the writers
+  // put in files must be its values (they once wrote zeros or crashed), on every mesh.
+  const std::string npy = scratch_file("released.npy"), st = scratch_file("released.safetensors"),
+                    dir = scratch_file("released_checkpoint");
+  using Rows = ts::Spec<ts::S<"x">, ts::R>;
+  using Weight = ts::Spec<ts::R, ts::S<"y">>;
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    ts::nn::Linear<double, M2, Weight> lin(mesh, 5, 7, 1);
+    ts::nn::AdamW opt({.lr = 1e-2, .zero_stage = 3, .data_axis = "x"});
+    opt.add(lin);
+    const auto x = ts::distribute<Rows>(mesh, values(6, 5, 2));
+    ts::ad::backward(lin, [&] { return ts::sum<0, 1>(lin(x)); });
+    opt.step();
+    const bool released = !ts::detail::TensorAccess::has_storage(lin.weight());
+    TS_REQUIRE_ALL(released == (sizes[0] > 1));  // a data axis of 1 has nothing to shard
+    if (released) {
+      bool refused = false;
+      try {
+        (void)lin.weight().gather();
+      } catch (const ts::SpecError& e) {
+        refused = std::string(e.what()).find("opt.gather_parameters()") != std::string::npos;
+      }
+      TS_REQUIRE_ALL(refused);
+    }
+    ts::io::save_npy(npy, lin.weight());
+    ts::io::save_safetensors(st, {{"weight", lin.weight()}, {"bias", lin.bias()}});
+    const std::uint64_t sum = ts::io::checksum(lin.weight());
+    {
+      ts::io::CheckpointWriter ck(mesh.comm(), dir);
+      ck.add("weight", lin.weight());
+      ck.commit();
+    }
+    TS_REQUIRE_ALL(!ts::detail::TensorAccess::has_storage(lin.weight()) == released);  // still released
+    opt.gather_parameters();
+    const Eigen::Tensor<double, 2> w = lin.weight().gather();
+    const Eigen::Tensor<double, 1> b = lin.bias().gather();
+    double largest = 0;
+    for (Eigen::Index i = 0; i < w.size(); ++i) largest = std::max(largest, std::abs(w.data()[i]));
+    TS_REQUIRE_ALL(largest > 0.05);  // (no file of zeros passes below)
+    TS_REQUIRE_ALL(compare(ts::io::load_npy<double, Rows>(mesh, npy).gather(), w) == "");
+    ts::io::SafetensorsReader in(mesh.comm(), st);
+    TS_REQUIRE_ALL(compare(in.load<double, Rows>(mesh, "weight").gather(), w) == "");
+    TS_REQUIRE_ALL(compare(in.load<double, ts::Spec<ts::S<"y">>>(mesh, "bias").gather(), b) == "");
+    TS_REQUIRE_ALL(compare(ts::io::CheckpointReader(mesh.comm(), dir).load<double, Rows>(mesh, "weight").gather(), w) == "");
+    TS_REQUIRE_ALL(sum == ts::io::checksum(lin.weight()));
+  });
+  remove_on_rank0(npy);
+  remove_on_rank0(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("a trace holds every rank's operators and collectives as Chrome trace JSON", "[io]") {
   const std::string path = scratch_file("trace.json");
   M2 mesh({world_size(), 1});

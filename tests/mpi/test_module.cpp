@@ -136,6 +136,66 @@ TEST_CASE("an owning optimizer sums data-parallel gradients exactly once through
     }
 }
 
+TEST_CASE("a gradient read while an owning optimizer defers the data-parallel sum is the reduced one, ZeRO 0-3",
+          "[module]") {
+  // Once opt.add(model) owns the gradients, each rank adds only its share of the batch; a
+  // gradient read before step() once gave that share ([2 2 2] for [4 4 4] on 2 ranks).
+  const auto gx = inputs(11, 12);
+  const auto gl = classes(11, 12);
+  auto flat = [](const auto& t) {
+    Eigen::Tensor<double, 2> f(t.size(), 1);
+    for (Eigen::Index i = 0; i < t.size(); ++i) f.data()[i] = t.data()[i];
+    return f;
+  };
+  auto read = [&](Mlp& mlp) {
+    return std::vector<Eigen::Tensor<double, 2>>{flat(mlp.gradient_of(mlp.scale).gather()),
+                                                 flat(mlp.up.gradient_of(mlp.up.weight()).gather()),
+                                                 flat(mlp.down.gradient_of(mlp.down.bias()).gather())};
+  };
+  auto run = [&](const M& mesh, int zero, bool overlap, bool own) {
+    Mlp mlp(mesh);
+    ts::nn::SGD opt({.lr = 0.1f, .zero_stage = zero, .overlap = overlap});
+    if (own) opt.add(mlp);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+    const auto labels = ts::distribute<ts::Spec<ts::S<"data">>>(mesh, gl);
+    ts::ad::backward(mlp, [&] { return ts::nn::cross_entropy(mlp(x), labels); });
+    auto before = read(mlp);
+    auto again = read(mlp);  // read twice: reduced once
+    opt.step();
+    auto after = read(mlp);  // after the update too (ZeRO-2/3: from the reduced chunks)
+    opt.gather_parameters();
+    before.insert(before.end(), again.begin(), again.end());
+    before.insert(before.end(), after.begin(), after.end());
+    before.push_back(flat(mlp.up.weight().gather()));
+    return before;
+  };
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto want = run(single, 0, false, true);
+  for (int zero = 0; zero <= 3; ++zero)
+    for (bool overlap : {false, true})
+      for (const auto& s : mesh_shapes(world_size(), 2)) {
+        const M mesh({s[0], s[1]});
+        INFO("mesh " << s[0] << "x" << s[1] << ", ZeRO stage " << zero << (overlap ? ", overlapped" : ""));
+        const auto got = run(mesh, zero, overlap, true);
+        for (std::size_t i = 0; i < got.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+      }
+  // Under no_sync the gradient is this rank's share by request: reading it then is an error.
+  const M mesh({world_size(), 1});
+  Mlp mlp(mesh);
+  ts::nn::SGD opt({.lr = 0.1f});
+  opt.add(mlp);
+  opt.no_sync(true);
+  const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+  ts::ad::backward(mlp, [&] { return ts::sum<0, 1>(mlp(x)); });
+  bool refused = false;
+  try {
+    (void)mlp.gradient_of(mlp.scale);
+  } catch (const ts::SpecError& e) {
+    refused = std::string(e.what()).find("no_sync") != std::string::npos;
+  }
+  TS_REQUIRE_ALL(refused);
+}
+
 TEST_CASE("an optimizer keeps updating a layer that moved after opt.add; moved layers keep their parameters",
           "[module]") {
   const M mesh({world_size(), 1});

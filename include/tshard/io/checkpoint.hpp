@@ -45,7 +45,9 @@ namespace tshard::io {
 template <ShardedTensorType X>
 std::uint64_t checksum(const X& x_in) {
   using T = typename X::Scalar;
-  const auto& x = tshard::detail::resolved(x_in, "io::checksum");
+  const auto& resolved = tshard::detail::resolved(x_in, "io::checksum");
+  const tshard::detail::Readable values(resolved, "io::checksum");  // a released ZeRO-3 parameter: gathered back
+  const auto& x = *values;
   auto& mesh = *tshard::detail::state_of(x.mesh());
   const auto shape = tshard::detail::extents_of(x);
   std::uint64_t local = 0;
@@ -128,8 +130,9 @@ class CheckpointWriter {
   void add(const std::string& name, const X& x) {
     if (tensors_.count(name) || !files_.insert(detail::file_name(name)).second)
       throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice, or under a name that differs only in '/', '\\' or ' '");
-    save_npy((tmp_ / detail::file_name(name)).string(), x);
-    tensors_[name] = checksum(x);
+    const tshard::detail::Readable values(x, "io::CheckpointWriter::add");  // gathered back once, if released
+    save_npy((tmp_ / detail::file_name(name)).string(), *values);
+    tensors_[name] = checksum(*values);
   }
   // Metadata: the step, the seed, the data position... (no newlines).
   void set(const std::string& key, const std::string& value) { meta_[key] = value; }

@@ -231,7 +231,9 @@ void save(const std::string& file, const std::string& dataset, const X& x_in, Or
   static_assert(X::rank >= 1, "tshard: io::save writes tensors of rank 1 or more");
   const std::string op = "tshard::io::save";
   tshard::detail::OperatorScope scope("io::save");
-  const auto& x = tshard::detail::resolved(x_in, "io::save");
+  const auto& resolved = tshard::detail::resolved(x_in, "io::save");
+  const tshard::detail::Readable values(resolved, "io::save");  // a released ZeRO-3 parameter: gathered back
+  const auto& x = *values;
   auto& mesh = *tshard::detail::state_of(x.mesh());
   const MPI_Comm comm = mesh.comm();
   const auto& layout = tshard::detail::layout_of(x);

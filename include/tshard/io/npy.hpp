@@ -46,7 +46,9 @@ void save_npy(const std::string& path, const X& x_in) {
   using T = typename X::Scalar;
   static_assert(X::rank >= 1, "tshard: save_npy writes tensors of rank 1 or more");
   tshard::detail::OperatorScope scope("io::save_npy");
-  const auto& x = tshard::detail::resolved(x_in, "io::save_npy");
+  const auto& resolved = tshard::detail::resolved(x_in, "io::save_npy");
+  const tshard::detail::Readable values(resolved, "io::save_npy");  // a released ZeRO-3 parameter: gathered back
+  const auto& x = *values;
   auto& mesh = *tshard::detail::state_of(x.mesh());
   const auto& layout = tshard::detail::layout_of(x);
   std::vector<std::int64_t> shape(X::rank);

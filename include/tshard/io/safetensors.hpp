@@ -81,8 +81,10 @@ class NamedTensor {
 
  private:
   template <class X>
-  static void write_block(const X& x, tshard::detail::ParallelFile& file, MPI_Offset at) {
+  static void write_block(const X& x_in, tshard::detail::ParallelFile& file, MPI_Offset at) {
     using T = typename X::Scalar;
+    const tshard::detail::Readable values(x_in, "io::save_safetensors");  // a released ZeRO-3 parameter: gathered back
+    const X& x = *values;
     auto& mesh = *tshard::detail::state_of(x.mesh());
     const auto& layout = tshard::detail::layout_of(x);
     const bool mine = io::detail::first_replica(mesh, X::spec_desc, layout);

@@ -39,6 +39,7 @@ struct LayerHooks {
   std::function<void()> before_use;       // ZeRO-3: gather the layer's parameters
   std::function<void()> after_use;        // ZeRO-3: release them again
   std::function<void()> gradients_ready;  // the layer's backward has ended: reduce its gradients
+  std::function<void()> gradients_read;   // a gradient is about to be read: complete its reduction
 };
 
 // The leaves one forward's parameters got on its tape, in for_each_module order.
@@ -97,14 +98,15 @@ class Module {
     return child;
   }
 
-  // The gradient of a parameter this module registered (scale -> its gradient, as p.grad).
+  // The gradient of a parameter this module registered (scale -> its gradient, as p.grad). Once
+  // an optimizer owns the module, it first completes the gradient's data-parallel sum (and,
+  // under ZeRO-2 and -3, gathers the reduced chunks): collective over the data axis, so every
+  // rank reads it, as every rank gathers a tensor.
   template <class T, class M, class S>
   ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
-    for (const auto& p : parameters_)
-      if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot).grad();
-    for (const auto& s : spare_)
-      if (s->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*s).grad();
-    throw SpecError("tshard::nn::Module::gradient_of: " + value.describe() + " is not a parameter of this module");
+    auto& g = gradient_slot(value).grad();
+    if (hooks_.gradients_read) hooks_.gradients_read();
+    return g;
   }
 
   // Every parameter's name, submodules' first (in registration order, prefixed "name."), then
@@ -264,6 +266,15 @@ class Module {
   std::uint32_t deferred_gradient_sums() const { return deferred_; }
 
  protected:
+  template <class T, class M, class S>
+  detail::TypedParameterSlot<T, M, S>& gradient_slot(const ShardedTensor<T, M, S>& value) {
+    for (const auto& p : parameters_)
+      if (p.slot->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*p.slot);
+    for (const auto& s : spare_)
+      if (s->identity() == &value) return static_cast<detail::TypedParameterSlot<T, M, S>&>(*s);
+    throw SpecError("tshard::nn::Module::gradient_of: " + value.describe() + " is not a parameter of this module");
+  }
+
   // A layer's parameter, held in a slot like register_parameter's; an empty name keeps it
   // unregistered (a switched-off bias: used, never updated).
   template <class T, class M, class S>

@@ -297,9 +297,16 @@ class Optimizer {
   LayerHooks hooks_for(BucketBase* bucket) {
     LayerHooks hooks;
     hooks.gradients_ready = [this, bucket] {
+      bucket->dirty = true;
       if (!options_.overlap || no_sync_) return;
       bucket->start_reduction(true);
       for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
+    };
+    hooks.gradients_read = [this, bucket] {
+      if (bucket->dirty && no_sync_)
+        throw SpecError("tshard::nn::Optimizer: a gradient read under no_sync(true) is this rank's share of the "
+                        "data-parallel sum: read it after the last micro-batch's backward, with no_sync(false)");
+      this_step_.blocked_seconds += bucket->complete_gradients();
     };
     if (options_.zero_stage == 3) {
       hooks.before_use = [this, bucket] { before_use(bucket); };
@@ -419,6 +426,7 @@ class Optimizer {
     s.grad_present = view.grad_present;
     s.release_param = view.release_param;
     s.release_grad = view.release_grad;
+    s.mesh = view.mesh;
     s.layout = view.layout;
     s.size = view.layout.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
@@ -470,7 +478,6 @@ class Optimizer {
             for (Index i = 0; i < len; ++i) p[i] = T(master[i]);
           }
         });
-        s.reduced.reset();
       }
     });
     b.release_parameters();

@@ -26,7 +26,8 @@ template <class T>
 struct ParameterView {
   std::function<T*()> param, grad;
   std::function<bool()> param_present, grad_present;
-  std::function<void()> release_param, release_grad;
+  std::function<void(std::shared_ptr<const tshard::detail::RestoreValues<T>>)> release_param;  // with the way back
+  std::function<void()> release_grad;
   tshard::detail::ShardLayout layout;
   tshard::detail::SpecDesc spec{};
   std::shared_ptr<tshard::detail::MeshState> mesh;
@@ -52,7 +53,9 @@ ParameterView<T> view_of(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& 
   };
   v.param_present = [&param] { return Access::has_storage(param); };
   v.grad_present = [&grad] { return Access::has_storage(grad); };
-  v.release_param = [&param] { Access::release_storage(param); };
+  v.release_param = [&param](std::shared_ptr<const tshard::detail::RestoreValues<T>> restore) {
+    Access::release_storage(param, std::move(restore));
+  };
   v.release_grad = [&grad] { Access::release_storage(grad); };
   v.layout = tshard::detail::layout_of(param);
   v.spec = ShardedTensor<T, M, S>::spec_desc;

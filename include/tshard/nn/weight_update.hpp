@@ -55,7 +55,9 @@ template <class T>
 struct Slot {
   std::function<T*()> param, grad;  // the buffers (acquired where released)
   std::function<bool()> param_present, grad_present;
-  std::function<void()> release_param, release_grad;
+  std::function<void(std::shared_ptr<const tshard::detail::RestoreValues<T>>)> release_param;
+  std::function<void()> release_grad;
+  std::shared_ptr<tshard::detail::MeshState> mesh;  // (keeps the data axis' communicator alive)
   tshard::detail::ShardLayout layout;
   Index size = 0;         // padded local elements
   bool sharded = false;   // stage >= 1 and replicated over a data axis of size > 1
@@ -101,6 +103,10 @@ class BucketBase {
   virtual void start_reduction(bool nonblocking) = 0;
   virtual void test() = 0;
   virtual double finish_reduction() = 0;  // seconds blocked
+  // Every gradient of the bucket whole and reduced, to be read (seconds blocked): the reduction
+  // completed where gradients arrived since the last one, and under ZeRO-2 and -3 the reduced
+  // chunks all-gathered into the gradients (which hold their memory again until zero_grad()).
+  virtual double complete_gradients() = 0;
   virtual void zero_grad() = 0;
   virtual double squared_norm() = 0;      // this rank's share of the squared gradient norm
   virtual void scale_gradients(double s) = 0;
@@ -124,6 +130,7 @@ class BucketBase {
   // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
   virtual void reload_parameters() = 0;
   bool started = false;
+  bool dirty = false;  // gradients arrived since the last reduction (a backward reported them ready)
   bool kept = false;  // stage 3: left present after a use because this bucket is used next too
 };
 
@@ -177,6 +184,7 @@ class Bucket : public BucketBase {
   }
 
   double finish_reduction() override {
+    dirty = false;
     start_reduction(false);
     double blocked = blocking_seconds_;
     blocking_seconds_ = 0;
@@ -198,6 +206,34 @@ class Bucket : public BucketBase {
     }
     send_.reset();
     recv_.reset();
+    return blocked;
+  }
+
+  double complete_gradients() override {
+    double blocked = 0;
+    if (dirty) blocked = finish_reduction();
+    Index total = 0;
+    for (auto& s : slots)
+      if (s.reduced && !s.grad_present()) total += s.chunk;
+    if (total == 0) return blocked;
+    tshard::detail::OperatorScope scope("gradient_gather");
+    auto mine = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total));
+    T* out = mine.get();
+    for (auto& s : slots)
+      if (s.reduced && !s.grad_present()) out = std::copy(s.reduced.get(), s.reduced.get() + s.chunk, out);
+    auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(total * n_));
+    tshard::detail::all_gather(data_, mine.get(), total, all.get());
+    Index at = 0;
+    for (auto& s : slots) {
+      if (!s.reduced || s.grad_present()) continue;
+      T* g = s.grad();
+      for (int j = 0; j < n_; ++j) {
+        const Index b = std::min(s.size, Index(j) * s.chunk), e = std::min(s.size, Index(j + 1) * s.chunk);
+        const T* in = all.get() + Index(j) * total + at;
+        std::copy(in, in + (e - b), g + b);
+      }
+      at += s.chunk;
+    }
     return blocked;
   }
 
@@ -240,6 +276,10 @@ class Bucket : public BucketBase {
 
   void scale_gradients(double f) override {
     for (auto& s : slots) {
+      if (s.reduced && s.grad_present()) {  // a gradient gathered to be read: scaled whole, as its chunks
+        T* g = s.grad();
+        for (Index i = 0; i < s.size; ++i) g[i] = T(g[i] * f);
+      }
       s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
         T* g = gradient_at(s, off);
         for (Index i = 0; i < n; ++i) g[i] = T(g[i] * f);
@@ -286,9 +326,20 @@ class Bucket : public BucketBase {
     prefetch_recv_.reset();
   }
 
+  // A released parameter keeps the way back to its values: a writer of files (io::save_npy,
+  // checkpoints, safetensors) gathers the chunks, collectively over the data axis, and writes
+  // the true values; gather() and local() keep saying it holds none.
   void release_parameters() override {
-    for (auto& s : slots)
-      if (s.streamed) s.release_param();
+    for (auto& s : slots) {
+      if (!s.streamed) continue;
+      s.release_param(std::make_shared<const tshard::detail::RestoreValues<T>>(
+          [master = s.master, chunk = s.chunk, size = s.size, n = n_, comm = data_, mesh = s.mesh](T* block) {
+            tshard::detail::OperatorScope scope("parameter_gather");
+            auto all = tshard::detail::pooled_array<T>(static_cast<std::size_t>(chunk * n));
+            tshard::detail::all_gather(comm, master.get(), chunk, all.get());
+            std::copy(all.get(), all.get() + size, block);
+          }));
+    }
   }
 
   int slot_count() const override { return int(slots.size()); }

@@ -8,7 +8,9 @@
 
 #include <array>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tshard/comm/buffer_pool.hpp"
@@ -23,6 +25,9 @@ namespace tshard {
 
 namespace detail {
 struct AdoptStorage {};  // tag: construct around existing storage
+// Fills a released tensor's padded block with its values (see ShardedTensor::restore_).
+template <class T>
+using RestoreValues = std::function<void(T* block)>;
 struct TensorAccess;     // the ops' access to storage and to an unevaluated factor
 class GradNode;          // a tensor's place on the tape of a gradient (tensor/tape.hpp)
 
@@ -85,8 +90,10 @@ class ShardedTensor {
     layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
   }
 
-  // A copy is the same value: it keeps its place on the tape of a gradient being taken.
+  // A copy is the same value: it keeps its place on the tape of a gradient being taken. A
+  // parameter ZeRO-3 released has no value here to copy: that is the SpecError gather() gives.
   ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_), node_(o.node_) {
+    o.require_values("copy");
     data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
     if (layout_.padded_size() && o.data_) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
   }
@@ -168,7 +175,8 @@ class ShardedTensor {
   friend struct detail::TensorAccess;
 
   // A parameter ZeRO-3 released between its layer's uses holds no buffer (on every rank alike):
-  // reading it is an error that says so, not a read of null.
+  // reading it is an error that says so, not a read of null. (Writers of files read it through
+  // detail::readable(), which gathers it back.)
   void require_values(const char* op) const {
     if (!data_ && layout_.padded_size() > 0)
       throw SpecError(std::string("tshard::ShardedTensor::") + op + ": " + describe() +
@@ -206,6 +214,9 @@ class ShardedTensor {
   mutable T scale_{1};          // the value is scale_ * data_ while scaled_
   mutable bool scaled_ = false;
   std::shared_ptr<detail::GradNode> node_;  // set only while a gradient is taken of this value (ts::ad)
+  // While the buffer is released (ZeRO-3): how its values are gathered back from the chunks their
+  // owners hold (writes padded_size() elements; collective over the owners' group).
+  std::shared_ptr<const detail::RestoreValues<T>> restore_;
 };
 
 namespace detail {
@@ -292,13 +303,20 @@ struct TensorAccess {
   static bool has_storage(const ShardedTensor<T, M, S, P>& x) {
     return bool(x.data_);
   }
+  // `restore`, where given, gathers the values back for a reader that must have them (a writer).
   template <class T, class M, class S, class P>
-  static void release_storage(ShardedTensor<T, M, S, P>& x) {
+  static void release_storage(ShardedTensor<T, M, S, P>& x, std::shared_ptr<const RestoreValues<T>> restore = nullptr) {
     x.data_.reset();
     x.scaled_ = false;
+    x.restore_ = std::move(restore);
+  }
+  template <class T, class M, class S, class P>
+  static const std::shared_ptr<const RestoreValues<T>>& restore(const ShardedTensor<T, M, S, P>& x) {
+    return x.restore_;
   }
   template <class T, class M, class S, class P>
   static void acquire_storage(ShardedTensor<T, M, S, P>& x, bool zeroed) {
+    x.restore_.reset();
     if (!x.data_) {
       const auto n = static_cast<std::size_t>(x.layout_.padded_size());
       x.data_ = pooled_array<T>(n);
@@ -315,6 +333,34 @@ template <class X>
 const ShardLayout& layout_of(const X& x) {
   return TensorAccess::layout(x);
 }
+
+// x's values for a reader that must see them whatever state x is in (a file writer, a checksum):
+// x itself, or, for a parameter ZeRO-3 released, a copy gathered back from the chunks its
+// optimizer holds (collective over them: every rank holds x released alike). A tensor released
+// with no way back is the SpecError that gather() gives.
+template <class X>
+class Readable {
+ public:
+  Readable(const X& x, const char* op) : x_(&x) {
+    if (TensorAccess::has_storage(x) || x.padded_size() == 0) return;
+    const auto& restore = TensorAccess::restore(x);
+    if (!restore)
+      throw SpecError(std::string("tshard::") + op + ": " + x.describe() +
+                      " holds no values: its buffer was released, and nothing holds them");
+    auto block = pooled_array<typename X::Scalar>(static_cast<std::size_t>(x.padded_size()));
+    (*restore)(block.get());
+    copy_.emplace(AdoptStorage{}, x.mesh(), x.global_shape(), std::move(block));
+    x_ = &*copy_;
+  }
+  Readable(const Readable&) = delete;
+  Readable& operator=(const Readable&) = delete;
+  const X& operator*() const { return *x_; }
+  const X* operator->() const { return x_; }
+
+ private:
+  const X* x_;
+  std::optional<X> copy_;
+};
 
 }  // namespace detail
 
