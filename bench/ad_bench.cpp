@@ -1,14 +1,18 @@
-// Derived gradients against the hand-written backward they replace, side by side in one run:
+// Derived gradients against a backward written by hand, side by side in one run:
 //  1. a stack of transformer blocks (TransformerBlock: layer norms, attention, MLP), one training
-//     step's forward and backward: the hand-written path (block.forward, block.backward) against
-//     ts::ad::backward over the same blocks called forward only; time (median of interleaved
-//     reps) and the buffer pool's peak bytes in use (activations, gradients, temporaries);
+//     step's forward and backward: the chain rule written out with the public functions and their
+//     fused backwards (layer_norm_backward, causal_attention_backward, gelu_backward, einsums),
+//     activations kept by hand, against ts::ad::backward over the blocks called forward only;
+//     time (median of interleaved reps) and the buffer pool's peak bytes in use (activations,
+//     gradients, temporaries);
 //  2. the tape's overhead per recorded operator on a chain of small elementwise ops.
 //   mpirun -np 2 ./tshard_bench_ad --mesh model=2 [--dmodel 1024 --heads 16 --batch 8 --seq 256 --layers 2]
 #include <tshard/tshard.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -40,6 +44,75 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+using X = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+template <class A>
+auto as_x(A&& a) {
+  return ts::reshard<X>(std::forward<A>(a));
+}
+
+// One block's forward with what its backward needs kept, and that backward written out: dL/dx for
+// dL/dy, every parameter's gradient resolved into its parameter's layout (the data-parallel sum),
+// as the layers' own backwards once did by hand.
+struct HandBlock {
+  Block& b;
+  using In = ts::ShardedTensor<float, M, X>;
+  std::optional<In> x, h, n1, n2;
+  using QKV = decltype(ts::einsum<"btd,dkh->tbkh">(std::declval<const In&>(), std::declval<Block&>().attention().wq()));
+  std::optional<QKV> q, k, v, context;
+  using P = decltype(ts::nn::causal_attention(*q, *k, *v).second);
+  std::optional<P> p;
+  using F = decltype(ts::einsum<"btd,df->btf">(std::declval<const In&>(), std::declval<Block&>().mlp().fc1().weight()));
+  std::optional<F> f1;
+
+  In forward(const In& in) {
+    auto& at = b.attention();
+    auto& mlp = b.mlp();
+    x = in;
+    n1 = as_x(ts::nn::layer_norm<2>(in, b.ln1().gamma(), b.ln1().beta(), 1e-5f));
+    q = ts::einsum<"btd,dkh->tbkh">(*n1, at.wq());
+    k = ts::einsum<"btd,dkh->tbkh">(*n1, at.wk());
+    v = ts::einsum<"btd,dkh->tbkh">(*n1, at.wv());
+    auto [c, probabilities] = ts::nn::causal_attention(*q, *k, *v);
+    context = std::move(c);
+    p = std::move(probabilities);
+    h = as_x(in + (ts::einsum<"tbkh,khd->btd">(*context, at.wo()) + at.bo()));
+    n2 = as_x(ts::nn::layer_norm<2>(*h, b.ln2().gamma(), b.ln2().beta(), 1e-5f));
+    f1 = ts::einsum<"btd,df->btf">(*n2, mlp.fc1().weight()) + mlp.fc1().bias();
+    return as_x(*h + (ts::einsum<"btf,fd->btd">(ts::nn::gelu(*f1), mlp.fc2().weight()) + mlp.fc2().bias()));
+  }
+  template <class G, class C>
+  static void add(G& grad, const C& contribution) {
+    grad += ts::reshard<typename G::SpecType>(contribution);
+  }
+  In backward(const In& dy) {
+    auto& at = b.attention();
+    auto& mlp = b.mlp();
+    add(mlp.fc2().weight_grad(), ts::einsum<"btf,btd->fd">(ts::nn::gelu(*f1), dy));
+    add(mlp.fc2().bias_grad(), ts::sum<0, 1>(dy));
+    auto df1 = ts::nn::gelu_backward(*f1, ts::einsum<"btd,fd->btf">(dy, mlp.fc2().weight()));
+    add(mlp.fc1().weight_grad(), ts::einsum<"btd,btf->df">(*n2, df1));
+    add(mlp.fc1().bias_grad(), ts::sum<0, 1>(df1));
+    auto [dh_norm, dg2, db2] = ts::nn::layer_norm_backward<2>(*h, b.ln2().gamma(), as_x(ts::einsum<"btf,df->btd">(df1, mlp.fc1().weight())), 1e-5f);
+    add(b.ln2().gamma_grad(), dg2);
+    add(b.ln2().beta_grad(), db2);
+    const In dh = as_x(dy + dh_norm);
+    add(at.gradient_of(at.wo()), ts::einsum<"tbkh,btd->khd">(*context, dh));
+    add(at.gradient_of(at.bo()), ts::sum<0, 1>(dh));
+    auto [dq, dk, dv] = ts::nn::causal_attention_backward(*q, *k, *v, *p, ts::einsum<"btd,khd->tbkh">(dh, at.wo()));
+    add(at.gradient_of(at.wq()), ts::einsum<"btd,tbkh->dkh">(*n1, dq));
+    add(at.gradient_of(at.wk()), ts::einsum<"btd,tbkh->dkh">(*n1, dk));
+    add(at.gradient_of(at.wv()), ts::einsum<"btd,tbkh->dkh">(*n1, dv));
+    auto dn1 = as_x(ts::einsum<"tbkh,dkh->btd">(dq, at.wq()) + ts::einsum<"tbkh,dkh->btd">(dk, at.wk()) +
+                    ts::einsum<"tbkh,dkh->btd">(dv, at.wv()));
+    auto [dx_norm, dg1, db1] = ts::nn::layer_norm_backward<2>(*x, b.ln1().gamma(), dn1, 1e-5f);
+    add(b.ln1().gamma_grad(), dg1);
+    add(b.ln1().beta_grad(), db1);
+    release();
+    return as_x(dh + dx_norm);
+  }
+  void release() { x.reset(), h.reset(), n1.reset(), n2.reset(), q.reset(), k.reset(), v.reset(), context.reset(), p.reset(), f1.reset(); }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,21 +135,21 @@ int main(int argc, char** argv) {
   }
   const M mesh({o.data, o.model});
   const bool root = mesh.rank() == 0;
-  using X = ts::Spec<ts::S<"data">, ts::R, ts::R>;
   auto x = ts::random<float, X>(mesh, {o.batch, o.seq, o.dmodel}, 1);
   auto w = ts::random<float, X>(mesh, {o.batch, o.seq, o.dmodel}, 2);
   Stack hand(mesh, o), derived(mesh, o);
 
   // Bytes in use after the forward (activations kept for backward), above the step's start.
   std::uint64_t start_bytes = 0, kept_hand = 0, kept_derived = 0;
+  std::vector<HandBlock> steps;
+  for (auto& b : hand.blocks) steps.push_back(HandBlock{b});
   auto run_hand = [&] {
     hand.zero_grad();
     auto y = x;
-    for (auto& b : hand.blocks) y = b.forward(y);
+    for (auto& s : steps) y = s.forward(y);
     kept_hand = ts::pool_stats().bytes_in_use - start_bytes;
     auto dy = w;
-    for (auto it = hand.blocks.rbegin(); it != hand.blocks.rend(); ++it) dy = it->backward(dy);
-    ts::nn::release_micro_batch(0);  // what the layers kept goes back, as the tape's does
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) dy = it->backward(dy);
   };
   auto run_derived = [&] {
     derived.zero_grad();

@@ -12,7 +12,8 @@
 // of dx over model and of dW1, dW2 over data; SGD. Runs on the meshes {data, model} = {1, P} and
 // {P, 1}. Samples are the slowest rank's time after a barrier, variants interleaved, figures are
 // medians; GFLOP/s count 2*M*N*K per GEMM over all ranks. Ratios > 1 mean tshard is slower.
-// A fourth variant writes the step with the nn layer (Linear, relu_backward, SGD).
+// A fourth variant writes the step with nn layers, forward only (Linear, relu, an SGD owning the
+// module; the gradients derived).
 #include <tshard/tshard.hpp>
 
 #include <algorithm>
@@ -100,9 +101,10 @@ float tshard_step(const Tensor<Rows>& x, const Tensor<Rows>& t, Tensor<ColSplit>
 }
 
 // ---- the same step written with the nn layer: two Linear layers without bias (column- and
-// row-parallel by their weight specs), relu, SGD owning both layers (bucketed data-parallel
-// gradient reduction started as each layer's backward ends) ----
-struct LayerMlp {
+// row-parallel by their weight specs), relu, forward only (ts::ad derives the backward), SGD
+// owning the module (bucketed data-parallel gradient reduction started as each layer's
+// gradients are final) ----
+struct LayerMlp : ts::nn::Module {
   ts::nn::Linear<float, M, ColSplit> fc1;
   ts::nn::Linear<float, M, RowSplit> fc2;
   ts::nn::SGD opt;
@@ -112,21 +114,20 @@ struct LayerMlp {
         opt({.lr = lr, .overlap = overlap}) {
     fc1.weight() = w1;
     fc2.weight() = w2;
-    opt.add(fc1);
-    opt.add(fc2);
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    opt.add(*this);
   }
   float step(const Tensor<Rows>& x, const Tensor<Rows>& t) {
     const auto [B, D] = x.global_shape();
-    const float n = float(B) * float(D);
-    auto h = fc1.forward(x);
-    auto y = fc2.forward(ts::relu(h));  // the partial over model resolved: the forward all-reduce
-    auto diff = y - t;
-    const float loss = ts::sum<0, 1>(diff * diff).gather()() / n;
+    const float scale = 1.f / (float(B) * float(D));
     opt.zero_grad();
-    auto da = fc2.backward((2.f / n) * diff);
-    auto dx = ts::reshard<Rows>(fc1.backward(ts::nn::relu_backward(h, da)));  // the backward all-reduce
+    const double loss = ts::ad::backward(*this, [&] {
+      auto diff = fc2(ts::relu(fc1(x))) - t;  // the partial over model resolved: the forward all-reduce
+      return ts::sum<0, 1>(diff * diff) * scale;
+    });
     opt.step();
-    return loss;
+    return float(loss);
   }
 };
 
@@ -327,7 +328,7 @@ bool run_mesh(const Options& o, int dp, int mp, double peak, std::vector<Ratio>&
                 name.c_str(), tm[2] * 1e3, gflop / tm[2], 100 * gflop / tm[2] / peak, tm[2] / tm[1]);
   }
   if (root())
-    std::printf("step %s with nn layers (Linear, relu_backward, SGD owning the layers): tshard %8.2f ms %7.1f GFLOP/s "
+    std::printf("step %s with nn layers (Linear, relu, derived backward, SGD owning them): tshard %8.2f ms %7.1f GFLOP/s "
                 "(%4.1f %% of peak) | ratio tshard/hand %.3f\n",
                 name.c_str(), tm[3] * 1e3, gflop / tm[3], 100 * gflop / tm[3] / peak, tm[3] / tm[1]);
   if (root())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Derived gradients against the hand-written backward they replace, in one run each: the step of
+# Derived gradients against the backward written by hand with the public functions, in one run each: the step of
 # a stack of transformer blocks (time and the buffer pool's peak) on 2 ranks, meshes
 # {data, model} = {1, 2} and {2, 1}, and the tape's overhead per operator; then the lines of
 # model code of examples/gpt_minimal.cpp. Extra arguments go to the benchmark.

@@ -1,8 +1,9 @@
 // A two-layer MLP classifier trained with tshard's nn layer: a column-parallel Linear, gelu, a
 // row-parallel Linear (Megatron's MLP by annotation alone), cross-entropy, AdamW, on a
-// {data, model} mesh. The data and the initial weights depend only on the seed, so the loss
-// curve is the single-rank one whatever the mesh; with --check the program also trains on a
-// one-rank mesh over MPI_COMM_SELF and compares the two curves.
+// {data, model} mesh, written forward only (the gradients are derived). The data and the initial
+// weights depend only on the seed, so the loss curve is the single-rank one whatever the mesh;
+// with --check the program also trains on a one-rank mesh over MPI_COMM_SELF and compares the
+// two curves.
 //
 //   mpirun -np 4 ./train_mlp --model 2 --steps 20 --check
 #include <tshard/tshard.hpp>
@@ -32,26 +33,27 @@ auto make_data(const M& mesh, const Options& o) {
   return std::pair{std::move(x), std::move(labels)};
 }
 
+// A column-parallel Linear, gelu, a row-parallel Linear: Megatron's MLP by annotation alone.
+struct Mlp : ts::nn::Module {
+  ts::nn::Linear<double, M, ts::Spec<ts::R, ts::S<"model">>> fc1;  // [B, hidden] split over data and model
+  ts::nn::Linear<double, M, ts::Spec<ts::S<"model">, ts::R>> fc2;  // its partial over model resolved before the bias
+  Mlp(const M& mesh, const Options& o) : fc1(mesh, o.features, o.hidden, 11), fc2(mesh, o.hidden, o.classes, 12) {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  auto operator()(const auto& x) { return fc2(ts::nn::gelu(fc1(x))); }
+};
+
 std::vector<double> train(const M& mesh, const Options& o) {
   using Rows = ts::Spec<ts::S<"data">, ts::R>;
   auto [x, labels] = make_data<Rows>(mesh, o);
-  ts::nn::Linear<double, M, ts::Spec<ts::R, ts::S<"model">>> fc1(mesh, o.features, o.hidden, 11);  // column-parallel
-  ts::nn::Linear<double, M, ts::Spec<ts::S<"model">, ts::R>> fc2(mesh, o.hidden, o.classes, 12);   // row-parallel
+  Mlp mlp(mesh, o);
   ts::nn::AdamW opt({.lr = 2e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f});
-  opt.add(fc1.weight(), fc1.weight_grad());
-  opt.add(fc1.bias(), fc1.bias_grad());
-  opt.add(fc2.weight(), fc2.weight_grad());
-  opt.add(fc2.bias(), fc2.bias_grad());
+  opt.add(mlp);
   std::vector<double> losses;
   for (int step = 0; step < o.steps; ++step) {
-    auto h = fc1.forward(x);        // [B, hidden] split over data and model
-    auto a = ts::nn::gelu(h);
-    auto logits = fc2.forward(a);   // the partial over model is resolved before the bias
-    losses.push_back(ts::nn::cross_entropy(logits, labels));
-    fc1.zero_grad();
-    fc2.zero_grad();
-    auto da = fc2.backward(ts::nn::cross_entropy_backward(logits, labels));
-    fc1.backward(ts::nn::gelu_backward(h, da));
+    opt.zero_grad();
+    losses.push_back(ts::ad::backward(mlp, [&] { return ts::nn::cross_entropy(mlp(x), labels); }));
     opt.step();
   }
   return losses;

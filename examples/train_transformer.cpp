@@ -41,6 +41,7 @@
 // [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
 // of the steps; --report prints the collectives per step and operator.
 #include <tshard/tshard.hpp>
+#include <tshard/train/checkpoint.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -48,6 +49,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -271,37 +274,6 @@ class LanguageModel : public ts::nn::Module {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
 
-  template <class Optimizer>
-  void register_with(Optimizer& opt) {
-    if (first_) {
-      opt.add(*tokens_);
-      opt.add(*positions_);
-    }
-    for (auto& b : blocks_) opt.add(*b);
-    if (last_) {
-      opt.add(*norm_);
-      opt.add(*head_);
-    }
-  }
-
-  // f(name, parameter) for this stage's parameters in the order register_with gives them to the
-  // optimizer; names use the global layer index, so any pipeline cut finds them.
-  template <class F>
-  void for_each_named_parameter(F&& f) {
-    auto layer = [&](const std::string& name, auto& l) {
-      int i = 0;
-      l.for_each_parameter([&](auto& p, auto&) { f(name + "/" + std::to_string(i++), p); });
-    };
-    if (first_) {
-      layer("tokens", *tokens_);
-      layer("positions", *positions_);
-    }
-    for (std::size_t b = 0; b < blocks_.size(); ++b) layer("block" + std::to_string(first_block_ + int(b)), *blocks_[b]);
-    if (last_) {
-      layer("norm", *norm_);
-      layer("head", *head_);
-    }
-  }
   // The steps seen by the layers whose masks and routing depend on it (a resumed run).
   void resume(long steps) {
     for (auto& b : blocks_) b->resume(std::uint64_t(steps));
@@ -309,32 +281,15 @@ class LanguageModel : public ts::nn::Module {
 
   // This stage's parameters that the 6N FLOP rule counts (not the embeddings); of the experts'
   // weights [.., E], the two a token is routed to.
-  double dense_parameters() {
+  double dense_parameters() const {
     double n = 0;
-    double share = 1;
-    auto count = [&](auto& p, auto&) {
-      double e = share;
-      for (auto d : p.global_shape()) e *= double(d);
+    for_each_slot([&](const std::string& name, ts::nn::detail::ParameterSlot& p, const ts::nn::Module&) {
+      if (name.rfind("tokens.", 0) == 0 || name.rfind("positions.", 0) == 0) return;
+      const bool expert = name.find(".moe.expert_") != std::string::npos;
+      double e = expert ? std::min(2.0, double(o_.experts)) / double(o_.experts) : 1.0;
+      for (auto d : p.shape()) e *= double(d);
       n += e;
-    };
-    for (auto& b : blocks_) {
-      if (!b->has_experts()) {
-        b->for_each_parameter(count);
-        continue;
-      }
-      b->ln1().for_each_parameter(count);
-      b->attention().for_each_parameter(count);
-      b->ln2().for_each_parameter(count);
-      count(b->moe().router(), b->moe().router());
-      share = std::min(2.0, double(o_.experts)) / double(o_.experts);
-      count(b->moe().expert_in(), b->moe().expert_in());
-      count(b->moe().expert_out(), b->moe().expert_out());
-      share = 1;
-    }
-    if (last_) {
-      norm_->for_each_parameter(count);
-      head_->for_each_parameter(count);
-    }
+    });
     return n;
   }
 
@@ -556,64 +511,50 @@ struct Run {
 };
 
 // What a checkpoint must agree on with the run that resumes it: the model and the data.
-const char* const kCheckpointKeys[] = {"seed", "layers", "dmodel", "heads", "vocab", "hidden", "experts", "seq", "batch"};
-std::string option_value(const Options& o, const std::string& key) {
-  if (key == "seed") return std::to_string(o.seed);
-  if (key == "layers") return std::to_string(o.layers);
-  if (key == "dmodel") return std::to_string(o.dmodel);
-  if (key == "heads") return std::to_string(o.heads);
-  if (key == "vocab") return std::to_string(o.vocab);
-  if (key == "hidden") return std::to_string(o.hidden);
-  if (key == "experts") return std::to_string(o.experts);
-  if (key == "seq") return std::to_string(o.seq);
-  return std::to_string(o.batch);
+ts::train::RunSettings checkpoint_settings(const Options& o) {
+  return {{"seed", std::to_string(o.seed)},     {"layers", std::to_string(o.layers)},   {"dmodel", std::to_string(o.dmodel)},
+          {"heads", std::to_string(o.heads)},   {"vocab", std::to_string(o.vocab)},     {"hidden", std::to_string(o.hidden)},
+          {"experts", std::to_string(o.experts)}, {"seq", std::to_string(o.seq)},      {"batch", std::to_string(o.batch)}};
 }
 
-// The whole training state: parameters, AdamW's m and v (ZeRO chunks gathered into each
+// The whole training state: parameters, AdamW's moments (ZeRO chunks gathered into each
 // parameter's layout), the step (which is also the data position: batches and dropout masks
 // are functions of (seed, step)), and what the model and data are. Each stage writes its own
 // layers; every tensor is the global one, so any mesh and ZeRO stage can load it.
 template <class T, class Optimizer>
 void save_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, Optimizer& opt, long step) {
-  opt.gather_parameters();  // ZeRO-3: every parameter present
-  ts::io::CheckpointWriter ck(mesh.comm(), o.save);
-  int i = 0, written = 0;
-  const char* kill = std::getenv("TRAIN_TRANSFORMER_KILL_DURING_SAVE");  // the atomicity test
-  model.for_each_named_parameter([&](const std::string& name, auto& p) {
-    ck.add(name, p);
-    for (int k = 0; k < opt.state_count(); ++k) {
-      auto state = p;  // the parameter's type and layout
-      opt.read_state(i, k, state.data());
-      ck.add(name + "/adam" + std::to_string(k), state);
-    }
-    ++i;
-    if (kill && ++written == std::atoi(kill)) std::raise(SIGKILL);
-  });
-  ck.set("step", std::to_string(step));
-  for (const char* key : kCheckpointKeys) ck.set(key, option_value(o, key));
-  ck.commit();
+  ts::train::SaveOptions save;
+  if (const char* kill = std::getenv("TRAIN_TRANSFORMER_KILL_DURING_SAVE"))  // the atomicity test
+    save.after_each = [n = std::atoi(kill)](int written) {
+      if (written == n) std::raise(SIGKILL);
+    };
+  ts::train::save_checkpoint(mesh, o.save, model, opt, step, checkpoint_settings(o), save);
+}
+
+// Checkpoints written before parameters had one name everywhere called the k-th parameter of a
+// top-level layer "<layer>/<k>" and AdamW's moments "<layer>/<k>/adam0" and "/adam1".
+std::function<std::string(const std::string&)> older_names(const ts::nn::Module& model, const ts::io::CheckpointReader& in) {
+  std::map<std::string, std::string> older;
+  std::map<std::string, int> count;
+  for (const auto& name : model.parameter_names()) {
+    const std::string layer = name.substr(0, name.find('.'));
+    older[name] = layer + "/" + std::to_string(count[layer]++);
+  }
+  if (older.empty() || !in.has(older.begin()->second)) return {};
+  return [older](const std::string& name) {
+    const auto slash = name.find('/');
+    const std::string state = slash == std::string::npos ? "" : name.substr(slash + 1);
+    const auto it = older.find(name.substr(0, slash));
+    if (it == older.end()) return name;
+    return it->second + (state.empty() ? "" : state == "exp_avg" ? "/adam0" : "/adam1");
+  };
 }
 
 // Returns the step to go on from.
 template <class T, class Optimizer>
 long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, Optimizer& opt) {
-  ts::io::CheckpointReader in(mesh.comm(), o.resume);
-  for (const char* key : kCheckpointKeys)
-    if (in.get(key) != option_value(o, key))
-      throw ts::IoError("train_transformer: the checkpoint '" + o.resume + "' was written with --" + key + " " +
-                        in.get(key) + ", this run has " + option_value(o, key));
-  opt.gather_parameters();
-  int i = 0;
-  model.for_each_named_parameter([&](const std::string& name, auto& p) {
-    using P = std::remove_cvref_t<decltype(p)>;
-    p = in.load<typename P::Scalar, typename P::SpecType>(p.mesh(), name);
-    for (int k = 0; k < opt.state_count(); ++k)
-      opt.write_state(i, k, in.load<typename P::Scalar, typename P::SpecType>(p.mesh(), name + "/adam" + std::to_string(k)).data());
-    ++i;
-  });
-  opt.reload_parameters();
-  const long step = std::stol(in.get("step"));
-  opt.set_steps(step);
+  const auto rename = older_names(model, ts::io::CheckpointReader(mesh.comm(), o.resume));
+  const long step = ts::train::load_checkpoint(mesh, o.resume, model, opt, checkpoint_settings(o), "train_transformer", rename);
   model.resume(step);
   return step;
 }
@@ -626,7 +567,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
                      .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch});
-  model.register_with(opt);
+  opt.add(model);
   opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
   Run run;
   const double dense = model.dense_parameters();

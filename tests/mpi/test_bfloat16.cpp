@@ -196,19 +196,8 @@ TEST_CASE("a transformer block in bfloat16 computes the float block's loss and g
       ts::nn::TransformerBlock<float, MM> f(mesh, o);
       ts::nn::TransformerBlock<B, MM> h(mesh, o);
       // The bfloat16 block starts from the float block's weights, rounded.
-      std::vector<Eigen::Tensor<float, 1>> fw;
-      f.for_each_parameter([&](auto& p, auto&) {
-        const auto v = p.gather();
-        fw.push_back(Eigen::TensorMap<const Eigen::Tensor<float, 1>>(v.data(), v.size()));
-      });
-      std::size_t k = 0;
-      h.for_each_parameter([&](auto& p, auto&) {
-        using P = std::remove_cvref_t<decltype(p)>;
-        Eigen::Tensor<B, P::rank> g(p.global_shape());
-        for (Eigen::Index i = 0; i < g.size(); ++i) g.data()[i] = B(fw[k].data()[i]);
-        p = ts::distribute<typename P::SpecType>(mesh, g);
-        ++k;
-      });
+      const auto fs = ts::nn::state_dict(f), hs = ts::nn::state_dict(h);
+      for (const auto& [name, t] : hs) t->set_values(fs.at(name).values());
       const auto xf = ts::distribute<X>(mesh, gx), wf = ts::distribute<X>(mesh, gw);
       const auto xh = ts::distribute<X>(mesh, Eigen::Tensor<B, 3>(gx.cast<B>()));
       const auto wh = ts::distribute<X>(mesh, Eigen::Tensor<B, 3>(gw.cast<B>()));
@@ -217,15 +206,16 @@ TEST_CASE("a transformer block in bfloat16 computes the float block's loss and g
       if (!experts) TS_REQUIRE_ALL(std::abs(lh - lf) <= 3e-2 * std::max(1.0, std::abs(lf)));
       TS_REQUIRE_ALL(std::isfinite(lh));
       std::vector<Eigen::Tensor<float, 1>> gf, gh;
-      f.for_each_parameter([&](auto&, auto& g) {
-        const auto v = g.gather();
-        gf.push_back(Eigen::TensorMap<const Eigen::Tensor<float, 1>>(v.data(), v.size()));
-      });
-      h.for_each_parameter([&](auto&, auto& g) {
-        const Eigen::Tensor<B, std::remove_cvref_t<decltype(g)>::rank> v = g.gather();
-        Eigen::Tensor<B, 1> flat = Eigen::TensorMap<const Eigen::Tensor<B, 1>>(v.data(), v.size());
-        gh.push_back(flat.cast<float>());
-      });
+      auto gradients = [](const ts::nn::Module& m, std::vector<Eigen::Tensor<float, 1>>& out) {
+        m.for_each_slot([&](const std::string&, ts::nn::detail::ParameterSlot& slot, const ts::nn::Module&) {
+          const auto v = slot.gradient_state()->values();
+          Eigen::Tensor<float, 1> t(Eigen::Index(v.size()));
+          for (std::size_t i = 0; i < v.size(); ++i) t(Eigen::Index(i)) = float(v[i]);
+          out.push_back(t);
+        });
+      };
+      gradients(f, gf);
+      gradients(h, gh);
       TS_REQUIRE_ALL(gf.size() == gh.size());
       if (experts) {
         // The top-2 gate's choices are discrete: bfloat16's probabilities may route a token

@@ -164,7 +164,7 @@ TEST_CASE("a mixture-of-experts layer drops tokens over capacity to zero and equ
     moe.router() = ts::distribute<ts::Spec<ts::R, ts::R>>(mesh, router);
     T3 xs = x;
     for (Eigen::Index i = 0; i < g * s; ++i) xs.data()[i + g * s * 3] = 10.0;  // feature 3: logit 0.5 for expert 0
-    const T3 y = moe.forward(ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::R>>(mesh, xs)).gather();
+    const T3 y = moe(ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::R>>(mesh, xs)).gather();
     const Eigen::Tensor<double, 3> wi = moe.expert_in().gather(), wo = moe.expert_out().gather();
     auto expert = [&](Eigen::Index ex, Eigen::Index gg, Eigen::Index t, Eigen::Index j) {
       double out = 0;
@@ -224,17 +224,17 @@ TEST_CASE("the load-balancing loss's router gradient equals finite differences o
   using A = ts::Spec<ts::S<"data">, ts::R, ts::R>;
   const auto xt = ts::distribute<A>(self, x);
   moe.zero_grad();
-  (void)moe.forward(xt);
-  moe.backward(ts::zeros<double, A>(self, {g, s, d}));  // only the auxiliary loss has a gradient
+  auto [y, pullback] = ts::ad::vjp(moe, [&](const auto& v) { return moe(v); }, xt);
+  pullback(ts::zeros<double, A>(self, {g, s, d}));  // only the auxiliary loss has a gradient
   const Eigen::Tensor<double, 2> grad = moe.router_grad().gather();
   double* r = moe.router().data();
   for (Eigen::Index i = 0; i < grad.size(); ++i) {
     const double keep = r[i], h = 1e-6;
     r[i] = keep + h;
-    (void)moe.forward(xt);
+    (void)moe(xt);
     const double up = moe.auxiliary_loss();
     r[i] = keep - h;
-    (void)moe.forward(xt);
+    (void)moe(xt);
     const double down = moe.auxiliary_loss();
     r[i] = keep;
     INFO("router element " << i);
@@ -283,117 +283,11 @@ ts::ShardedTensor<double, DM, Rows> micro_batch_rows(const DM& mesh, const Eigen
                                          [&](const auto& i) { return t(i[0] + mb.row_offset, i[1]); });
 }
 
-struct LinearStage {
-  using Activation = ts::ShardedTensor<double, DM, Rows>;
-  DM mesh;
-  std::vector<ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>>> layers;
-  Eigen::Tensor<double, 2> input, target;
-  bool first = false, last = false;
-  double loss = 0;
-  std::vector<std::optional<Activation>> outputs;
-
-  Activation boundary(const ts::nn::MicroBatch& mb) const {
-    return Activation(mesh, {input.dimension(0) / mb.count, input.dimension(1)});
-  }
-  Activation rows_of(const Eigen::Tensor<double, 2>& t, const ts::nn::MicroBatch& mb) const {
-    return micro_batch_rows(mesh, t, mb);
-  }
-  std::optional<Activation> forward(const ts::nn::MicroBatch& mb, const Activation* in) {
-    Activation x = first ? rows_of(input, mb) : *in;
-    for (auto& l : layers) x = ts::reshard<Rows>(l.forward(x));
-    if (!last) return x;
-    // loss = sum of squares of (y - target) over the whole batch / 2
-    Activation r = x - rows_of(target, mb);
-    if (!mb.recompute) {
-      const Eigen::Tensor<double, 2> rg = r.gather();
-      for (Eigen::Index i = 0; i < rg.size(); ++i) loss += 0.5 * rg.data()[i] * rg.data()[i];
-    }
-    if (mb.inference) return std::nullopt;
-    outputs.resize(std::size_t(mb.count));
-    outputs[std::size_t(mb.index)] = std::move(r);
-    return std::nullopt;
-  }
-  std::optional<Activation> backward(const ts::nn::MicroBatch& mb, const Activation* dy) {
-    Activation d = last ? std::move(*outputs[std::size_t(mb.index)]) : *dy;
-    for (auto l = layers.rbegin(); l != layers.rend(); ++l) d = ts::reshard<Rows>(l->backward(d));
-    if (first) return std::nullopt;
-    return d;
-  }
-};
-
-// Loss and gradients of a chain of `n` Linear layers on `mesh` pipelined with `o`, gathered.
-std::pair<double, std::vector<std::vector<double>>> pipelined(const DSM& mesh, int n, const ts::nn::PipelineOptions& o,
-                                                              const Eigen::Tensor<double, 2>& x, const Eigen::Tensor<double, 2>& y) {
-  ts::nn::Pipeline<DSM> pipe(mesh, o);
-  LinearStage st{mesh.submesh<"data", "model">()};
-  st.input = x;
-  st.target = y;
-  st.first = pipe.first();
-  st.last = pipe.last();
-  const auto [begin, end] = pipe.partition(n);
-  for (int l = begin; l < end; ++l) st.layers.emplace_back(st.mesh, x.dimension(1), x.dimension(1), std::uint64_t(40 + l));
-  // Forwards alone first (with the pipeline's micro-batches and with one): the loss the step
-  // will have, and nothing the step then sees.
-  double evaluated[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    st.loss = 0;
-    pipe.evaluate(st, x.dimension(0), k == 0 ? 0 : 1);
-    ts::detail::all_reduce(pipe.stage_comm(), &st.loss, &evaluated[k], 1, ts::ReduceOp::Sum);
-  }
-  st.loss = 0;
-  pipe.run(st, x.dimension(0));
-  double loss = 0;
-  ts::detail::all_reduce(pipe.stage_comm(), &st.loss, &loss, 1, ts::ReduceOp::Sum);
-  TS_REQUIRE_ALL(std::abs(evaluated[0] - loss) <= 1e-12 * loss && std::abs(evaluated[1] - loss) <= 1e-12 * loss);
-  // Every layer's gradients, gathered onto every rank through the stage line, in layer order.
-  std::vector<std::vector<double>> grads;
-  for (int s = 0; s < pipe.stages(); ++s) {
-    const auto [b, e] = ts::nn::Pipeline<DSM>::partition(n, pipe.stages(), s);
-    for (int l = b; l < e; ++l) {
-      const Eigen::Index size = x.dimension(1) * x.dimension(1) + x.dimension(1);
-      std::vector<double> g(static_cast<std::size_t>(size));
-      if (s == pipe.stage()) {
-        auto& layer = st.layers[std::size_t(l - begin)];
-        const Eigen::Tensor<double, 2> w = layer.weight_grad().gather();
-        const Eigen::Tensor<double, 1> bias = layer.bias_grad().gather();
-        std::copy(w.data(), w.data() + w.size(), g.data());
-        std::copy(bias.data(), bias.data() + bias.size(), g.data() + w.size());
-      }
-      ts::detail::broadcast(pipe.stage_comm(), g.data(), size, s);
-      grads.push_back(std::move(g));
-    }
-  }
-  return {loss, grads};
-}
-
 }  // namespace
-
-TEST_CASE("a pipeline of Linear stages gives the unpipelined loss and gradients under GPipe, 1F1B and remat; forwards alone, the loss",
-          "[pipeline]") {
-  const Eigen::Index b = 4, d = 5;
-  const auto x = random_tensor<2>({b, d}, 51), y = random_tensor<2>({b, d}, 52);
-  DSM self(MPI_COMM_SELF, {1, 1, 1});
-  const auto [loss0, grads0] = pipelined(self, 3, {}, x, y);
-  for (auto sizes : mesh_shapes(world_size(), 3)) {
-    DSM mesh({sizes[0], sizes[1], sizes[2]});
-    for (auto schedule : {ts::nn::Schedule::GPipe, ts::nn::Schedule::OneFOneB})
-      for (int m : {1, 2, 4})
-        for (bool remat : {false, true}) {
-          INFO("mesh " << sizes[0] << "x" << sizes[1] << "x" << sizes[2] << " " << ts::nn::to_string(schedule) << " M=" << m
-                       << (remat ? " remat" : ""));
-          const auto [loss, grads] = pipelined(mesh, 3, {.microbatches = m, .schedule = schedule, .remat = remat}, x, y);
-          TS_REQUIRE_ALL(std::abs(loss - loss0) < 1e-12 * (1 + std::abs(loss0)));
-          TS_REQUIRE_ALL(close(grads, grads0, 1e-12));
-        }
-  }
-  // A batch that does not divide into the micro-batches fails on every rank before any message.
-  DSM mesh({1, world_size(), 1});
-  REQUIRE_THROWS_AS(pipelined(mesh, 2, {.microbatches = 3}, x, y), ts::ShapeError);
-}
 
 namespace {
 
-// The same chain written forward only, as a ts::nn::Module: Linear layers with gelu between
+// A chain written forward only, as a ts::nn::Module: Linear layers with gelu between
 // them, the last stage's loss half the mean squared error over its micro-batch, plus a scale
 // of the last stage's own. The pipeline derives every gradient (ts::ad::vjp per micro-batch).
 struct ForwardOnlyStage : ts::nn::Module {
@@ -511,4 +405,7 @@ TEST_CASE("a pipeline of stages written forward only derives the unpipelined gra
             TS_REQUIRE_ALL(close(got.steps, want.steps, 1e-12));
           }
   }
+  // A batch that does not divide into the micro-batches fails on every rank before any message.
+  DSM mesh({1, world_size(), 1});
+  REQUIRE_THROWS_AS(derived_pipelined(mesh, 2, {.microbatches = 3}, 0, x, y), ts::ShapeError);
 }

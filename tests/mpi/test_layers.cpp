@@ -1,7 +1,7 @@
 // nn layers and optimizers through the typed API on every {data, model} mesh of the world size:
 // attention against serial loops and finite differences; Embedding, LayerNorm, Attention, MLP
-// and TransformerBlock forward and backward against the same layer on a one-rank mesh (itself
-// checked against finite differences); ZeRO stages 0-3 and gradient clipping against the
+// and TransformerBlock forward and derived backward against the same layer on a one-rank mesh
+// (itself checked against finite differences); ZeRO stages 0-3 and gradient clipping against the
 // single-rank training run. Sizes do not divide the mesh axes (3 heads, 13 words, batch 3).
 #include "layer_support.hpp"
 
@@ -88,7 +88,9 @@ TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank v
               dims);
 }
 
-TEST_CASE("InferenceScope: forwards without dropout or a counted step, leaving a step in progress as it was", "[layers]") {
+TEST_CASE("eval(): forwards without dropout or a counted step; an evaluation between a recorded forward and its pullback "
+          "leaves it as it was",
+          "[layers]") {
   const T3 x = random_tensor<3>({5, 4, 6}, 21), other = random_tensor<3>({3, 4, 6}, 22), w = random_tensor<3>({5, 4, 6}, 23);
   auto block = [](const DM& m, double dropout) {
     return ts::nn::TransformerBlock<double, DM>(m, {.dmodel = 6, .heads = 3, .hidden = 7, .dropout = dropout, .seed = 2});
@@ -96,26 +98,23 @@ TEST_CASE("InferenceScope: forwards without dropout or a counted step, leaving a
   on_every_dm_mesh([&](DM& mesh, auto sizes) {
     INFO("mesh " << sizes[0] << "x" << sizes[1]);
     auto dropping = block(mesh, 0.3), plain = block(mesh, 0.0);
-    T3 evaluated;
-    {
-      ts::nn::InferenceScope eval;
-      evaluated = dropping.forward(ts::distribute<Acts>(mesh, x)).gather();
-    }
-    TS_REQUIRE_ALL(compare(evaluated, T3(plain.forward(ts::distribute<Acts>(mesh, x)).gather()), 1e-13) == "");
+    dropping.eval();
+    const T3 evaluated = dropping(ts::distribute<Acts>(mesh, x)).gather();
+    dropping.train();
+    TS_REQUIRE_ALL(compare(evaluated, T3(plain(ts::distribute<Acts>(mesh, x)).gather()), 1e-13) == "");
     TS_REQUIRE_ALL(dropping.steps_seen() == 0);
-    // A training forward, an evaluation of other rows, then the backward: what the same block gives
-    // without the evaluation (the dropout mask of step 1, the saved activations of x).
+    // A recorded forward, an evaluation of other rows, then the pullback: what the same block gives
+    // without the evaluation (the dropout mask of step 1, the activations of x).
     auto reference = block(mesh, 0.3);
     const auto [y0, dx0, g0] = run_layer(reference, mesh, x, w);
     dropping.zero_grad();
-    const T3 y1 = dropping.forward(ts::distribute<Acts>(mesh, x)).gather();
-    {
-      ts::nn::InferenceScope eval;
-      (void)dropping.forward(ts::distribute<Acts>(mesh, other));
-    }
-    const T3 dx1 = dropping.backward(ts::distribute<Acts>(mesh, w)).gather();
-    TS_REQUIRE_ALL(compare(y1, y0, 1e-13) == "");
-    TS_REQUIRE_ALL(compare(dx1, dx0, 1e-13) == "");
+    auto [y1, pullback] = ts::ad::vjp(dropping, [&](const auto& v) { return dropping(v); }, ts::distribute<Acts>(mesh, x));
+    dropping.eval();
+    (void)dropping(ts::distribute<Acts>(mesh, other));
+    dropping.train();
+    auto [dx1] = pullback(ts::distribute<Acts>(mesh, w));
+    TS_REQUIRE_ALL(compare(T3(y1.gather()), y0, 1e-13) == "");
+    TS_REQUIRE_ALL(compare(T3(dx1.gather()), dx0, 1e-13) == "");
     TS_REQUIRE_ALL(close(parameters_of(dropping, true), g0, 1e-13));
     TS_REQUIRE_ALL(dropping.steps_seen() == 1);
   });
@@ -144,10 +143,12 @@ TEST_CASE("Embedding with a split vocabulary looks up and scatter-adds as the se
     ts::nn::Embedding<double, DM> e(mesh, V, D, 3);
     ts::nn::Embedding<double, DM, ts::Spec<ts::R, ts::S<"model">>> columns(mesh, V, D, 3);
     auto tid = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, ids);
-    TS_REQUIRE_ALL(compare(T3(e.forward(tid).gather()), want, 0) == "");
-    TS_REQUIRE_ALL(compare(T3(columns.forward(tid).gather()), want, 0) == "");
-    e.backward(ts::distribute<Acts>(mesh, dy));
-    columns.backward(ts::distribute<Acts>(mesh, dy));
+    auto [y, pullback] = ts::ad::vjp(e, [&] { return e(tid); });
+    auto [yc, pullback_c] = ts::ad::vjp(columns, [&] { return columns(tid); });
+    TS_REQUIRE_ALL(compare(T3(y.gather()), want, 0) == "");
+    TS_REQUIRE_ALL(compare(T3(yc.gather()), want, 0) == "");
+    pullback(ts::distribute<Acts>(mesh, dy));
+    pullback_c(ts::distribute<Acts>(mesh, dy));
     TS_REQUIRE_ALL(compare(e.weight_grad().gather(), want_grad, 1e-14) == "");
     TS_REQUIRE_ALL(compare(columns.weight_grad().gather(), want_grad, 1e-14) == "");
     // An id outside [0, V) is an IndexError on every rank.
@@ -155,7 +156,7 @@ TEST_CASE("Embedding with a split vocabulary looks up and scatter-adds as the se
     bad(B - 1, T - 1) = std::int32_t(V);
     bool threw = false;
     try {
-      (void)e.forward(ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, bad));
+      (void)e(ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, bad));
     } catch (const ts::IndexError&) {
       threw = true;
     }
@@ -166,7 +167,7 @@ TEST_CASE("Embedding with a split vocabulary looks up and scatter-adds as the se
 namespace {
 
 // A small language model: embeddings, one block, a layernorm and a vocab-split head.
-struct TinyLM {
+struct TinyLM : ts::nn::Module {
   static constexpr Eigen::Index V = 11, D = 6, B = 3, T = 4;
   ts::nn::Embedding<double, DM> tokens;
   ts::nn::TransformerBlock<double, DM> block;
@@ -175,32 +176,19 @@ struct TinyLM {
   DM mesh;
   explicit TinyLM(const DM& m)
       : tokens(m, V, D, 1), block(m, {.dmodel = D, .heads = 3, .hidden = 7, .dropout = 0.1, .seed = 2}), norm(m, D),
-        head(m, D, V, 3), mesh(m) {}
-  template <class O>
-  void add_to(O& opt) {
-    opt.add(tokens);
-    opt.add(block);
-    opt.add(norm);
-    opt.add(head);
+        head(m, D, V, 3), mesh(m) {
+    register_module("tokens", tokens);
+    register_module("block", block);
+    register_module("norm", norm);
+    register_module("head", head);
   }
   double step(long s) {
     using Rows = ts::Spec<ts::S<"data">, ts::R>;
     auto ids = ts::from_function<std::int32_t, Rows>(mesh, {B, T}, [&](const auto& i) { return std::int32_t((i[0] * 7 + i[1] * 3 + s) % V); });
     auto labels = ts::from_function<std::int32_t, Rows>(mesh, {B, T}, [&](const auto& i) { return std::int32_t((i[0] + i[1] * 5 + s) % V); });
-    auto logits = head.forward(norm.forward(block.forward(tokens.forward(ids))));
-    const double loss = ts::nn::cross_entropy(logits, labels);
-    tokens.backward(block.backward(norm.backward(head.backward(ts::nn::cross_entropy_backward(logits, labels)))));
-    return loss;
+    return ts::ad::backward(*this, [&] { return ts::nn::cross_entropy(head(norm(block(tokens(ids)))), labels); });
   }
 };
-
-std::vector<std::vector<double>> all_parameters(TinyLM& lm) {
-  auto all = parameters_of(lm.tokens, false);
-  for (auto&& v : parameters_of(lm.block, false)) all.push_back(std::move(v));
-  for (auto&& v : parameters_of(lm.norm, false)) all.push_back(std::move(v));
-  for (auto&& v : parameters_of(lm.head, false)) all.push_back(std::move(v));
-  return all;
-}
 
 struct Trained {
   std::vector<double> losses, norms;
@@ -211,7 +199,7 @@ Trained train_tiny(const DM& mesh, int zero, bool overlap, double clip, bool pre
   TinyLM lm(mesh);
   ts::nn::AdamW opt({.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f, .zero_stage = zero,
                      .overlap = overlap, .prefetch = prefetch});
-  lm.add_to(opt);
+  opt.add(lm);
   Trained t;
   for (long s = 0; s < 3; ++s) {
     opt.zero_grad();
@@ -220,7 +208,7 @@ Trained train_tiny(const DM& mesh, int zero, bool overlap, double clip, bool pre
     opt.step();
   }
   opt.gather_parameters();
-  t.parameters = all_parameters(lm);
+  t.parameters = parameters_of(lm, false);
   return t;
 }
 
@@ -247,51 +235,46 @@ TEST_CASE("ZeRO stages 0-3 give the single-rank parameters, losses and gradient 
 namespace {
 
 // Two square layers (column- then row-parallel) under ZeRO-3, used in an order that changes:
-// fc2(fc1(x)) on most steps, fc1(x) alone on step 3. Loss 0.5 |y|^2 (dy = y). Returns the
-// losses, the parameters after the run and each step's ZeRO-3 gather counts.
+// fc2(fc1(x)) on steps 0-2 and 5, fc1(fc1(x)) on steps 3 and 4 (a layer used twice in a row).
+// Loss 0.5 |y|^2. Returns the losses, the parameters after the run and each step's ZeRO-3
+// gather counts (one use per layer call: the backward reads what the forward's tape kept).
 struct ReorderedRun {
   std::vector<double> losses;
   std::vector<std::vector<double>> parameters;
   std::vector<ts::nn::ParameterGatherStats> gathers;
   bool read_after_step_refused = false;
 };
+struct Pair : ts::nn::Module {
+  static constexpr Eigen::Index D = 7;
+  ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> fc1;
+  ts::nn::Linear<double, DM, ts::Spec<ts::S<"model">, ts::R>> fc2;
+  explicit Pair(const DM& mesh) : fc1(mesh, D, D, 1), fc2(mesh, D, D, 2) {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+};
 ReorderedRun train_reordered(const DM& mesh, bool prefetch) {
-  constexpr Eigen::Index D = 7;
-  ts::nn::Linear<double, DM, ts::Spec<ts::R, ts::S<"model">>> fc1(mesh, D, D, 1);
-  ts::nn::Linear<double, DM, ts::Spec<ts::S<"model">, ts::R>> fc2(mesh, D, D, 2);
+  Pair pair(mesh);
   ts::nn::SGD opt({.lr = 0.05f, .momentum = 0.5f, .zero_stage = 3, .prefetch = prefetch});
-  opt.add(fc1);
-  opt.add(fc2);
+  opt.add(pair);
   ReorderedRun run;
-  auto half_square = [](const auto& y) {
-    const auto t = y.gather();
-    double sum = 0;
-    for (Eigen::Index i = 0; i < t.size(); ++i) sum += 0.5 * t.data()[i] * t.data()[i];
-    return sum;
-  };
   for (int s = 0; s < 6; ++s) {
     opt.zero_grad();
-    auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, D, s + 1));
-    if (s == 3) {
-      auto y = fc1.forward(x);
-      run.losses.push_back(half_square(y));
-      fc1.backward(y);
-    } else {
-      auto y = fc2.forward(fc1.forward(x));
-      run.losses.push_back(half_square(y));
-      fc1.backward(fc2.backward(y));
-    }
+    auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, Pair::D, s + 1));
+    run.losses.push_back(ts::ad::backward(pair, [&] {
+      auto y = s == 3 || s == 4 ? ts::reshard<ts::Spec<ts::S<"data">, ts::R>>(pair.fc1(pair.fc1(x))) : pair.fc2(pair.fc1(x));
+      return ts::sum<0, 1>(ts::square(y)) * 0.5;
+    }));
     opt.step();
     run.gathers.push_back(opt.last_parameter_gathers());
   }
   try {
-    (void)fc1.weight().gather();
+    (void)pair.fc1.weight().gather();
   } catch (const ts::SpecError&) {
     run.read_after_step_refused = true;
   }
   opt.gather_parameters();
-  run.parameters = parameters_of(fc1, false);
-  for (auto&& v : parameters_of(fc2, false)) run.parameters.push_back(std::move(v));
+  run.parameters = parameters_of(pair, false);
   return run;
 }
 
@@ -311,15 +294,15 @@ TEST_CASE("ZeRO-3's prefetch follows the last step's order of layers, keeps a la
     const ReorderedRun plain = train_reordered(mesh, false), got = train_reordered(mesh, true);
     TS_REQUIRE_ALL(got.losses == plain.losses && got.parameters == plain.parameters);
     TS_REQUIRE_ALL(close({got.losses}, {want.losses}, 1e-12) && close(got.parameters, want.parameters, 1e-12));
-    // Uses per step: fc1 fc2 | fc2 fc1 (backward); on step 3 fc1 | fc1. Step 0 has no order to
-    // follow; steps 1-2 prefetch fc2's forward and fc1's backward and keep fc2 between its two
-    // uses; step 3's fc2 was prefetched in vain; step 4 follows step 3 (fc1 twice: kept),
-    // then leaves it; step 5 is step 1 again.
+    // Uses per step: fc1 fc2, on steps 3 and 4 fc1 fc1. Step 0 has no order to follow; steps 1-2
+    // prefetch fc2 during fc1; step 3 prefetches fc2 in vain (it left the order); step 4 follows
+    // step 3 and keeps fc1 between its two uses; step 5 leaves that order again (fc1 was kept
+    // for a second use that did not come).
     const auto& g = got.gathers;
     const bool split = sizes[0] > 1;  // (one data rank: nothing is sharded, nothing to prefetch)
-    TS_REQUIRE_ALL(gathers_are(g[0], 4, 0, 0, 0) && gathers_are(g[3], 2, 0, 0, split ? 1 : 0) && gathers_are(g[4], 3, 0, 1, 0));
-    TS_REQUIRE_ALL(gathers_are(g[2], split ? 1 : 3, split ? 2 : 0, 1, 0) && gathers_are(g[5], split ? 1 : 3, split ? 2 : 0, 1, 0));
-    TS_REQUIRE_ALL(gathers_are(plain.gathers[2], 4, 0, 0, 0));
+    TS_REQUIRE_ALL(gathers_are(g[0], 2, 0, 0, 0) && gathers_are(g[3], 2, 0, 0, split ? 1 : 0) && gathers_are(g[4], 1, 0, 1, 0));
+    TS_REQUIRE_ALL(gathers_are(g[1], split ? 1 : 2, split ? 1 : 0, 0, 0) && gathers_are(g[2], split ? 1 : 2, split ? 1 : 0, 0, 0));
+    TS_REQUIRE_ALL(gathers_are(g[5], 2, 0, 0, 0) && gathers_are(plain.gathers[2], 2, 0, 0, 0));
     // After step() nothing is left present, kept or prefetched: a read is refused, not stale.
     TS_REQUIRE_ALL(got.read_after_step_refused == split && plain.read_after_step_refused == split);
   });
@@ -335,7 +318,7 @@ TEST_CASE("ZeRO divides optimizer state, gradients and parameters by the data ax
       opt.add(fc);
       opt.zero_grad();
       auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, 30, 1));
-      fc.backward(fc.forward(x));
+      ts::ad::backward(fc, [&] { return ts::sum<0, 1>(fc(x)); });
       opt.clip_grad_norm(1e9);
       const auto m = opt.memory();
       state[zero] = m.state, grads[zero] = m.gradients, params[zero] = m.parameters;
@@ -359,7 +342,7 @@ TEST_CASE("a ZeRO-3 parameter read between its layer's uses is a SpecError on ev
     opt.add(fc);
     auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(4, 7, 1));
     opt.zero_grad();
-    fc.backward(fc.forward(x));
+    ts::ad::backward(fc, [&] { return ts::sum<0, 1>(fc(x)); });
     opt.step();
     if (sizes[0] == 1) return;  // nothing to shard over one data rank: nothing is released
     std::string said;
@@ -390,8 +373,8 @@ TEST_CASE("ZeRO leaves a parameter split over the data axis (an expert's) whole,
       opt.add(split_over_data);
       opt.zero_grad();
       auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, values(5, 30, 1));
-      replicated.backward(replicated.forward(x));
-      split_over_data.backward(split_over_data.forward(x));
+      ts::ad::backward(replicated, [&] { return ts::sum<0, 1>(replicated(x)); });
+      ts::ad::backward(split_over_data, [&] { return ts::sum<0, 1>(split_over_data(x)); });
       opt.clip_grad_norm(1e9);
       const auto m = opt.memory();
       INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero);
@@ -473,12 +456,12 @@ TEST_CASE("a Megatron block moves the analytic bytes: 2 activation all-reduces f
       ts::nn::AdamW opt({.zero_stage = zero});
       opt.add(block);
       auto in = ts::distribute<Acts>(mesh, x);
+      opt.zero_grad();
       ts::reset_comm_stats();
-      auto y = block.forward(in);
+      auto [y, pullback] = ts::ad::vjp(block, [&](const auto& v) { return block(v); }, in);
       const auto forward = ts::comm_stats().total();
       ts::reset_comm_stats();
-      opt.zero_grad();
-      auto dx = block.backward(y);
+      auto [dx] = pullback(y);
       opt.step();
       const auto backward = ts::comm_stats();
       // Activations [ceil(B/d), T, D] per rank; an all-reduce over m ranks moves 2 (m-1)/m of them.
@@ -491,7 +474,7 @@ TEST_CASE("a Megatron block moves the analytic bytes: 2 activation all-reduces f
       // Gradients: this rank's parameter elements, all-reduced over d ranks, or reduce-scattered
       // (stage 2: each chunk of ceil(n/d) once to each other rank) and the parameters all-gathered.
       std::uint64_t elements = 0, chunks = 0;
-      block.for_each_parameter([&](auto& p, auto&) {
+      block.for_each_slot([&](const std::string&, ts::nn::detail::ParameterSlot& p, const ts::nn::Module&) {
         elements += std::uint64_t(p.padded_size());
         chunks += std::uint64_t((p.padded_size() + d - 1) / d);
       });

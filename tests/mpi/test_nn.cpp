@@ -278,11 +278,12 @@ TEST_CASE("Linear is data-, column- or row-parallel by its weight spec and equal
       INFO("mesh " << sizes[0] << "x" << sizes[1] << ", weight " << fc.weight().describe());
       TS_REQUIRE_ALL(compare(fc.weight().gather(), W) == "" && compare(fc.bias().gather(), b) == "");  // seed, not mesh
       auto x = ts::distribute<XS>(mesh, gx);
-      auto y = fc.forward(x);
+      auto forward = [&](const auto& v) { return fc(v); };
+      auto [y, pullback] = ts::ad::vjp(fc, forward, x);
       TS_REQUIRE_ALL(compare(y.gather(), want_y, 1e-12) == "");
       auto dy = ts::distribute<Rows>(mesh, gdy);
-      auto dx = fc.backward(dy);
-      fc.backward(dy);  // gradients add up
+      auto [dx] = pullback(dy);
+      std::get<1>(ts::ad::vjp(fc, forward, x))(dy);  // gradients add up
       TS_REQUIRE_ALL(compare(dx.gather(), want_dx, 1e-12) == "");
       TS_REQUIRE_ALL(compare(fc.weight_grad().gather(), want_dw, 1e-12) == "");
       TS_REQUIRE_ALL(compare(fc.bias_grad().gather(), want_db, 1e-12) == "");
@@ -297,7 +298,7 @@ TEST_CASE("Linear is data-, column- or row-parallel by its weight spec and equal
     ts::nn::Linear<double, M2, ts::Spec<ts::R, ts::S<"y">>> fc(mesh, IN, OUT, 7);
     Eigen::Tensor<double, 3> x3(3, 4, IN);
     for (Eigen::Index i = 0; i < x3.size(); ++i) x3.data()[i] = std::sin(double(i));
-    auto y3 = fc.forward(ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::R>>(mesh, x3));
+    auto y3 = fc(ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::R>>(mesh, x3));
     const T2 flat = x3.reshape(std::array<Eigen::Index, 2>{12, IN});
     const T2 want3 = matmul_serial(flat, W) + b.reshape(std::array<Eigen::Index, 2>{1, OUT}).broadcast(std::array<Eigen::Index, 2>{12, 1});
     const Eigen::Tensor<double, 3> got3 = y3.gather();

@@ -78,23 +78,32 @@ class GPT(nn.Module):
             x = b(x)
         return self.head(self.norm(x))
 
-    # The checkpoint's files, named <layer>_<i> in each layer's parameter order, each the global
-    # tensor in tshard's index order (Fortran-ordered .npy, so numpy reads [i, j, ..] as written):
-    # tokens_0 [V, D], positions_0 [seq, D]; block<l>_0, _1 ln1 weight, bias [D]; _2, _3, _4 Wq, Wk,
-    # Wv [D, Dh, H]; _5 Wo [Dh, H, D]; _6 its bias [D]; _7, _8 ln2; _9 W1 [D, F], _10 b1 [F];
-    # _11 W2 [F, D], _12 b2 [D]; norm_0, norm_1 [D]; head_0 [D, V], head_1 [V].
+    # The checkpoint's files, named by the model's parameter names, each the global tensor in
+    # tshard's index order (Fortran-ordered .npy, so numpy reads [i, j, ..] as written):
+    # tokens.weight [V, D], positions.weight [seq, D]; block<l>.ln1.weight, .ln1.bias [D];
+    # .attention.wq, .wk, .wv [D, Dh, H]; .attention.wo [Dh, H, D] and its bias .bo [D]; .ln2;
+    # .mlp.fc1.weight [D, F], .mlp.fc1.bias [F], .mlp.fc2.weight [F, D], .mlp.fc2.bias [D];
+    # norm.weight, norm.bias [D]; head.weight [D, V], head.bias [V]. (Older checkpoints named the
+    # k-th parameter of a layer <layer>_<k>, in the same order: those are read too.)
+    BLOCK = ["ln1.weight", "ln1.bias", "attention.wq", "attention.wk", "attention.wv", "attention.wo", "attention.bo",
+             "ln2.weight", "ln2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"]
+    TOP = {"tokens.weight": "tokens_0", "positions.weight": "positions_0", "norm.weight": "norm_0", "norm.bias": "norm_1",
+           "head.weight": "head_0", "head.bias": "head_1"}
+
     def load(self, directory, dtype):
-        def get(name):
-            return torch.from_numpy(np.load(os.path.join(directory, name + ".npy")).astype(np.float64))
+        def get(name, older):
+            path = os.path.join(directory, name + ".npy")
+            if not os.path.exists(path):
+                path = os.path.join(directory, older + ".npy")
+            return torch.from_numpy(np.load(path).astype(np.float64))
 
         def heads_out(w):  # [D, Dh, H] -> a Linear's weight [H * Dh, D], feature h * Dh + k
             return w.permute(2, 1, 0).reshape(-1, w.shape[0])
 
-        want = {"tokens.weight": get("tokens_0"), "positions.weight": get("positions_0"),
-                "norm.weight": get("norm_0"), "norm.bias": get("norm_1"),
-                "head.weight": get("head_0").T, "head.bias": get("head_1")}
+        want = {name: get(name, older) for name, older in self.TOP.items()}
+        want["head.weight"] = want["head.weight"].T
         for l in range(len(self.blocks)):
-            p = lambda i: get("block%d_%d" % (l, i))
+            p = lambda i: get("block%d.%s" % (l, self.BLOCK[i]), "block%d_%d" % (l, i))
             at = "blocks.%d." % l
             wo = p(5)  # [Dh, H, D] -> [D, H * Dh]
             want.update({at + "ln1.weight": p(0), at + "ln1.bias": p(1), at + "q.weight": heads_out(p(2)),

@@ -31,13 +31,11 @@ double dot(const Eigen::Tensor<double, R>& a, const Eigen::Tensor<double, R>& b)
   return s();
 }
 
-// Every parameter's and gradient's global value of a layer, in order.
-template <class L>
-std::vector<std::vector<double>> parameters_of(L& layer, bool gradients) {
+// Every parameter's (or gradient's) global value of a module, in parameter_names() order.
+inline std::vector<std::vector<double>> parameters_of(const ts::nn::Module& layer, bool gradients) {
   std::vector<std::vector<double>> out;
-  layer.for_each_parameter([&](auto& p, auto& g) {
-    const auto t = (gradients ? g : p).gather();
-    out.emplace_back(t.data(), t.data() + t.size());
+  layer.for_each_slot([&](const std::string&, ts::nn::detail::ParameterSlot& s, const ts::nn::Module&) {
+    out.push_back((gradients ? s.gradient_state() : s.value_state())->values());
   });
   return out;
 }
@@ -54,31 +52,41 @@ inline bool close(const std::vector<std::vector<double>>& a, const std::vector<s
 
 using Acts = ts::Spec<ts::S<"data">, ts::R, ts::R>;
 
-// One forward and backward of a layer on x with dL/dy = w: (y, dx, gradients), gathered.
+// One forward of a layer on x, recorded, and its pullback with dL/dy = w (ts::ad::vjp): (y, dx,
+// the parameters' gradients), gathered.
 template <class L>
 auto run_layer(L& layer, const DM& mesh, const T3& x, const T3& w) {
   layer.zero_grad();
-  auto y = layer.forward(ts::distribute<Acts>(mesh, x));
-  auto dx = layer.backward(ts::distribute<Acts>(mesh, w));
+  auto [y, pullback] = ts::ad::vjp(layer, [&](const auto& v) { return layer(v); }, ts::distribute<Acts>(mesh, x));
+  auto [dx] = pullback(ts::distribute<Acts>(mesh, w));
   return std::tuple{T3(y.gather()), T3(dx.gather()), parameters_of(layer, true)};
+}
+
+// A one-rank module's parameter as a writable buffer of doubles (the whole tensor: one rank).
+inline double* one_rank_values(ts::nn::detail::ParameterSlot& slot) {
+  ts::detail::SpecDesc desc{};
+  ts::detail::Extents extents{};
+  const void* mesh = nullptr;
+  return const_cast<double*>(static_cast<const double*>(slot.value_state()->block(desc, extents, mesh)));
 }
 
 // Central differences of sum(w * layer(x)) for a few parameter elements of a one-rank layer.
 template <class L>
 void check_parameter_gradients(L& layer, const DM& mesh, const T3& x, const T3& w) {
   auto [y, dx, grads] = run_layer(layer, mesh, x, w);
+  auto loss = [&](const T3& in) { return dot<3>(T3(layer(ts::distribute<Acts>(mesh, in)).gather()), w); };
   int index = 0;
-  layer.for_each_parameter([&](auto& p, auto&) {
+  layer.for_each_slot([&](const std::string& name, ts::nn::detail::ParameterSlot& slot, const ts::nn::Module&) {
     const auto& g = grads[std::size_t(index++)];
+    double* d = one_rank_values(slot);
     for (std::size_t e = 0; e < g.size(); e += 1 + g.size() / 5) {
-      auto* d = p.data();  // one rank: the buffer is the whole tensor
       const double keep = d[e], h = 1e-6;
       d[e] = keep + h;
-      const double up = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, x)).gather()), w);
+      const double up = loss(x);
       d[e] = keep - h;
-      const double down = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, x)).gather()), w);
+      const double down = loss(x);
       d[e] = keep;
-      INFO("parameter " << index - 1 << " element " << e);
+      INFO("parameter " << name << " element " << e);
       TS_REQUIRE_ALL(std::abs((up - down) / (2 * h) - g[e]) < 1e-7 * (1 + std::abs(g[e])));
     }
   });
@@ -87,9 +95,9 @@ void check_parameter_gradients(L& layer, const DM& mesh, const T3& x, const T3& 
   for (Eigen::Index i = 0; i < xs.size(); i += 7) {
     const double keep = xs.data()[i], h = 1e-6;
     xs.data()[i] = keep + h;
-    const double up = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, xs)).gather()), w);
+    const double up = loss(xs);
     xs.data()[i] = keep - h;
-    const double down = dot<3>(T3(layer.forward(ts::distribute<Acts>(mesh, xs)).gather()), w);
+    const double down = loss(xs);
     xs.data()[i] = keep;
     TS_REQUIRE_ALL(std::abs((up - down) / (2 * h) - dx.data()[i]) < 1e-7 * (1 + std::abs(dx.data()[i])));
   }

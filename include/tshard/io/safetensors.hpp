@@ -265,7 +265,7 @@ class SafetensorsReader {
     auto& file = *f.file;
     if (e.dtype == detail::safetensors_dtype<T>()) {
       file.read_box(at, box, c_order.data(), mine);
-    } else if constexpr (std::is_floating_point_v<T>) {
+    } else if constexpr (is_real_floating_v<T>) {  // (bfloat16 from wider dtypes rounds once)
       if (e.dtype == "F32") detail::read_converted<T, float>(file, at, box, mine, c_order.data(), [](float v) { return T(v); });
       else if (e.dtype == "F64") detail::read_converted<T, double>(file, at, box, mine, c_order.data(), [](double v) { return T(v); });
       else if (e.dtype == "BF16")

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "tshard/core/error.hpp"
 #include "tshard/io/json.hpp"
 
@@ -62,7 +64,8 @@ constexpr const char* safetensors_dtype() {
   else if constexpr (std::is_same_v<T, double>) return "F64";
   else if constexpr (std::is_same_v<T, std::int32_t>) return "I32";
   else if constexpr (std::is_same_v<T, std::int64_t>) return "I64";
-  else static_assert(!sizeof(T), "tshard: safetensors files hold float, double, int32_t or int64_t tensors here");
+  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "BF16";
+  else static_assert(!sizeof(T), "tshard: safetensors files hold float, double, bfloat16, int32_t or int64_t tensors here");
 }
 
 // IEEE binary16 and bfloat16 bits to float (exact: every value of both is a float).

@@ -216,16 +216,13 @@ class Attention : public Module {
   using Bias = ShardedTensor<T, M, Spec<tshard::detail::dim_at_t<OutSpec, 2>>>;
 
   Attention(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed)
-      : mesh_(mesh),
-        head_dim_((dmodel + std::max<Eigen::Index>(heads, 1) - 1) / std::max<Eigen::Index>(heads, 1)),
+      : head_dim_((dmodel + std::max<Eigen::Index>(heads, 1) - 1) / std::max<Eigen::Index>(heads, 1)),
         wq_(own_parameter("wq", init_proj(mesh, dmodel, heads, seed))),
         wk_(own_parameter("wk", init_proj(mesh, dmodel, heads, seed + 1))),
         wv_(own_parameter("wv", init_proj(mesh, dmodel, heads, seed + 2))),
         wo_(own_parameter("wo", detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads)))),
-        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))),
-        wq_grad_(gradient_of(wq_)), wk_grad_(gradient_of(wk_)), wv_grad_(gradient_of(wv_)),
-        wo_grad_(gradient_of(wo_)), bo_grad_(gradient_of(bo_)) {
-    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))) {
+    streams_parameters_ = true;  // every use is bracketed by use()
     if (dmodel < 1 || heads < 1)
       throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
                        std::to_string(heads) + " must be positive");
@@ -237,34 +234,6 @@ class Attention : public Module {
   Out& wo() { return wo_; }
   Bias& bo() { return bo_; }
   Eigen::Index head_dim() const { return head_dim_; }
-
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f(wq_, wq_grad_);
-    f(wk_, wk_grad_);
-    f(wv_, wv_grad_);
-    f(wo_, wo_grad_);
-    f(bo_, bo_grad_);
-  }
-
-  template <tshard::detail::FloatingTensor X>
-  auto forward(const X& x_in) {
-    static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
-    tshard::detail::OperatorScope scope("attention");
-    auto in_use = use();
-    const auto& x = tshard::detail::resolved(x_in, "attention");
-    auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
-    auto k = einsum<"btd,dkh->tbkh">(x, wk_);
-    auto v = einsum<"btd,dkh->tbkh">(x, wv_);
-    auto [context, p] = causal_attention(q, k, v);
-    x_.save(x);
-    q_.save(q);
-    k_.save(k);
-    v_.save(v);
-    p_.save(p);
-    context_.save(context);
-    return einsum<"tbkh,khd->btd">(context, wo_) + bo_;  // the heads' partial resolved before the bias
-  }
 
   // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
   // attention's is its fused backward (a custom VJP). Nothing is kept in the layer.
@@ -279,54 +248,17 @@ class Attention : public Module {
     return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
   }
 
-  // dL/dx (a partial over the heads' axes where they are split) for dL/dy of the last forward;
-  // adds every parameter's gradient.
-  template <tshard::detail::FloatingTensor DY>
-  auto backward(const DY& dy_in) {
-    static_assert(DY::rank == 3, "tshard: Attention's output gradient is [B, T, D]");
-    tshard::detail::OperatorScope scope("attention_backward");
-    auto in_use = use();
-    const auto& dy = tshard::detail::resolved(dy_in, "attention_backward");
-    using X = ShardedTensor<T, M, typename std::remove_cvref_t<decltype(dy)>::SpecType>;
-    using QSpec = typename decltype(einsum<"btd,dkh->tbkh">(std::declval<const X&>(), wq_))::SpecType;
-    const auto x = x_.template as<typename X::SpecType>(mesh_, "Attention::backward");
-    const auto q = q_.template as<QSpec>(mesh_, "Attention::backward");
-    const auto k = k_.template as<QSpec>(mesh_, "Attention::backward");
-    const auto v = v_.template as<QSpec>(mesh_, "Attention::backward");
-    using PSpec = typename decltype(causal_attention(q, k, v).second)::SpecType;
-    const auto p = p_.template as<PSpec>(mesh_, "Attention::backward");
-    const auto context = context_.template as<QSpec>(mesh_, "Attention::backward");
-
-    detail::accumulate_gradient(wo_grad_, einsum<"tbkh,btd->khd">(context, dy), deferred_, "attention_backward");
-    detail::accumulate_gradient(bo_grad_, sum_leading_dims(dy), deferred_, "attention_backward");
-    auto dcontext = einsum<"btd,khd->tbkh">(dy, wo_);
-    auto [dq, dk, dv] = causal_attention_backward(q, k, v, p, dcontext);
-    detail::accumulate_gradient(wq_grad_, einsum<"btd,tbkh->dkh">(x, dq), deferred_, "attention_backward");
-    detail::accumulate_gradient(wk_grad_, einsum<"btd,tbkh->dkh">(x, dk), deferred_, "attention_backward");
-    detail::accumulate_gradient(wv_grad_, einsum<"btd,tbkh->dkh">(x, dv), deferred_, "attention_backward");
-    auto dx = einsum<"tbkh,dkh->btd">(dq, wq_) + einsum<"tbkh,dkh->btd">(dk, wk_) + einsum<"tbkh,dkh->btd">(dv, wv_);
-    gradients_ready();
-    return dx;
-  }
-
-  void zero_grad() { for_each_parameter([](auto&, auto& g) { detail::zero_fill(g); }); }
-
  private:
   static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
   Proj init_proj(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed) const {
     return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, bound(dmodel));
   }
 
-  M mesh_;
   Eigen::Index head_dim_;
   // In the module's parameter slots (registered as wq, wk, wv, wo, bo).
   Proj &wq_, &wk_, &wv_;
   Out& wo_;
   Bias& bo_;
-  Proj &wq_grad_, &wk_grad_, &wv_grad_;
-  Out& wo_grad_;
-  Bias& bo_grad_;
-  detail::SavedActivation<T, M> x_, q_, k_, v_, p_, context_;
 };
 
 }  // namespace tshard::nn

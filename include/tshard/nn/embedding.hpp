@@ -70,75 +70,18 @@ class Embedding : public Module {
 
   // Rows uniform in [-1, 1) from (seed, global index): the same table on every mesh.
   Embedding(const M& mesh, Eigen::Index vocab, Eigen::Index features, std::uint64_t seed)
-      : mesh_(mesh),
-        weight_(own_parameter("weight", detail::uniform_init<T, TableSpec>(mesh, {vocab, features}, seed, 1.0))),
-        weight_grad_(gradient_of(weight_)) {
-    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+      : mesh_(mesh), weight_(own_parameter("weight", detail::uniform_init<T, TableSpec>(mesh, {vocab, features}, seed, 1.0))) {
+    streams_parameters_ = true;  // every use is bracketed by use()
   }
 
   Table& weight() { return weight_; }
-  Table& weight_grad() { return weight_grad_; }
-
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f(weight_, weight_grad_);
-  }
+  // The gradient (complete: an owning optimizer finishes its data-parallel sum first).
+  Table& weight_grad() { return gradient_of(weight_); }
 
   // ids [...] (int32 or int64) -> [..., D], split like the ids and like the table's D, partial
-  // over the axes splitting V. The ids are kept (shared) for backward.
-  template <ShardedTensorType Ids>
-  auto forward(const Ids& ids_in) {
-    tshard::detail::OperatorScope scope("embedding");
-    auto in_use = use();
-    const auto& ids = tshard::detail::resolved(ids_in, "embedding");
-    auto out = lookup(ids);
-    auto& saved = saved_.current();
-    saved.hits.clear();
-    for_each_id(ids, [&](tshard::detail::Index r, tshard::detail::Index v) { saved.hits.emplace_back(r, v); });
-    saved.rows = ids.padded_size();
-    saved.out_desc = decltype(out)::spec_desc.without_partial();
-    saved.out_shape = tshard::detail::extents_of(out);
-    saved.ids_axes = Ids::spec_desc.split_axes();
-    saved.present = true;
-    return out;
-  }
-
-  // Adds dL/dtable for dL/dout of the last forward into weight_grad(): rows of repeated ids add
-  // up; the sum over ranks holding different ids is the data-parallel gradient sum.
-  template <tshard::detail::FloatingTensor DY>
-  void backward(const DY& dy_in) {
-    tshard::detail::OperatorScope scope("embedding_backward");
-    auto in_use = use();
-    const auto& saved = saved_.current();
-    if (!saved.present) throw SpecError("tshard::nn::Embedding::backward: no forward to take the gradient of");
-    const auto& dy = tshard::detail::resolved(dy_in, "embedding_backward");
-    if (DY::rank != saved.out_desc.rank || tshard::detail::extents_of(dy) != saved.out_shape)
-      throw ShapeError("tshard::nn::Embedding::backward: the gradient " + dy.describe() +
-                       " does not match the last forward's output");
-    auto& mesh = *tshard::detail::state_of(mesh_);
-    const auto aligned = tshard::detail::implicit_reshard(mesh, DY::spec_desc, saved.out_desc, saved.out_shape, dy.data(),
-                                                          "embedding_backward");
-    const auto& tl = tshard::detail::layout_of(weight_);
-    tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(tl.padded_size(), 1)));
-    std::fill(g.data(), g.data() + tl.padded_size(), T(0));
-    for (auto [r, v] : saved.hits)
-      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) g.data()[v + tl.padded[0] * d] += aligned.data[r + saved.rows * d];
-    // A partial sum over the axes splitting the ids (each rank saw its own ids).
-    tshard::detail::SpecDesc contribution = table_desc;
-    if (saved.ids_axes) {
-      contribution.partial = tshard::detail::PartialKind::Sum;
-      contribution.partial_axes = saved.ids_axes;
-    }
-    tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
-    detail::accumulate_gradient(mesh, weight_grad_.data(), table_desc, tshard::detail::extents_of(weight_), g.data(),
-                                contribution, deferred_, "embedding_backward");
-    gradients_ready();
-  }
-
-  void zero_grad() { detail::zero_fill(weight_grad_); }
-
-  // The lookup, forward only: under ts::ad one node whose rule adds the output's cotangent rows
-  // into the table's (a partial sum over the axes splitting the ids, resolved where needed).
+  // over the axes splitting V, forward only: under ts::ad one node whose rule adds the output's
+  // cotangent rows into the table's (a partial sum over the axes splitting the ids, resolved
+  // where needed: the data-parallel sum).
   template <ShardedTensorType Ids>
   auto operator()(const Ids& ids_in) {
     tshard::detail::OperatorScope scope("embedding");
@@ -208,18 +151,7 @@ class Embedding : public Module {
   }
 
   M mesh_;
-  Table &weight_, &weight_grad_;  // in the module's parameter slot
-  // Kept per micro-batch for backward: which output rows hit which local table rows, and the
-  // output's layout.
-  struct Saved {
-    std::vector<std::pair<tshard::detail::Index, tshard::detail::Index>> hits;
-    tshard::detail::Index rows = 0;
-    tshard::detail::SpecDesc out_desc{};
-    tshard::detail::Extents out_shape{};
-    std::uint32_t ids_axes = 0;
-    bool present = false;
-  };
-  detail::PerMicroBatch<Saved> saved_;
+  Table& weight_;  // in the module's parameter slot
 };
 
 }  // namespace tshard::nn

@@ -188,13 +188,10 @@ class LayerNorm : public Module {
   using Param = ShardedTensor<T, M, ParamSpec>;
 
   LayerNorm(const M& mesh, Eigen::Index features, T eps = T(1e-5))
-      : mesh_(mesh),
-        gamma_(own_parameter("weight", from_function<T, ParamSpec>(mesh, {features}, [](const auto&) { return T(1); }))),
+      : gamma_(own_parameter("weight", from_function<T, ParamSpec>(mesh, {features}, [](const auto&) { return T(1); }))),
         beta_(own_parameter("bias", zeros<T, ParamSpec>(mesh, {features}))),  // PyTorch's names
-        gamma_grad_(gradient_of(gamma_)),
-        beta_grad_(gradient_of(beta_)),
         eps_(eps) {
-    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+    streams_parameters_ = true;  // every use is bracketed by use()
   }
 
   // x normalised over its last dim, forward only (under ts::ad: layer_norm's custom VJP).
@@ -206,49 +203,13 @@ class LayerNorm : public Module {
 
   Param& gamma() { return gamma_; }
   Param& beta() { return beta_; }
-  Param& gamma_grad() { return gamma_grad_; }
-  Param& beta_grad() { return beta_grad_; }
-
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f(gamma_, gamma_grad_);
-    f(beta_, beta_grad_);
-  }
-
-  // x of any rank normalised over its last dim; x is kept (shared) for backward.
-  template <tshard::detail::FloatingTensor X>
-  auto forward(const X& x_in) {
-    tshard::detail::OperatorScope scope("layer_norm");
-    auto in_use = use();
-    const auto& x = tshard::detail::resolved(x_in, "layer_norm");
-    saved_.save(x);
-    return layer_norm<X::rank - 1>(x, gamma_, beta_, eps_);
-  }
-
-  // dL/dx for dL/dy of the last forward; adds into gamma_grad() and beta_grad().
-  template <tshard::detail::FloatingTensor DY>
-  auto backward(const DY& dy_in) {
-    tshard::detail::OperatorScope scope("layer_norm_backward");
-    auto in_use = use();
-    const auto& dy = tshard::detail::resolved(dy_in, "layer_norm_backward");
-    const auto x = saved_.template as<typename DY::SpecType>(mesh_, "LayerNorm::backward");
-    auto [dx, dgamma, dbeta] = layer_norm_backward<DY::rank - 1>(x, gamma_, dy, eps_);
-    detail::accumulate_gradient(gamma_grad_, dgamma, deferred_, "layer_norm_backward");
-    detail::accumulate_gradient(beta_grad_, dbeta, deferred_, "layer_norm_backward");
-    gradients_ready();
-    return std::move(dx);
-  }
-
-  void zero_grad() {
-    detail::zero_fill(gamma_grad_);
-    detail::zero_fill(beta_grad_);
-  }
+  // The gradients (complete: an owning optimizer finishes their data-parallel sum first).
+  Param& gamma_grad() { return gradient_of(gamma_); }
+  Param& beta_grad() { return gradient_of(beta_); }
 
  private:
-  M mesh_;
-  Param &gamma_, &beta_, &gamma_grad_, &beta_grad_;  // in the module's parameter slots
+  Param &gamma_, &beta_;  // in the module's parameter slots
   T eps_;
-  detail::SavedActivation<T, M> saved_;
 };
 
 }  // namespace tshard::nn

@@ -33,58 +33,22 @@ class Linear : public Module {
   Linear(const M& mesh, Eigen::Index in, Eigen::Index out, std::uint64_t seed, bool with_bias = true)
       : weight_(own_parameter("weight", detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1)))))),
         bias_(own_parameter(with_bias ? "bias" : "", detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0))),
-        weight_grad_(gradient_of(weight_)),
-        bias_grad_(gradient_of(bias_)),
         with_bias_(with_bias) {
-    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+    streams_parameters_ = true;  // every use is bracketed by use()
   }
 
   Weight& weight() { return weight_; }
   Bias& bias() { return bias_; }
-  Weight& weight_grad() { return weight_grad_; }
-  Bias& bias_grad() { return bias_grad_; }
+  // The gradients (complete: an owning optimizer finishes their data-parallel sum first).
+  Weight& weight_grad() { return gradient_of(weight_); }
+  Bias& bias_grad() { return gradient_of(bias_); }
   const Weight& weight() const { return weight_; }
   const Bias& bias() const { return bias_; }
   bool has_bias() const { return with_bias_; }
 
-  // f(parameter, gradient) for the weight, and the bias where the layer has one.
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f(weight_, weight_grad_);
-    if (with_bias_) f(bias_, bias_grad_);
-  }
-
-  // x W + b for x [.., in] of rank 2 or 3; x is kept (shared, not copied) for backward.
-  template <ShardedTensorType X>
-  auto forward(const X& x_in) {
-    tshard::detail::OperatorScope scope("linear");
-    auto in_use = use();
-    const auto& x = tshard::detail::resolved(x_in, "linear");
-    check_input(x, "tshard::nn::Linear::forward");
-    saved_.save(x);
-    // The bias is added after a row-parallel product's partial is resolved, as in Megatron
-    // (one result type whether the layer has a bias or not).
-    auto product = times_weight(x);
-    using Product = decltype(product);
-    using Out = ShardedTensor<T, M, typename Product::SpecType>;
-    if (with_bias_) {
-      if constexpr (Product::is_partial) {
-        return with_bias(std::move(product));
-      } else {
-        Out y(std::move(product));
-        y += bias_;  // in place: no second output buffer
-        return y;
-      }
-    }
-    // Without bias no pass is spent adding zeros; a partial is resolved all the same.
-    if constexpr (Product::is_partial)
-      return tshard::detail::implicit_reshard<typename Product::SpecType>(product, "linear");
-    else
-      return Out(std::move(product));
-  }
-
-  // x W + b, forward only: under ts::ad its gradient is derived (two einsums and a sum), and
-  // nothing is kept in the layer.
+  // x W + b for x [.., in] of rank 2 or 3, forward only: under ts::ad its gradient is derived
+  // (two einsums and a sum). A row-parallel product's partial is resolved before the bias, as in
+  // Megatron (one result type whether the layer has a bias or not).
   template <ShardedTensorType X>
   auto operator()(const X& x) {
     tshard::detail::OperatorScope scope("linear");
@@ -94,36 +58,6 @@ class Linear : public Module {
     using Out = ShardedTensor<T, M, typename decltype(product)::SpecType>;
     if (with_bias_) return with_bias(std::move(product));
     return tshard::detail::implicit_reshard<typename Out::SpecType>(product, "linear");
-  }
-
-  // dL/dx for dL/dy of the last forward; adds dL/dW and dL/db into weight_grad() and bias_grad()
-  // (a partial over the batch's axes is resolved into their layout: the data-parallel sum).
-  template <ShardedTensorType DY>
-  auto backward(const DY& dy_in) {
-    static_assert(DY::rank == 2 || DY::rank == 3, "tshard: Linear's output gradient is [B, out] or [B, T, out]");
-    tshard::detail::OperatorScope scope("linear_backward");
-    auto in_use = use();
-    if (saved_.empty()) throw SpecError("tshard::nn::Linear::backward: no forward to take the gradient of");
-    const auto& dy = tshard::detail::resolved(dy_in, "linear_backward");
-    if (DY::rank != saved_.rank() ||
-        tshard::detail::extents_of(dy)[DY::rank - 1] != tshard::detail::extents_of(weight_)[1])
-      throw ShapeError("tshard::nn::Linear::backward: the gradient " + dy.describe() + " does not match the output of " +
-                       "the last forward (weight " + weight_.describe() + ")");
-    add_weight_grad(dy);
-    if (with_bias_) detail::accumulate_gradient(bias_grad_, sum_leading_dims(dy), deferred_, "linear_backward");
-    auto dx = [&] {
-      if constexpr (DY::rank == 2)
-        return einsum<"bo,io->bi">(dy, weight_);
-      else
-        return einsum<"bto,io->bti">(dy, weight_);
-    }();
-    gradients_ready();
-    return dx;
-  }
-
-  void zero_grad() {
-    detail::zero_fill(weight_grad_);
-    detail::zero_fill(bias_grad_);
   }
 
  private:
@@ -158,46 +92,10 @@ class Linear : public Module {
       return einsum<"bti,io->bto">(x, weight_);
   }
 
-  // weight_grad += x^T dy on descriptors: the saved input's type is a run-time fact here.
-  template <class DY>
-  void add_weight_grad(const DY& dy) {
-    auto& mesh = *tshard::detail::state_of(weight_.mesh());
-    const int rank = saved_.rank();
-    const tshard::detail::SpecDesc saved_desc = saved_.desc();
-    const tshard::detail::Extents saved_shape = saved_.extents();
-    const T* saved = saved_.data();
-    const auto e = rank == 2 ? tshard::detail::parse_einsum(FixedString("bi,bo->io"))
-                                    : tshard::detail::parse_einsum(FixedString("bti,bto->io"));
-    const auto decision = tshard::detail::decide_einsum(e, saved_desc, dy.spec_desc);
-    const tshard::detail::SpecDesc out = tshard::detail::einsum_output_desc(e, decision, saved_desc, dy.spec_desc);
-    const tshard::detail::Extents shape = tshard::detail::extents_of(weight_);
-    const auto l = tshard::detail::shard_layout(out, shape, mesh.shape(), mesh.coords());
-    if (!tshard::detail::TensorAccess::has_storage(weight_grad_) && deferred_ && !(Weight::spec_desc.split_axes() & deferred_) &&
-        out.partial == tshard::detail::PartialKind::Sum && out.partial_axes == deferred_ && out.without_partial() == Weight::spec_desc) {
-      // The first contribution after the owner's zero_grad(): the product is written straight
-      // into the gradient's memory (the owner sums it over the data axis).
-      tshard::detail::TensorAccess::acquire_storage(weight_grad_, false);
-      tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc,
-                                    tshard::detail::extents_of(dy), dy.data(), out, shape, weight_grad_.data(),
-                                    EinsumStrategy::Auto);
-      return;
-    }
-    tshard::detail::Scratch<T> g(static_cast<std::size_t>(std::max<tshard::detail::Index>(l.padded_size(), 1)));
-    tshard::detail::einsum_run<T>(mesh, e, decision, saved_desc, saved_shape, saved, dy.spec_desc,
-                                  tshard::detail::extents_of(dy), dy.data(), out, shape, g.data(),
-                                  EinsumStrategy::Auto);
-    tshard::detail::TensorAccess::acquire_storage(weight_grad_, true);
-    detail::accumulate_gradient(mesh, weight_grad_.data(), Weight::spec_desc, shape, g.data(), out, deferred_,
-                                "linear_backward");
-  }
-
   // In the module's parameter slots (registered as "weight" and "bias"): a moved layer keeps them.
   Weight& weight_;
   Bias& bias_;
-  Weight& weight_grad_;
-  Bias& bias_grad_;
   bool with_bias_ = true;
-  detail::SavedActivation<T, M> saved_;
 };
 
 }  // namespace tshard::nn

@@ -5,11 +5,11 @@
 // data-parallel gradient sums to an optimizer is the base class's job too: it reaches every
 // registered submodule, so a composite cannot forget to pass it on.
 //
-// A layer adds its parameter gradients by accumulate_gradient(). Alone, a gradient is complete
-// after backward: the sum over the data-parallel axes (the partial a weight gradient carries
-// where the batch is split) is resolved at once. Once an optimizer owns the layer
-// (opt.add(layer)), each rank adds only its own partial sum and the optimizer reduces it,
-// bucketed and non-blocking as soon as the layer's backward ends (PyTorch DDP), or
+// ts::ad::backward adds each parameter's gradient (detail::accumulate_gradient). Alone, a gradient
+// is complete after backward: the sum over the data-parallel axes (the partial a weight gradient
+// carries where the batch is split) is resolved at once. Once an optimizer owns the module
+// (opt.add(model)), each rank adds only its own partial sum and the optimizer reduces it,
+// bucketed and non-blocking as soon as the module's backward ends (PyTorch DDP), or
 // reduce-scattered under ZeRO-2 and -3.
 //
 // Modules move but do not copy. Parameters live in shared slots (an optimizer holds their
@@ -55,6 +55,7 @@ class Module {
         deferred_(o.deferred_),
         streams_parameters_(o.streams_parameters_),
         parameters_(std::move(o.parameters_)),
+        buffers_(std::move(o.buffers_)),
         spare_(std::move(o.spare_)),
         children_(std::move(o.children_)),
         training_(o.training_),
@@ -80,6 +81,18 @@ class Module {
     add_parameter(name, std::move(slot));
     return v;
   }
+  // A buffer: state of the module that is saved and loaded with it (state_dict) but is not a
+  // parameter (no gradient, no optimizer): BatchNorm's running statistics, a step counter. Any
+  // element type; the reference stays valid as long as the module.
+  template <class T, class M, class S>
+  ShardedTensor<T, M, S>& register_buffer(const std::string& name, ShardedTensor<T, M, S> value) {
+    check_name(name);
+    auto tensor = std::make_shared<ShardedTensor<T, M, S>>(std::move(value));
+    auto& v = *tensor;
+    buffers_.push_back({name, detail::state_of_tensor(std::move(tensor))});
+    return v;
+  }
+
   // A submodule (a member of this one, or owned elsewhere and outliving it); its parameters are
   // this module's under "name.". Returns the child.
   template <class Child>
@@ -115,6 +128,26 @@ class Module {
     std::vector<std::string> out;
     for_each_slot([&](const std::string& n, detail::ParameterSlot&, const Module&) { out.push_back(n); });
     return out;
+  }
+  // Every buffer's name, in the order of parameter_names() (submodules' first).
+  std::vector<std::string> buffer_names() const {
+    std::vector<std::string> out;
+    for_each_buffer([&](const std::string& n, const std::shared_ptr<StateTensor>&) { out.push_back(n); });
+    return out;
+  }
+  // f(name, entry) for every registered buffer, submodules' first.
+  template <class F>
+  void for_each_buffer(F&& f, const std::string& prefix = "") const {
+    for (const auto& c : children_) c.module->for_each_buffer(f, prefix + c.name + ".");
+    for (const auto& b : buffers_) f(prefix + b.name, b.state);
+  }
+  // f(name, entry, is_buffer) for every parameter and buffer: submodules' first, then this
+  // module's parameters, then its buffers (state_dict's order).
+  template <class F>
+  void for_each_state(F&& f, const std::string& prefix = "") const {
+    for (const auto& c : children_) c.module->for_each_state(f, prefix + c.name + ".");
+    for (const auto& p : parameters_) f(prefix + p.name, p.slot->value_state(), false);
+    for (const auto& b : buffers_) f(prefix + b.name, b.state, true);
   }
   // f(name, slot, owning module) for every registered parameter, in parameter_names() order.
   template <class F>
@@ -319,11 +352,17 @@ class Module {
     std::string name;
     Module* module;
   };
+  struct NamedBuffer {
+    std::string name;
+    std::shared_ptr<StateTensor> state;
+  };
   void check_name(const std::string& name) const {
     if (name.empty() || name.find('.') != std::string::npos)
       throw SpecError("tshard::nn::Module: \"" + name + "\" is not a name: non-empty, without '.'");
     for (const auto& p : parameters_)
       if (p.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
+    for (const auto& b : buffers_)
+      if (b.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
     for (const auto& c : children_)
       if (c.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
   }
@@ -337,6 +376,7 @@ class Module {
   }
 
   std::vector<NamedParameter> parameters_;
+  std::vector<NamedBuffer> buffers_;
   std::vector<std::shared_ptr<detail::ParameterSlot>> spare_;  // unregistered (own_parameter(""))
   std::vector<NamedChild> children_;
   bool training_ = true;
@@ -377,82 +417,6 @@ void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDes
   const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
   add(aligned.data);
 }
-
-// Zeroes a gradient in place (acquiring its memory where it was released).
-template <class T, class M, class S>
-void zero_fill(ShardedTensor<T, M, S>& g) {
-  tshard::detail::TensorAccess::acquire_storage(g, false);
-  std::fill(g.data(), g.data() + g.padded_size(), T(0));
-}
-
-// The typed form: grad += contribution, with the deferred axes' sums left to the owner. A
-// gradient whose memory was released (ZeRO-2) is acquired again, zeroed, first.
-template <class T, class M, class S, class C>
-void accumulate_gradient(ShardedTensor<T, M, S>& grad, const C& contribution, std::uint32_t deferred, const char* op) {
-  static_assert(std::is_same_v<typename C::Scalar, T>, "tshard: a gradient contribution has the gradient's element type");
-  if (tshard::detail::extents_of(grad) != tshard::detail::extents_of(contribution))
-    throw ShapeError(std::string("tshard::nn::") + op + ": the gradient contribution " + contribution.describe() +
-                     " does not match the gradient " + grad.describe());
-  using G = ShardedTensor<T, M, S>;
-  constexpr SpecDesc cd = C::spec_desc;
-  if (!tshard::detail::TensorAccess::has_storage(grad) && deferred && !(G::spec_desc.split_axes() & deferred) &&
-      cd.partial == tshard::detail::PartialKind::Sum && cd.partial_axes == deferred && cd.without_partial() == G::spec_desc) {
-    // The first contribution after the owner's zero_grad(): copied, not added to zeros.
-    tshard::detail::TensorAccess::acquire_storage(grad, false);
-    const typename C::Scalar* c = contribution.data();
-    std::copy(c, c + grad.padded_size(), grad.data());
-    return;
-  }
-  tshard::detail::TensorAccess::acquire_storage(grad, true);
-  accumulate_gradient(*tshard::detail::state_of(grad.mesh()), grad.data(), grad.spec_desc,
-                      tshard::detail::extents_of(grad), contribution.data(), C::spec_desc, deferred, op);
-}
-
-// An activation kept for backward by sharing its buffer (a later write to the original copies
-// first), once per micro-batch, recovered with the spec backward needs: resharded through the
-// implicit entry point where the gradient arrives in another layout than the forward's input had.
-template <class T, class M>
-class SavedActivation {
- public:
-  template <class X>
-  void save(const X& x) {
-    static_assert(!X::is_partial, "tshard: resolve a partial before saving it");
-    auto& e = slots_.current();
-    e.storage = tshard::detail::TensorAccess::storage(x);
-    e.desc = X::spec_desc;
-    e.shape = tshard::detail::extents_of(x);
-    e.rank = X::rank;
-  }
-  bool empty() { return !slots_.current().storage; }
-  void clear() { slots_.current() = Entry{}; }
-  const T* data() { return slots_.current().storage.get(); }
-  const SpecDesc& desc() { return slots_.current().desc; }
-  const Extents& extents() { return slots_.current().shape; }
-  int rank() { return slots_.current().rank; }
-
-  template <class SpecT>
-  ShardedTensor<T, M, SpecT> as(const M& mesh, const char* op) {
-    using Out = ShardedTensor<T, M, SpecT>;
-    const auto& e = slots_.current();
-    if (!e.storage) throw SpecError(std::string("tshard::nn::") + op + ": no forward to take the gradient of");
-    if (e.rank != Out::rank)
-      throw ShapeError(std::string("tshard::nn::") + op + ": the gradient has rank " + std::to_string(Out::rank) +
-                       ", the forward's input had rank " + std::to_string(e.rank));
-    auto shape = tshard::detail::to_array<Out::rank>(e.shape);
-    auto a = tshard::detail::implicit_reshard(*tshard::detail::state_of(mesh), e.desc, Out::spec_desc, e.shape,
-                                              e.storage.get(), op);
-    return Out(tshard::detail::AdoptStorage{}, mesh, shape, a.owned ? std::move(a.owned) : e.storage);
-  }
-
- private:
-  struct Entry {
-    std::shared_ptr<T> storage;
-    SpecDesc desc{};
-    Extents shape{};
-    int rank = 0;
-  };
-  PerMicroBatch<Entry> slots_;
-};
 
 }  // namespace detail
 }  // namespace tshard::nn

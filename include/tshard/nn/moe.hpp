@@ -22,7 +22,6 @@
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/nn/activations.hpp"
 #include "tshard/nn/init.hpp"
-#include "tshard/nn/micro_batch.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/nn/moe_dispatch.hpp"
 #include "tshard/ops/einsum.hpp"
@@ -189,11 +188,8 @@ class MoE : public Module {
         wi_(own_parameter("expert_in", detail::uniform_init<T, InSpec>(mesh, {o.dmodel, hidden_, Eigen::Index(o.experts)},
                                                                        o.seed * 4 + 2, 1.0 / std::sqrt(double(o.dmodel))))),
         wo_(own_parameter("expert_out", detail::uniform_init<T, OutSpec>(mesh, {hidden_, o.dmodel, Eigen::Index(o.experts)},
-                                                                         o.seed * 4 + 3, 1.0 / std::sqrt(double(hidden_))))),
-        router_grad_(gradient_of(router_)),
-        wi_grad_(gradient_of(wi_)),
-        wo_grad_(gradient_of(wo_)) {
-    streams_parameters_ = true;  // every forward and backward is bracketed by use()
+                                                                         o.seed * 4 + 3, 1.0 / std::sqrt(double(hidden_))))) {
+    streams_parameters_ = true;  // every use is bracketed by use()
     if (o.experts < 1) throw ShapeError("tshard::nn::MoE: " + std::to_string(o.experts) + " experts; at least 1 is needed");
     if (!(o.capacity_factor > 0))
       throw ShapeError("tshard::nn::MoE: the capacity factor " + std::to_string(o.capacity_factor) + " is not positive");
@@ -202,9 +198,10 @@ class MoE : public Module {
   Router& router() { return router_; }
   In& expert_in() { return wi_; }
   Out& expert_out() { return wo_; }
-  Router& router_grad() { return router_grad_; }
-  In& expert_in_grad() { return wi_grad_; }
-  Out& expert_out_grad() { return wo_grad_; }
+  // The gradients (complete: an owning optimizer finishes their data-parallel sum first).
+  Router& router_grad() { return gradient_of(router_); }
+  In& expert_in_grad() { return gradient_of(wi_); }
+  Out& expert_out_grad() { return gradient_of(wo_); }
   const MoEOptions& options() const { return o_; }
 
   // Slots per expert and group of S tokens.
@@ -223,69 +220,18 @@ class MoE : public Module {
            explain_reshard<GroupSplit>(processed);
   }
 
-  template <class F>
-  void for_each_parameter(F&& f) {
-    f(router_, router_grad_);
-    f(wi_, wi_grad_);
-    f(wo_, wo_grad_);
-  }
-
   // The term the last forward added to the objective: aux_weight * l_aux * (its groups' share of
   // the whole batch's groups). The same on every rank.
-  T auxiliary_loss() { return saved_.current().aux_term; }
+  T auxiliary_loss() const { return last_.aux_term; }
   // Steps seen (the random routing depends on it); a resumed run sets it.
   void resume(std::uint64_t steps) { calls_ = steps; }
   // The last forward's routing, over all its groups.
-  const RoutingStats& routing() { return saved_.current().routing; }
+  const RoutingStats& routing() const { return last_.routing; }
 
-  template <tshard::detail::FloatingTensor XIn>
-  X forward(const XIn& x_in) {
-    static_assert(XIn::rank == 3, "tshard: MoE takes x [G, S, D] (groups of S tokens)");
-    static_assert(std::is_same_v<typename XIn::Scalar, T>, "tshard: MoE's input has the layer's element type");
-    tshard::detail::OperatorScope scope("moe");
-    auto in_use = use();
-    X x = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(x_in, "moe"), "moe");
-    tshard::detail::require_same_mesh(router_, x, "moe");
-    if (tshard::detail::extents_of(x)[2] != tshard::detail::extents_of(router_)[0])
-      throw ShapeError("tshard::nn::MoE::forward: the input " + x.describe() + " does not end in the router's " +
-                       std::to_string(tshard::detail::extents_of(router_)[0]) + " features");
-    const MicroBatch& mb = current_micro_batch();
-    if (mb.index == 0 && !mb.recompute && !mb.inference) ++calls_;
-    const Eigen::Index groups = tshard::detail::extents_of(x)[0], s_len = tshard::detail::extents_of(x)[1],
-                       e = o_.experts, c = capacity(s_len);
-    const Eigen::Index total_groups = mb.rows_total > 0 ? mb.rows_total : groups;
-
-    auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
-    Saved& sv = saved_.current();
-    sv = Saved{};
-    Mask combine(mesh_, {groups, s_len, e, c});
-    ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> probs(mesh_, {groups, s_len, e});
-    route(logits.data(), tshard::detail::layout_of(logits), s_len, c, o_.random_routing && !mb.inference,
-          tshard::detail::splitmix64(o_.seed * 1000033 + calls_), mb, groups, total_groups, combine.data(),
-          probs.data(), sv, sv);
-
-    // Dispatch: [G, C, D, E] with groups split, then the all-to-all to experts split.
-    Slots dispatched(mesh_, {groups, c, o_.dmodel, e});
-    detail::dispatch_tokens(x.data(), sv.slot_token, sv.shape, dispatched.data());
-    auto xe = reshard<ExpertSplit>(dispatched);
-    auto h = einsum<"gcme,mhe->gche">(xe, wi_);        // [G, C, H, E], H split over Model
-    auto ye = einsum<"gche,hme->gcme">(gelu(h), wo_);  // partial over Model
-    Slots yg = reshard<GroupSplit>(ye);  // the partial resolved, and back to groups split
-    X y(mesh_, {groups, s_len, o_.dmodel});
-    detail::combine_slots(combine.data(), yg.data(), sv.routes.data(), sv.shape, y.data());
-    sv.x.emplace(std::move(x));
-    sv.probs.emplace(std::move(probs));
-    sv.combine.emplace(std::move(combine));
-    sv.xe.emplace(std::move(xe));
-    sv.h.emplace(std::move(h));
-    sv.yg.emplace(std::move(yg));
-    return y;
-  }
-
-  // The layer forward only, its gradient derived (ts::ad): the same operators as forward(), the
-  // top-2 gate a custom VJP (its hand-written backward, the load-balancing term's gradient
-  // included), dispatch and combine gathers over its routes. Routing statistics and the
-  // auxiliary loss are kept as forward() keeps them.
+  // The layer forward only, its gradient derived (ts::ad): the top-2 gate a custom VJP (its
+  // hand-written backward, the load-balancing term's gradient included), dispatch and combine
+  // gathers over its routes with their transposes as VJPs. The routing statistics and the
+  // auxiliary loss of the last forward are kept (routing(), auxiliary_loss()).
   template <tshard::detail::FloatingTensor XIn>
   X operator()(const XIn& x_in) {
     static_assert(XIn::rank == 3, "tshard: MoE takes x [G, S, D] (groups of S tokens)");
@@ -309,8 +255,7 @@ class MoE : public Module {
       std::optional<Probs> probs;
     };
     auto gate = std::make_shared<Gate>();
-    Saved& sv = saved_.current();
-    sv = Saved{};
+    last_ = LastForward{};
     auto logits = einsum<"gsm,me->gse">(x, router_);  // [G, S, E], groups split like x
     const bool random = o_.random_routing && !inference;
     const std::uint64_t seed = tshard::detail::splitmix64(o_.seed * 1000033 + calls_);
@@ -319,7 +264,7 @@ class MoE : public Module {
           Mask comb(mesh_, {groups, s_len, e, c});
           Probs probs(mesh_, {groups, s_len, e});
           route(l.data(), tshard::detail::layout_of(l), s_len, c, random, seed, mb, groups, total_groups, comb.data(),
-                probs.data(), *gate, sv);
+                probs.data(), *gate, last_);
           gate->probs.emplace(std::move(probs));
           return comb;
         },
@@ -366,49 +311,6 @@ class MoE : public Module {
         combine, yg);
   }
 
-  template <tshard::detail::FloatingTensor DY>
-  X backward(const DY& dy_in) {
-    tshard::detail::OperatorScope scope("moe_backward");
-    auto in_use = use();
-    Saved& sv = saved_.current();
-    if (!sv.x) throw SpecError("tshard::nn::MoE::backward: no forward to take the gradient of");
-    X dy = tshard::detail::implicit_reshard<XSpec>(tshard::detail::resolved(dy_in, "moe_backward"), "moe_backward");
-    if (tshard::detail::extents_of(dy) != tshard::detail::extents_of(*sv.x))
-      throw ShapeError("tshard::nn::MoE::backward: the gradient " + dy.describe() + " does not match the last forward's input " +
-                       sv.x->describe());
-    // Combine's gradient: to the gates, and to the experts' outputs (back to experts split).
-    Mask dcombine(mesh_, sv.combine->global_shape());
-    detail::combine_slots_transpose_weights(dy.data(), sv.yg->data(), sv.routes.data(), sv.shape, dcombine.data());
-    Slots dyg(mesh_, sv.yg->global_shape());
-    detail::combine_slots_transpose_outputs(sv.combine->data(), dy.data(), sv.slot_token, sv.shape, dyg.data());
-    auto dye = reshard<ExpertSplit>(dyg);
-    // The experts' MLP.
-    auto da = einsum<"gcme,hme->gche">(dye, wo_);
-    detail::accumulate_gradient(wo_grad_, einsum<"gche,gcme->hme">(gelu(*sv.h), dye), deferred_, "moe_backward");
-    auto dh = gelu_backward(*sv.h, da);
-    detail::accumulate_gradient(wi_grad_, einsum<"gcme,gche->mhe">(*sv.xe, dh), deferred_, "moe_backward");
-    Slots dxg = reshard<GroupSplit>(einsum<"gche,mhe->gcme">(dh, wi_));
-    X dx(mesh_, dy.global_shape());
-    detail::dispatch_tokens_transpose(dxg.data(), sv.routes.data(), sv.shape, dx.data());
-    // The gate: through the normalised top-2 weights, the softmax and the load-balancing loss.
-    const Eigen::Index groups = tshard::detail::extents_of(dy)[0], s_len = tshard::detail::extents_of(dy)[1],
-                       e = o_.experts;
-    ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>> dlogits(mesh_, {groups, s_len, e});
-    const auto& lay = tshard::detail::layout_of(dlogits);
-    detail::top2_gating_backward<T>(dcombine.data(), sv.probs->data(), sv.routes.data(), sv.density.data(), lay.padded[0],
-                                    lay.valid[0], s_len, e, sv.aux_grad, dlogits.data());
-    detail::accumulate_gradient(router_grad_, einsum<"gsm,gse->me">(*sv.x, dlogits), deferred_, "moe_backward");
-    dx += einsum<"gse,me->gsm">(dlogits, router_);
-    gradients_ready();
-    return dx;
-  }
-
-  void zero_grad() {
-    detail::zero_fill(router_grad_);
-    detail::zero_fill(wi_grad_);
-    detail::zero_fill(wo_grad_);
-  }
-
  private:
   // The local routing's sizes, from the gate logits' layout [G, S, E] (groups split like x).
   detail::RoutingShape routing_shape(const tshard::detail::ShardLayout& logits, Eigen::Index s_len, Eigen::Index c) const {
@@ -424,23 +326,18 @@ class MoE : public Module {
     std::vector<T> density;
     double aux_grad = 0;  // d(objective)/d(l_aux) of each group
   };
-  struct Saved : Routes {
-    std::optional<X> x;
-    std::optional<ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R>>> probs;
-    std::optional<Mask> combine;
-    std::optional<ShardedTensor<T, M, ExpertSplit>> xe;
-    std::optional<ShardedTensor<T, M, Spec<R, R, S<Model>, S<ExpertAxis>>>> h;
-    std::optional<Slots> yg;
+  // What the last forward's routing decided, over all its groups.
+  struct LastForward {
     RoutingStats routing;
     T aux_term = T(0);
   };
 
   // The top-2 gate over this rank's logits (layout lay, [G, S, E]): fills combine and probs
   // ([G, S, E, C] and [G, S, E] blocks), the routes, and the routing's counts and auxiliary term
-  // over every group (an all-reduce over the groups' axes) in sv. forward() and operator() share it.
+  // over every group (an all-reduce over the groups' axes) in sv.
   void route(const T* logits, const tshard::detail::ShardLayout& lay, Eigen::Index s_len, Eigen::Index c, bool random,
              std::uint64_t seed, const MicroBatch& mb, Eigen::Index groups, Eigen::Index total_groups, T* combine,
-             T* probs, Routes& r, Saved& sv) {
+             T* probs, Routes& r, LastForward& sv) {
     const Eigen::Index gp = lay.padded[0], e = o_.experts;
     r.shape = routing_shape(lay, s_len, c);
     r.routes.assign(std::size_t(gp * s_len), detail::Route{});
@@ -464,10 +361,7 @@ class MoE : public Module {
   Router& router_;  // (in the module's parameter slots: they stay put when the layer moves)
   In& wi_;
   Out& wo_;
-  Router& router_grad_;
-  In& wi_grad_;
-  Out& wo_grad_;
-  detail::PerMicroBatch<Saved> saved_;
+  LastForward last_;
   std::uint64_t calls_ = 0;
 };
 

@@ -1,9 +1,10 @@
 // Optimizers over sharded parameters: each parameter is updated where it lives, in one pass
 // over the valid elements this rank updates, with state (momentum, moments) laid out like its
 // slice of the parameter. A gradient registered with add() is read when step() runs (kept by
-// reference). add(layer) takes a whole layer: its gradients' data-parallel sums are then
-// reduced by the optimizer, overlapped with the rest of backward, and weight-update sharding
-// (ZeRO stages 1-3, weight_update.hpp) applies. The stage is an option, not another program.
+// reference). add(model) takes every parameter a module registered: its gradients'
+// data-parallel sums are then reduced by the optimizer, overlapped with the rest of backward, and
+// weight-update sharding (ZeRO stages 1-3, weight_update.hpp) applies. The stage is an option,
+// not another program.
 #pragma once
 #include <bit>
 #include <cmath>
@@ -18,18 +19,11 @@
 #include <Eigen/Core>
 
 #include "tshard/comm/buffer_pool.hpp"
+#include "tshard/nn/state.hpp"
 #include "tshard/nn/weight_update.hpp"
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
-
-// Anything that lists its parameters: f(param, grad) for each.
-template <class L>
-concept Layer = requires(L& l) {
-  l.for_each_parameter([](auto&, auto&) {});
-  l.defer_gradient_sums(0u);
-  l.attach_hooks(LayerHooks{});
-};
 
 // What opt.add(model, groups) is told of each parameter, to choose its group.
 struct ParameterInfo {
@@ -83,12 +77,14 @@ class Optimizer {
 
   // A parameter and its gradient (one spec, not partial), both kept by reference. The gradient
   // is complete when step() runs (the caller reduced it); ZeRO stages 1 and 2 shard the state.
+  // `name` keys its state in state_dict() ("parameter<i>" where none is given).
   template <class T, class M, class S>
-  void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad) {
+  void add(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, std::string name = "") {
     static_assert(is_real_floating_v<T>, "tshard: optimizers update float, double or bfloat16 parameters");
     claim(&param, param.describe());
     auto& b = new_bucket<T>(param.mesh());
-    register_slot(b, param, grad, /*owned by a layer*/ false);
+    register_slot(b, param, grad, /*owned by a module*/ false);
+    name_slot(name.empty() ? "parameter" + std::to_string(names_.size()) : std::move(name));
     finish_bucket(b);
   }
 
@@ -101,7 +97,7 @@ class Optimizer {
   // parameter's settings by its name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the
   // optimizer keeps the parameters' handles, so nothing dangles if the model goes first.
   template <class Mod>
-    requires(std::is_base_of_v<Module, Mod> && !Layer<Mod>)
+    requires std::is_base_of_v<Module, Mod>
   void add(Mod& model, const std::function<ParameterGroup(const ParameterInfo&)>& group = {}) {
     std::uint32_t deferred = 0;
     bool any = false;
@@ -119,33 +115,7 @@ class Optimizer {
     if (any) model.defer_gradient_sums(deferred);
   }
 
-  // Every parameter of a layer, one bucket: the layer leaves its gradients' data-parallel sum to
-  // this optimizer, which starts reducing them when the layer's backward ends.
-  template <Layer L>
-  void add(L& layer) {
-    BucketBase* bucket = nullptr;
-    std::function<void()> finish;
-    std::uint32_t deferred = 0;
-    layer.for_each_parameter([&](auto& param, auto& grad) {
-      using T = typename std::remove_cvref_t<decltype(param)>::Scalar;
-      claim(&param, param.describe());
-      if (!bucket) {
-        auto& typed = new_bucket<T>(param.mesh());
-        bucket = &typed;
-        finish = [this, &typed] { finish_bucket(typed); };
-        deferred = data_mask(param.mesh());
-      }
-      auto* b = dynamic_cast<Bucket<T>*>(bucket);
-      if (!b) throw SpecError("tshard::nn: a layer's parameters have one element type");
-      register_slot(*b, param, grad, true);
-    });
-    if (!bucket) return;
-    layer.defer_gradient_sums(deferred);
-    layer.attach_hooks(hooks_for(bucket));
-    finish();
-  }
-
-  // Zeroes every registered gradient. A gradient of a layer given whole goes back to the pool
+  // Zeroes every registered gradient. A gradient of a module given whole goes back to the pool
   // instead (PyTorch's set_to_none): it holds no memory until the next backward writes it, so
   // read it only after a backward.
   void zero_grad() {
@@ -204,8 +174,45 @@ class Optimizer {
 
   long steps() const { return steps_; }
 
-  // ---- checkpoints ----
-  // Parameters in registration order (each layer's for_each_parameter order); per parameter,
+  // ---- state by name ----
+  // The state of every parameter as tensors of its shape and spec, named "<parameter>/<state>"
+  // with PyTorch's state names (AdamW: exp_avg, exp_avg_sq; SGD: momentum_buffer); ZeRO's chunks
+  // gathered (collective over the data axis). The step count is steps().
+  StateDict state_dict() {
+    require_distinct_names("state_dict");
+    StateDict sd;
+    for_each_slot([&](BucketBase& b, int j, const std::string& name) {
+      for (int k = 0; k < Rule::states; ++k) sd.add(name + "/" + Rule::state_names[k], b.state_tensor(j, k));
+    });
+    return sd;
+  }
+  // Every parameter's state from `sd` by name (any spec, same shapes); each rank keeps its ZeRO
+  // chunk. A missing entry is a SpecError naming it, before anything is written. `legacy`, where
+  // given, names an entry when "<parameter>/<state>" is absent (e.g. an older file's names).
+  void load_state_dict(const StateDict& sd,
+                       const std::function<std::string(const std::string& name, int state)>& legacy = {}) {
+    require_distinct_names("load_state_dict");
+    auto key = [&](const std::string& name, int k) {
+      std::string n = name + "/" + Rule::state_names[k];
+      if (!sd.contains(n) && legacy && sd.contains(legacy(name, k))) n = legacy(name, k);
+      return n;
+    };
+    std::vector<std::string> missing;
+    for_each_slot([&](BucketBase&, int, const std::string& name) {
+      for (int k = 0; k < Rule::states; ++k)
+        if (!sd.contains(key(name, k))) missing.push_back(name + "/" + Rule::state_names[k]);
+    });
+    if (!missing.empty())
+      throw SpecError("tshard::nn::Optimizer::load_state_dict: no state for " + detail::name_list(missing));
+    for_each_slot([&](BucketBase& b, int j, const std::string& name) {
+      for (int k = 0; k < Rule::states; ++k) b.load_state(j, k, sd.at(key(name, k)));
+    });
+  }
+  // The names the parameters were added under, in registration order.
+  const std::vector<std::string>& parameter_names() const { return names_; }
+
+  // ---- checkpoints by index ----
+  // Parameters in registration order (opt.add order, each module's parameter_names() order); per parameter,
   // state_count() arrays of its local block's size (AdamW: m and v).
   static constexpr int state_count() { return Rule::states; }
   int parameter_count() const {
@@ -251,6 +258,23 @@ class Optimizer {
   const ParameterGatherStats& last_parameter_gathers() const { return gathers_; }
 
  private:
+  // f(bucket, slot index, name) for every registered parameter, in registration order.
+  template <class F>
+  void for_each_slot(F&& f) {
+    std::size_t i = 0;
+    for (auto& b : buckets_)
+      for (int j = 0; j < b->slot_count(); ++j) f(*b, j, names_.at(i++));
+  }
+  void name_slot(std::string name) { names_.push_back(std::move(name)); }
+  // State by name needs the names apart (modules added one by one may each have a "weight").
+  void require_distinct_names(const char* op) const {
+    std::set<std::string> seen;
+    for (const auto& n : names_)
+      if (!seen.insert(n).second)
+        throw SpecError(std::string("tshard::nn::Optimizer::") + op + ": two parameters are named \"" + n +
+                        "\": add their modules through one parent module (their names then differ by its prefixes)");
+  }
+
   std::pair<BucketBase*, int> locate(int i) {
     for (auto& b : buckets_) {
       if (i < b->slot_count()) return {b.get(), i};
@@ -382,14 +406,14 @@ class Optimizer {
     ParameterGroup settings;
     if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
     bool done = false;
-    visit_slot<float>(slot, settings, streamable, bucket, finish, deferred, done);
-    visit_slot<double>(slot, settings, streamable, bucket, finish, deferred, done);
-    visit_slot<bfloat16>(slot, settings, streamable, bucket, finish, deferred, done);
+    visit_slot<float>(slot, name, settings, streamable, bucket, finish, deferred, done);
+    visit_slot<double>(slot, name, settings, streamable, bucket, finish, deferred, done);
+    visit_slot<bfloat16>(slot, name, settings, streamable, bucket, finish, deferred, done);
     if (!done)
       throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
   }
   template <class T, class Slot>
-  void visit_slot(Slot& slot, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,
+  void visit_slot(Slot& slot, const std::string& name, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,
                   std::function<void()>& finish, std::uint32_t& deferred, bool& done) {
     auto* typed = dynamic_cast<detail::ElementParameterSlot<T>*>(&slot);
     if (!typed || done) return;
@@ -405,21 +429,23 @@ class Optimizer {
     auto* b = dynamic_cast<Bucket<T>*>(bucket);
     if (!b) throw SpecError("tshard::nn: a module's own parameters have one element type");
     register_slot(*b, view, true, streamable);
+    name_slot(name);
     b->slots.back().lr = settings.lr;
     b->slots.back().weight_decay = settings.weight_decay;
   }
 
   template <class T, class M, class S>
-  void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool layer_owned) {
-    register_slot(b, view_of(param, grad, nullptr), layer_owned);
+  void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool module_owned) {
+    register_slot(b, view_of(param, grad, nullptr), module_owned);
   }
   template <class T>
-  void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool layer_owned, bool streamable = true) {
+  void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool module_owned, bool streamable = true) {
     const std::uint32_t data = b.data_mask;
     const bool split_over_data = (view.spec.split_axes() & data) != 0;
     const int n = data ? view.mesh->shape().sizes[std::countr_zero(data)] : 1;
     Slot<T> s;
     s.keep = view.keep;
+    s.state_like = view.state_like;
     s.param = view.param;
     s.grad = view.grad;
     s.param_present = view.param_present;
@@ -430,8 +456,8 @@ class Optimizer {
     s.layout = view.layout;
     s.size = view.layout.padded_size();
     s.sharded = options_.zero_stage >= 1 && data && n > 1 && !split_over_data;
-    s.deferred = layer_owned && data && !split_over_data;
-    s.streamed = options_.zero_stage == 3 && s.sharded && layer_owned && streamable;
+    s.deferred = module_owned && data && !split_over_data;
+    s.streamed = options_.zero_stage == 3 && s.sharded && module_owned && streamable;
     s.chunk = (s.size + n - 1) / n;
     const std::uint32_t all = (1u << view.mesh->shape().axes()) - 1;
     s.replica_axes = all & ~view.spec.split_axes();
@@ -498,6 +524,7 @@ class Optimizer {
   std::shared_ptr<void> norm_mesh_;  // keeps the communicator of set_norm_mesh alive
   std::vector<std::unique_ptr<BucketBase>> buckets_;
   std::set<const void*> claimed_;
+  std::vector<std::string> names_;  // each registered parameter's, in registration order
   std::vector<std::function<void(const Options&, long)>> updates_;
   GradientReductionStats reduction_, this_step_;
   // Stage 3: the buckets' uses this step and last step, in order; whether this step left it.
@@ -542,6 +569,7 @@ namespace detail {
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 struct AdamWRule {
   static constexpr int states = 2;
+  static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
   template <class T>
   static void update(const AdamWOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
     const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
@@ -582,6 +610,7 @@ namespace detail {
 // step); p -= lr b (p -= lr d without momentum).
 struct SGDRule {
   static constexpr int states = 1;
+  static constexpr const char* state_names[] = {"momentum_buffer"};
   template <class T>
   static void update(const SGDOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
     const T lr = T(o.lr), mu = T(o.momentum), wd = T(o.weight_decay);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tshard/ad/grad.hpp"
+#include "tshard/nn/state_dict.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn::detail {
@@ -34,6 +35,9 @@ struct ParameterView {
   const void* identity = nullptr;
   std::string describe;
   std::shared_ptr<void> keep;  // holds what the functions refer to (a registered slot), if anything
+  // A new tensor of the parameter's shape and spec in the optimizer state's element type
+  // (accumulator_t<T>), and its block: what a state dict holds of a state array.
+  std::function<std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*>()> state_like;
 };
 
 template <class T, class M, class S>
@@ -63,6 +67,12 @@ ParameterView<T> view_of(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& 
   v.identity = &param;
   v.describe = param.describe();
   v.keep = std::move(keep);
+  v.state_like = [&param] {
+    auto t = std::make_shared<ShardedTensor<accumulator_t<T>, M, S>>(param.mesh(), param.global_shape());
+    auto* block = t->data();
+    std::fill(block, block + t->padded_size(), accumulator_t<T>(0));
+    return std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*>(detail::state_of_tensor(std::move(t)), block);
+  };
   return v;
 }
 
@@ -78,8 +88,12 @@ class ParameterSlot {
   virtual void collect(tshard::detail::GradNode& leaf, std::uint32_t deferred) = 0;
   virtual int rank() const = 0;
   virtual std::vector<Eigen::Index> shape() const = 0;
+  virtual Eigen::Index padded_size() const = 0;  // this rank's block
   virtual const void* identity() const = 0;           // the value tensor (one registration each)
   virtual std::string describe() const = 0;
+  // The value and the gradient as entries of a state dict (they refer to this slot's tensors).
+  virtual std::shared_ptr<StateTensor> value_state() = 0;
+  virtual std::shared_ptr<StateTensor> gradient_state() = 0;
 };
 
 template <class T>
@@ -128,9 +142,16 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
     const auto s = value_.global_shape();
     return std::vector<Eigen::Index>(s.begin(), s.end());
   }
+  Eigen::Index padded_size() const override { return value_.padded_size(); }
   const void* identity() const override { return &value_; }
   ParameterView<T> view() override { return view_of(value_, grad_, this->shared_from_this()); }
   std::string describe() const override { return value_.describe(); }
+  std::shared_ptr<StateTensor> value_state() override {
+    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &value_));
+  }
+  std::shared_ptr<StateTensor> gradient_state() override {
+    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &grad_));
+  }
 
  private:
   Tensor value_, grad_;

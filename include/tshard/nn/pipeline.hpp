@@ -9,17 +9,7 @@
 // included), and a large message moves while both sides are in MPI, not when the sender next
 // calls MPI after a long computation.
 //
-// A stage is any object with
-//   using Activation = ShardedTensor<...>;           // what crosses a stage boundary
-//   Activation boundary(const MicroBatch&);           // an empty one of a micro-batch's shape
-//   std::optional<Activation> forward(const MicroBatch&, const Activation* in);  // in: null on stage 0
-//   std::optional<Activation> backward(const MicroBatch&, const Activation* dy); // dy: null on the last
-// forward's result is sent on (ignored on the last stage) and backward's (ignored on stage 0)
-// goes back. Layers keep what backward needs per micro-batch (nn/micro_batch.hpp); the pipeline
-// frees it after each backward. Gradients add up over the micro-batches in the layers: sum
-// them once (the optimizer's step), and weight each micro-batch's loss by its share of the batch.
-//
-// Or, written forward only, a stage is a ts::nn::Module with
+// A stage is a ts::nn::Module written forward only, with
 //   using Activation = ShardedTensor<...>;
 //   Activation boundary(const MicroBatch&) const;
 //   Activation forward(const MicroBatch&, const Activation* in);  // stages before the last; in: null on stage 0
@@ -48,6 +38,7 @@
 #include "tshard/comm/point_to_point.hpp"
 #include "tshard/core/error.hpp"
 #include "tshard/nn/micro_batch.hpp"
+#include "tshard/nn/module.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {
@@ -102,7 +93,7 @@ struct PipelineStats {
   std::uint64_t kept_bytes = 0;              // still in use after the step, above its start: the gradients
   std::uint64_t boundary_bytes = 0;          // one stage input (a micro-batch's activation), this rank's block
   int in_flight = 0;                         // the most micro-batches holding activations at once
-  double loss = 0;  // stages with derived gradients: the step's loss (mean over micro-batches), on every rank
+  double loss = 0;  // the step's loss (mean over micro-batches), on every rank
   // (The bubble is 1 - busy / step, with the step of the slowest stage: gather busy_seconds and
   // seconds over the stages, as train_transformer does.)
 };
@@ -123,45 +114,6 @@ double loss_value(const R& r) {
   return double(tshard::detail::result_tensor(r).gather()());
 }
 
-// How Pipeline::run computes a task of a stage with a hand-written backward: the layers keep
-// what backward needs per micro-batch, released through the micro-batch store.
-template <class Stage>
-class HandWrittenTasks {
- public:
-  using Activation = typename Stage::Activation;
-  static constexpr bool derived = false;
-  HandWrittenTasks(Stage& stage, bool first, bool, bool remat) : stage_(stage), first_(first), remat_(remat) {}
-
-  Activation boundary(const MicroBatch& mb) const { return stage_.boundary(mb); }
-
-  std::optional<Activation> forward(const MicroBatch& mb, const Activation* in) {
-    MicroBatchScope scope(mb);
-    auto y = stage_.forward(mb, in);
-    if (remat_) release_micro_batch(mb.index);  // only the stage input stays
-    return y;
-  }
-  std::optional<Activation> backward(const MicroBatch& mb, const Activation* in, const Activation* dy) {
-    if (remat_) {
-      MicroBatch again = mb;
-      again.recompute = true;
-      MicroBatchScope scope(again);
-      (void)stage_.forward(again, first_ ? nullptr : in);
-    }
-    std::optional<Activation> dx;
-    {
-      MicroBatchScope scope(mb);
-      dx = stage_.backward(mb, dy);
-    }
-    release_micro_batch(mb.index);
-    return dx;
-  }
-  double loss() const { return 0; }
-
- private:
-  Stage& stage_;
-  bool first_, remat_;
-};
-
 // A stage module's micro-batch for a scope, back to the whole batch after.
 class StageMicroBatch {
  public:
@@ -181,7 +133,6 @@ template <class Stage>
 class DerivedTasks {
  public:
   using Activation = typename Stage::Activation;
-  static constexpr bool derived = true;
   using Pullback = std::function<std::optional<Activation>(const Activation*)>;
   DerivedTasks(Stage& stage, bool first, bool last, bool remat)
       : stage_(stage), first_(first), last_(last), remat_(remat) {}
@@ -289,19 +240,18 @@ class Pipeline {
   // Throws ShapeError on every rank alike where M does not divide the rows.
   template <class Stage>
   PipelineStats run(Stage& stage, Eigen::Index rows) {
-    if constexpr (DerivedStage<Stage>)
-      return run_tasks(detail::DerivedTasks<Stage>(stage, first(), last(), o_.remat), rows);
-    else
-      return run_tasks(detail::HandWrittenTasks<Stage>(stage, first(), last(), o_.remat), rows);
+    require_stage<Stage>();
+    return run_tasks(detail::DerivedTasks<Stage>(stage, first(), last(), o_.remat), rows);
   }
 
   // Forwards alone, for evaluation: `microbatches` micro-batches (0: the pipeline's) stream
   // through the stages, each stage computing m while the next computes m - 1. Every forward runs
-  // with MicroBatch::inference (no dropout, no random routing, no step counted), and what the
-  // layers keep for backward is released after it; a training step in progress is untouched.
-  // Stages written forward only also get the mean of the micro-batches' losses in the result.
+  // with MicroBatch::inference (no dropout, no random routing, no step counted), records nothing,
+  // and leaves a training step in progress untouched. The result holds the mean of the
+  // micro-batches' losses.
   template <class Stage>
   PipelineStats evaluate(Stage& stage, Eigen::Index rows, int microbatches = 0) {
+    require_stage<Stage>();
     using Activation = typename Stage::Activation;
     const int mbs = microbatches > 0 ? microbatches : o_.microbatches;
     check_rows(rows, mbs);
@@ -324,16 +274,11 @@ class Pipeline {
       const auto t0 = std::chrono::steady_clock::now();
       {
         const Activation* in = first() ? nullptr : &*input;
-        if constexpr (DerivedStage<Stage>) {
-          detail::StageMicroBatch scope(stage, mb);
-          if (last()) losses += detail::loss_value(stage.loss(mb, in)) / double(mbs);
-          else result = stage.forward(mb, in);
-        } else {
-          MicroBatchScope scope(mb);
-          result = stage.forward(mb, in);
-        }
+        ad::NoGrad untracked;  // (inside a gradient being taken, an evaluation adds nothing to it)
+        detail::StageMicroBatch scope(stage, mb);
+        if (last()) losses += detail::loss_value(stage.loss(mb, in)) / double(mbs);
+        else result = stage.forward(mb, in);
       }
-      release_micro_batch(detail::kInferenceSlot);
       st.busy_seconds += seconds_since(t0);
       input.reset();
       if (last()) continue;
@@ -342,13 +287,20 @@ class Pipeline {
       outgoing = send(*sending, m, true);
     }
     st.idle_seconds += outgoing.wait();
-    if constexpr (DerivedStage<Stage>) st.loss = share_loss(losses);
+    st.loss = share_loss(losses);
     st.seconds = seconds_since(start);
     return st;
   }
 
  private:
-  // One step of any stage kind: the schedule's tasks, their messages and the measurements;
+  template <class Stage>
+  static constexpr void require_stage() {
+    static_assert(DerivedStage<Stage>,
+                  "tshard: a pipeline stage is a ts::nn::Module with `using Activation = ...`, "
+                  "Activation boundary(const MicroBatch&) const, Activation forward(const MicroBatch&, const Activation*) "
+                  "and loss(const MicroBatch&, const Activation*)");
+  }
+  // One step of a stage: the schedule's tasks, their messages and the measurements;
   // `tasks` computes each task.
   template <class Tasks>
   PipelineStats run_tasks(Tasks tasks, Eigen::Index rows) {
@@ -412,7 +364,7 @@ class Pipeline {
     st.microbatch_activation_bytes = kept_by_forwards / std::uint64_t(mbs);
     st.kept_bytes = stats.bytes_in_use > base ? stats.bytes_in_use - base : 0;
     st.peak_activation_bytes = stats.peak_bytes_in_use > base ? stats.peak_bytes_in_use - base : 0;
-    if constexpr (Tasks::derived) st.loss = share_loss(tasks.loss());
+    st.loss = share_loss(tasks.loss());
     st.seconds = seconds_since(start);
     return st;
   }

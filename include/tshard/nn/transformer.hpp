@@ -33,7 +33,7 @@ template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = 
 class MLP : public Module {
  public:
   MLP(const M& mesh, Eigen::Index dmodel, Eigen::Index hidden, std::uint64_t seed)
-      : mesh_(mesh), fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {
+      : fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {
     register_module("fc1", fc1_);
     register_module("fc2", fc2_);
   }
@@ -49,48 +49,9 @@ class MLP : public Module {
   Linear<T, M, InSpec>& fc1() { return fc1_; }
   Linear<T, M, OutSpec>& fc2() { return fc2_; }
 
-  template <class F>
-  void for_each_parameter(F&& f) {
-    fc1_.for_each_parameter(f);
-    fc2_.for_each_parameter(f);
-  }
-  void defer_gradient_sums(std::uint32_t axes) {
-    Module::defer_gradient_sums(axes);
-    fc1_.defer_gradient_sums(axes);
-    fc2_.defer_gradient_sums(axes);
-  }
-
-  template <tshard::detail::FloatingTensor X>
-  auto forward(const X& x) {
-    tshard::detail::OperatorScope scope("mlp");
-    auto in_use = use();
-    auto h = fc1_.forward(x);
-    h_.save(h);
-    return fc2_.forward(gelu(h));
-  }
-
-  // dL/dx (a partial over the hidden dim's axes where it is split).
-  template <tshard::detail::FloatingTensor DY>
-  auto backward(const DY& dy) {
-    tshard::detail::OperatorScope scope("mlp_backward");
-    auto in_use = use();
-    auto da = fc2_.backward(dy);
-    const auto h = h_.template as<typename decltype(da)::SpecType>(mesh_, "MLP::backward");
-    auto dx = fc1_.backward(gelu_backward(h, da));
-    gradients_ready();
-    return dx;
-  }
-
-  void zero_grad() {
-    fc1_.zero_grad();
-    fc2_.zero_grad();
-  }
-
  private:
-  M mesh_;
   Linear<T, M, InSpec> fc1_;
   Linear<T, M, OutSpec> fc2_;
-  detail::SavedActivation<T, M> h_;
 };
 
 // The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
@@ -195,23 +156,6 @@ class TransformerBlock : public Module {
   // What the last forward's experts added to the objective (0 without experts).
   T auxiliary_loss() { return moe_ ? moe_->auxiliary_loss() : T(0); }
 
-  template <class F>
-  void for_each_parameter(F&& f) {
-    ln1_.for_each_parameter(f);
-    attention_.for_each_parameter(f);
-    ln2_.for_each_parameter(f);
-    if (moe_) moe_->for_each_parameter(f);
-    else mlp_->for_each_parameter(f);
-  }
-  void defer_gradient_sums(std::uint32_t axes) {
-    Module::defer_gradient_sums(axes);
-    ln1_.defer_gradient_sums(axes);
-    attention_.defer_gradient_sums(axes);
-    ln2_.defer_gradient_sums(axes);
-    if (moe_) moe_->defer_gradient_sums(axes);
-    else mlp_->defer_gradient_sums(axes);
-  }
-
   // The block forward only, its gradient derived from its submodules' (the experts' gate through
   // its custom VJP). Dropout follows train()/eval(); its masks see the rows at their place in the
   // whole batch through micro_batch().
@@ -235,58 +179,7 @@ class TransformerBlock : public Module {
     return h + branch((*mlp_)(ln2_(h)), 1);
   }
 
-  template <tshard::detail::FloatingTensor X>
-  auto forward(const X& x_in) {
-    static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
-    tshard::detail::OperatorScope scope("transformer_block");
-    auto in_use = use();
-    const auto& x = tshard::detail::resolved(x_in, "transformer_block");
-    const MicroBatch& mb = current_micro_batch();
-    if (mb.index == 0 && !mb.recompute && !mb.inference) ++calls_;  // one count per step, whatever the micro-batching
-    auto h = x + drop(attention_.forward(ln1_.forward(x)), 0);
-    using Y = decltype(h + drop(mlp_->forward(ln2_.forward(h)), 1));
-    if (moe_)
-      return tshard::detail::implicit_reshard<typename Y::SpecType>(h + drop(moe_->forward(ln2_.forward(h)), 1),
-                                                                    "transformer_block");
-    return h + drop(mlp_->forward(ln2_.forward(h)), 1);
-  }
-
-  template <tshard::detail::FloatingTensor DY>
-  auto backward(const DY& dy_in) {
-    tshard::detail::OperatorScope scope("transformer_block_backward");
-    auto in_use = use();
-    const auto& dy = tshard::detail::resolved(dy_in, "transformer_block_backward");
-    using DH = decltype(dy + ln2_.backward(mlp_->backward(drop(dy, 1))));
-    DH dh = moe_ ? tshard::detail::implicit_reshard<typename DH::SpecType>(dy + ln2_.backward(moe_->backward(drop(dy, 1))),
-                                                                       "transformer_block_backward")
-                 : dy + ln2_.backward(mlp_->backward(drop(dy, 1)));
-    auto dx = dh + ln1_.backward(attention_.backward(drop(dh, 0)));
-    gradients_ready();
-    return dx;
-  }
-
-  void zero_grad() {
-    ln1_.zero_grad();
-    attention_.zero_grad();
-    ln2_.zero_grad();
-    if (moe_) moe_->zero_grad();
-    else mlp_->zero_grad();
-  }
-
  private:
-  // Dropout of a residual branch (site 0: attention, 1: MLP); the mask depends on the block's
-  // seed, the step, the site and the row in the whole batch, so backward applies the forward's
-  // mask and micro-batches drop what the whole batch would.
-  template <class X>
-  auto drop(const X& x, int site) const {
-    const auto& r = tshard::detail::resolved(x, "dropout");
-    using Out = ShardedTensor<T, M, typename X::SpecType>;
-    if (o_.dropout <= 0 || current_micro_batch().inference) return Out(tshard::detail::AdoptStorage{}, r.mesh(), r.global_shape(), tshard::detail::TensorAccess::storage(r));
-    const MicroBatch& mb = current_micro_batch();
-    return Out(dropout(r, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
-                       mb.row_offset, mb.rows_total > 0 ? mb.rows_total : r.global_shape()[0]));
-  }
-
   BlockOptions o_;
   Norm ln1_;
   SelfAttention attention_;

@@ -75,6 +75,7 @@ struct Slot {
   std::shared_ptr<T> reduced;  // stages 2 and 3: this rank's chunk of the reduced gradient
   std::optional<double> lr, weight_decay;  // a parameter group's own settings (else the optimizer's)
   std::shared_ptr<void> keep;  // the registered parameter's handle: param and grad outlive their module
+  std::function<std::pair<std::shared_ptr<StateTensor>, State*>()> state_like;  // (ParameterView's)
 
   Index owned_begin(int c) const { return sharded ? std::min(size, Index(c) * chunk) : 0; }
   Index owned_end(int c) const { return sharded ? std::min(size, Index(c + 1) * chunk) : size; }
@@ -127,6 +128,10 @@ class BucketBase {
   virtual int slot_count() const = 0;
   virtual void read_state(int slot, int k, void* block) = 0;
   virtual void write_state(int slot, int k, const void* block) = 0;
+  // State k of slot i as a tensor of its parameter's shape and spec (read_state's values), and
+  // back from one (any spec; same shape and element type).
+  virtual std::shared_ptr<StateTensor> state_tensor(int slot, int k) = 0;
+  virtual void load_state(int slot, int k, const StateTensor& from) = 0;
   // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
   virtual void reload_parameters() = 0;
   bool started = false;
@@ -365,6 +370,16 @@ class Bucket : public BucketBase {
     const Index b = s.owned_begin(c_), e = s.owned_end(c_);
     std::copy(in + b, in + e, st);
     std::fill(st + (e - b), st + s.state_size(), State(0));
+  }
+  std::shared_ptr<StateTensor> state_tensor(int i, int k) override {
+    auto [t, block] = slots[std::size_t(i)].state_like();
+    read_state(i, k, block);
+    return t;
+  }
+  void load_state(int i, int k, const StateTensor& from) override {
+    auto [t, block] = slots[std::size_t(i)].state_like();
+    t->assign(from);
+    write_state(i, k, block);
   }
   void reload_parameters() override {
     for (auto& s : slots) {
