@@ -127,6 +127,11 @@ using RR = ts::Spec<ts::R, ts::R>;
 using R1 = ts::Spec<ts::R>;
 using Y1 = ts::Spec<ts::S<"y">>;
 
+template <class X>
+auto XRTensor(X&& x) {
+  return ts::ShardedTensor<double, M, XR>(ts::reshard<XR>(std::forward<X>(x)));
+}
+
 }  // namespace
 
 TEST_CASE("elementwise gradients with broadcasting and scalars on both sides equal finite differences and one rank",
@@ -377,6 +382,98 @@ TEST_CASE("in-place operators under a gradient record the new value and keep the
       return ts::sum<0, 1>(y);
     };
     return checked_gradients("in-place", f, a, b);
+  });
+}
+
+TEST_CASE("in-place += and -= of partial sums keep every gradient: an expiring partial on the right, a partial on "
+          "the left",
+          "[ad]") {
+  // h += einsum(a, b) with the contracted dim split makes the right side a partial sum that owns
+  // its buffer (once resolved in place, off the tape: a lost gradient); a partial left side once
+  // took a partial right side with no record at all.
+  const auto ga = global_random<2>({5, 6}, 40), gb = global_random<2>({6, 4}, 41), gc = global_random<2>({5, 4}, 42);
+  on_every_mesh("partial in-place", [&](const M& mesh) {
+    auto a = ts::distribute<RY>(mesh, ga);
+    auto b = ts::distribute<YX>(mesh, gb);
+    auto c = ts::distribute<XR>(mesh, gc);
+    auto f = [](const auto& a, const auto& b, const auto& c) {
+      auto h = XRTensor(c * c);
+      h += ts::einsum<"ij,jk->ik">(a, b);   // an expiring partial sum over y
+      h -= ts::einsum<"ij,jk->ik">(a * a, b) * 0.5;
+      auto p = ts::sum<1>(a);               // a partial sum over y, updated in place by another
+      p += ts::sum<1>(a * a);
+      p -= ts::sum<1>(ts::exp(a)) * 0.25;
+      return ts::sum<0, 1>(ts::square(h)) + ts::sum<0>(ts::square(p));
+    };
+    return checked_gradients("partial in-place", f, a, b, c);
+  });
+}
+
+TEST_CASE("operators without a derivative rule refuse a tracked input on every rank, saying what to use instead",
+          "[ad]") {
+  const M mesh({world_size(), 1});
+  auto a = ts::distribute<XR>(mesh, global_random<2>({6, 5}, 43));
+  auto refused = [&](const std::string& op, auto&& f) {
+    std::string said;
+    try {
+      (void)ts::ad::grad(f, a);
+    } catch (const ts::SpecError& e) {
+      said = e.what();
+    }
+    INFO(op << ": " << said);
+    TS_REQUIRE_ALL(said.find("tshard::" + op + ": ") == 0 && said.find(" is tracked by a gradient, and ") != std::string::npos &&
+                   said.find("has no derivative rule: ") != std::string::npos);
+  };
+  using Ids = ts::Spec<ts::R>;
+  const auto ids = ts::from_function<std::int32_t, Ids>(mesh, {3}, [](const auto& i) { return std::int32_t(i[0] * 2); });
+  refused("stencil", [](const auto& x) {
+    return ts::sum<0, 1>(ts::stencil(x, {1, 0}, ts::Boundary::Zero, [](const auto& v) { return v(0, 0) * v(1, 0); }));
+  });
+  refused("stencil_backward", [](const auto& x) {
+    auto dx = ts::stencil_backward(x, ts::zeros<double, XR>(x.mesh(), {6, 5}), {1, 0}, ts::Boundary::Zero,
+                                   [](const auto&, double dy, const auto& dv) { dv(0, 0) += dy; });
+    return ts::sum<0, 1>(dx);
+  });
+  refused("with_halo", [](const auto& x) {
+    (void)ts::with_halo(x, {1, 0}, ts::Boundary::Zero);
+    return ts::sum<0, 1>(x);
+  });
+  refused("HaloExchange::start", [](const auto& x) {
+    ts::HaloExchange<double, 2> exchange(x, {1, 0}, ts::Boundary::Periodic);
+    auto ext = exchange.make_extended();
+    exchange.start(x, ext);
+    exchange.finish();
+    return ts::sum<0, 1>(x);
+  });
+  refused("scatter_add", [&](const auto& x) {
+    auto g = ts::zeros<double, XR>(x.mesh(), {6, 5});
+    ts::scatter_add<0>(g, ids, ts::take<0>(x, ids));
+    return ts::sum<0, 1>(x);
+  });
+  refused("nn::gelu_backward", [](const auto& x) { return ts::sum<0, 1>(ts::nn::gelu_backward(x, x)); });
+  refused("nn::relu_backward", [](const auto& x) { return ts::sum<0, 1>(ts::nn::relu_backward(x, x)); });
+  refused("nn::layer_norm_backward", [](const auto& x) {
+    auto gamma = ts::zeros<double, R1>(x.mesh(), {5}) + 1.0;
+    return ts::sum<0, 1>(std::get<0>(ts::nn::layer_norm_backward<1>(x, gamma, x, 1e-5)));
+  });
+}
+
+TEST_CASE("causal_attention's probabilities under a gradient (fused kernel off) give the serial gradients on every mesh",
+          "[ad]") {
+  // With T whole, causal_attention runs a fused softmax kernel that overwrites its scores: under
+  // a gradient it runs the recorded operators instead.
+  const auto gq = global_random<4>({5, 3, 2, 4}, 44), gk = global_random<4>({5, 3, 2, 4}, 45);
+  const auto gv = global_random<4>({5, 3, 2, 4}, 46);
+  on_every_mesh("causal_attention", [&](const M& mesh) {
+    using QS = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+    auto q = ts::distribute<QS>(mesh, gq);
+    auto k = ts::distribute<QS>(mesh, gk);
+    auto v = ts::distribute<QS>(mesh, gv);
+    auto f = [](const auto& q, const auto& k, const auto& v) {
+      auto [context, p] = ts::nn::causal_attention(q, k, v);
+      return ts::sum<0, 1, 2, 3>(ts::square(context)) + ts::sum<0, 1, 2, 3>(p * p);
+    };
+    return checked_gradients("causal_attention", f, q, k, v);
   });
 }
 

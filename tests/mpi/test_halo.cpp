@@ -572,21 +572,25 @@ TEST_CASE("conv2d on NCHW input split on batch and spatial dims equals direct se
   Eigen::Tensor<double, 4> w22 = small_values<double, 4>({3, 2, 2, 2}, 14);
   for (auto sizes : mesh_shapes(world_size(), 2)) {
     M2 mesh({sizes[0], sizes[1]});
+    using W = ts::Spec<ts::R, ts::R, ts::R, ts::R>;
+    auto conv = [&](const auto& x, const Eigen::Tensor<double, 4>& w, ts::Padding padding) {
+      return ts::nn::conv2d(x, ts::distribute<W>(mesh, w), {.padding = padding}).gather();
+    };
     auto run = [&](const auto& x, const std::string& what) {
       auto note = [&](const std::string& k, const std::string& e) {
         if (fail.empty() && !e.empty()) fail = what + " " + k + " on mesh " + mesh.shape().describe() + ": " + e;
       };
-      note("3x3 same", compare(ts::conv2d(x, w33, ts::Padding::Same).gather(), conv2d_reference(g, w33, 1, 1), 1e-9));
-      note("3x3 valid", compare(ts::conv2d(x, w33, ts::Padding::Valid).gather(), conv2d_reference(g, w33, 0, 0), 1e-9));
-      note("1x5 same", compare(ts::conv2d(x, w15).gather(), conv2d_reference(g, w15, 0, 2), 1e-9));
-      note("2x2 valid", compare(ts::conv2d(x, w22, ts::Padding::Valid).gather(), conv2d_reference(g, w22, 0, 0), 1e-9));
+      note("3x3 same", compare(conv(x, w33, ts::Padding::Same), conv2d_reference(g, w33, 1, 1), 1e-9));
+      note("3x3 valid", compare(conv(x, w33, ts::Padding::Valid), conv2d_reference(g, w33, 0, 0), 1e-9));
+      note("1x5 same", compare(conv(x, w15, ts::Padding::Same), conv2d_reference(g, w15, 0, 2), 1e-9));
+      note("2x2 valid", compare(conv(x, w22, ts::Padding::Valid), conv2d_reference(g, w22, 0, 0), 1e-9));
     };
     run(ts::distribute<ts::Spec<ts::S<"x">, ts::R, ts::S<"y">, ts::R>>(mesh, g), "{x, R, y, R}");
     run(ts::distribute<ts::Spec<ts::R, ts::R, ts::S<"x">, ts::S<"y">>>(mesh, g), "{R, R, x, y}");
     run(ts::distribute<ts::Spec<ts::S<"x", "y">, ts::R, ts::R, ts::R>>(mesh, g), "{(x,y), R, R, R}");
     run(ts::distribute<ts::Spec<ts::R, ts::R, ts::R, ts::S<"y", "x">>>(mesh, g), "{R, R, R, (y,x)}");
     auto split_channels = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">, ts::R, ts::R>>(mesh, g);
-    auto y = ts::conv2d(split_channels, w33);
+    auto y = ts::nn::conv2d(split_channels, ts::distribute<W>(mesh, w33));
     static_assert(std::is_same_v<decltype(y)::SpecType, ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R>>,
                   "conv2d's output is split like its input with channels whole");
     run(split_channels, "{x, y, R, R} (channels gathered first)");
@@ -595,8 +599,6 @@ TEST_CASE("conv2d on NCHW input split on batch and spatial dims equals direct se
   TS_REQUIRE_ALL(fail.empty());
 }
 
-// HaloPlan, the exchange's former name, stays for existing code.
-static_assert(std::is_same_v<ts::HaloPlan<double, 2>, ts::HaloExchange<double, 2>>);
 
 TEST_CASE("a HaloExchange reused for 1000 exchanges allocates nothing after the first and stays correct", "[halo]") {
   for (auto sizes : mesh_shapes(world_size(), 2)) {
@@ -679,15 +681,14 @@ TEST_CASE("windowed operators reject even kernels, negative widths and mismatche
   const std::string e4 = error_of([&] { ts::stencil(x, {-1, 0}, ts::Boundary::Zero, [](const auto& v) { return v(0, 0); }); });
   TS_REQUIRE_ALL(e4.find("ShapeError: tshard::stencil") == 0);
   auto images = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R>>(mesh, {2, 3, 5, 5});
-  Eigen::Tensor<float, 4> w(4, 2, 3, 3), w_even(4, 3, 2, 3);
-  w.setZero();
-  w_even.setZero();
-  const std::string e5 = error_of([&] { ts::conv2d(images, w); });
+  using W = ts::Spec<ts::R, ts::R, ts::R, ts::R>;
+  auto w = ts::zeros<float, W>(mesh, {4, 2, 3, 3}), w_even = ts::zeros<float, W>(mesh, {4, 3, 2, 3});
+  const std::string e5 = error_of([&] { ts::nn::conv2d(images, w); });
   INFO(e5);
-  TS_REQUIRE_ALL(e5.find("ShapeError: tshard::conv2d") == 0 && e5.find("[4, 2, 3, 3]") != std::string::npos);
-  const std::string e6 = error_of([&] { ts::conv2d(images, w_even, ts::Padding::Same); });
-  TS_REQUIRE_ALL(e6.find("ShapeError: tshard::conv2d: Same padding") == 0);
-  const std::string e7 = error_of([&] { ts::conv2d(images, w_even, ts::Padding::Valid); });
+  TS_REQUIRE_ALL(e5.find("ShapeError: tshard::nn::conv2d") == 0 && e5.find("[4, 2, 3, 3]") != std::string::npos);
+  const std::string e6 = error_of([&] { ts::nn::conv2d(images, w_even, {.padding = ts::Padding::Same}); });
+  TS_REQUIRE_ALL(e6.find("ShapeError: tshard::nn::conv2d: Same padding") == 0);
+  const std::string e7 = error_of([&] { ts::nn::conv2d(images, w_even, {.padding = ts::Padding::Valid}); });
   TS_REQUIRE_ALL(e7 == "no error");
   // A plan used with a tensor of another mesh object: MeshError on every rank.
   M2 other({world_size(), 1});

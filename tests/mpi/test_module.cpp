@@ -4,6 +4,10 @@
 // modules, double registration refused, parameter groups.
 #include "test_support.hpp"
 
+#include <filesystem>
+
+#include <tshard/train/checkpoint.hpp>
+
 namespace ts = tshard;
 using namespace tshard_test;
 
@@ -316,6 +320,159 @@ TEST_CASE("a transformer block's gradients, experts dropping tokens included, eq
           TS_REQUIRE_ALL(std::abs(got.grads[i][j] - want.grads[i][j]) <= 1e-12 * (1 + std::abs(want.grads[i][j])));
     }
   }
+}
+
+namespace {
+// A layer of a given weight spec and a batch norm (whose running statistics are buffers).
+template <class WSpec>
+struct Normed : ts::nn::Module {
+  ts::nn::Linear<double, M, WSpec> fc;
+  ts::nn::BatchNorm<double, M> bn;
+  explicit Normed(const M& mesh) : fc(mesh, 12, 7, 4), bn(mesh, 7) {
+    register_module("fc", fc);
+    register_module("bn", bn);
+  }
+  auto operator()(const auto& x) { return bn(fc(x)); }
+};
+using Columns = ts::Spec<ts::R, ts::S<"model">>;
+using Rows2 = ts::Spec<ts::S<"model">, ts::R>;
+using XRows = ts::Spec<ts::S<"data">, ts::R>;
+
+std::vector<std::vector<double>> state_values(const ts::nn::StateDict& sd) {
+  std::vector<std::vector<double>> out;
+  for (const auto& [name, t] : sd) out.push_back(t->values());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("state_dict names every parameter and buffer; load_state_dict copies by name across specs, strict about names",
+          "[module][state]") {
+  const auto gx = inputs(9, 12);
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    Normed<Columns> a(mesh);
+    const auto x = ts::distribute<XRows>(mesh, gx);
+    (void)a(x);  // the running statistics move
+    const auto sd = ts::nn::state_dict(a);
+    TS_REQUIRE_ALL((sd.names() == std::vector<std::string>{"fc.weight", "fc.bias", "bn.weight", "bn.bias", "bn.running_mean",
+                                                           "bn.running_var"}));
+    TS_REQUIRE_ALL(a.buffer_names() == (std::vector<std::string>{"bn.running_mean", "bn.running_var"}));
+    TS_REQUIRE_ALL(&sd.at("fc.weight").as<ts::ShardedTensor<double, M, Columns>>() == &a.fc.weight());  // the model's own
+    bool wrong_type = false;
+    try {
+      (void)sd.at("fc.weight").as<ts::ShardedTensor<double, M, Rows2>>();
+    } catch (const ts::SpecError&) {
+      wrong_type = true;
+    }
+    TS_REQUIRE_ALL(wrong_type);
+    // Into a model of other specs (and other initial values): every value by name.
+    Normed<Rows2> b(mesh);
+    ts::nn::load_state_dict(b, sd);
+    TS_REQUIRE_ALL(state_values(ts::nn::state_dict(b)) == state_values(sd));
+    TS_REQUIRE_ALL(compare(b(x).gather(), a(x).gather(), 1e-13) == "");
+    // Names that do not match: both lists in one error, before anything is copied.
+    ts::nn::StateDict partial;
+    for (const auto& [name, t] : sd) {
+      if (name == "fc.weight") partial.add(name, t);
+      if (name == "bn.running_mean") partial.add("extra", t);
+    }
+    std::string said;
+    try {
+      ts::nn::load_state_dict(b, partial);
+    } catch (const ts::SpecError& e) {
+      said = e.what();
+    }
+    INFO(said);
+    TS_REQUIRE_ALL(said.find("missing fc.bias, bn.weight") != std::string::npos && said.find("unexpected extra") != std::string::npos);
+  }
+}
+
+TEST_CASE("a module saved on one mesh loads on another with other specs: parameters, buffers, bfloat16 exactly",
+          "[module][state]") {
+  const std::string dir = "tshard_test_module_state";
+  const auto gx = inputs(9, 12);
+  const M one(MPI_COMM_SELF, {1, 1});
+  Normed<Columns> source(one);
+  (void)source(ts::distribute<XRows>(one, gx));
+  const auto want = state_values(ts::nn::state_dict(source));
+  const M world({world_size(), 1});
+  {  // written from the world mesh, with the one-rank model's values
+    Normed<Columns> w(world);
+    const auto from = ts::nn::state_dict(source);
+    for (const auto& [name, t] : ts::nn::state_dict(w)) t->set_values(from.at(name).values());
+    ts::nn::save(world, dir, w);
+  }
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    INFO("mesh " << s[0] << "x" << s[1]);
+    Normed<Rows2> b(mesh);
+    ts::nn::load(mesh, dir, b);
+    TS_REQUIRE_ALL(state_values(ts::nn::state_dict(b)) == want);
+  }
+  // bfloat16 goes through the float32 it widens to: the same bits back.
+  struct Half : ts::nn::Module {
+    ts::nn::Linear<ts::bfloat16, M, Columns> fc;
+    explicit Half(const M& mesh, int seed) : fc(mesh, 5, 6, std::uint64_t(seed)) { register_module("fc", fc); }
+  };
+  Half h(world, 3), back(world, 4);
+  ts::nn::save(world, dir, h);
+  ts::nn::load(world, dir, back);
+  TS_REQUIRE_ALL(state_values(ts::nn::state_dict(back)) == state_values(ts::nn::state_dict(h)));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("a run saved with train::save_checkpoint resumes on another mesh and ZeRO stage on the one-rank curve",
+          "[module][state]") {
+  const std::string dir = "tshard_test_module_resume";
+  const auto gx = inputs(10, 12);
+  const auto gl = classes(10, 12);
+  // Losses of `steps` AdamW steps from `from` (a checkpoint to resume, or none), saving at the end.
+  auto run = [&](const M& mesh, int zero, int first, int last, bool resume, bool save) {
+    Mlp mlp(mesh);
+    ts::nn::AdamW opt({.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1, .zero_stage = zero});
+    opt.add(mlp);
+    const auto x = ts::distribute<XRows>(mesh, gx);
+    const auto labels = ts::distribute<ts::Spec<ts::S<"data">>>(mesh, gl);
+    const ts::train::RunSettings settings{{"layers", "1"}};
+    if (resume) TS_REQUIRE_ALL(ts::train::load_checkpoint(mesh, dir, mlp, opt, settings) == first);
+    std::vector<double> losses;
+    for (int step = first; step < last; ++step) {
+      opt.zero_grad();
+      losses.push_back(ts::ad::backward(mlp, [&] { return ts::nn::cross_entropy(mlp(x), labels); }));
+      opt.step();
+    }
+    if (save) ts::train::save_checkpoint(mesh, dir, mlp, opt, last, settings);
+    return losses;
+  };
+  const auto want = run(M(MPI_COMM_SELF, {1, 1}), 0, 0, 4, false, false);
+  const auto shapes = mesh_shapes(world_size(), 2);
+  for (int zero : {0, 3}) {
+    const auto& a = shapes.front();
+    const auto& b = shapes.back();
+    INFO("saved on " << a[0] << "x" << a[1] << " ZeRO " << zero << ", resumed on " << b[0] << "x" << b[1] << " ZeRO "
+                     << 3 - zero);
+    auto got = run(M({a[0], a[1]}), zero, 0, 2, false, true);
+    const auto rest = run(M({b[0], b[1]}), 3 - zero, 2, 4, true, false);
+    got.insert(got.end(), rest.begin(), rest.end());
+    for (std::size_t i = 0; i < want.size(); ++i) TS_REQUIRE_ALL(std::abs(got[i] - want[i]) <= 1e-12 * std::abs(want[i]));
+  }
+  // Another run's settings are refused by name on every rank.
+  Mlp mlp(M({world_size(), 1}));
+  ts::nn::AdamW opt({});
+  opt.add(mlp);
+  std::string said;
+  try {
+    ts::train::load_checkpoint(M({world_size(), 1}), dir, mlp, opt, {{"layers", "2"}}, "my_program");
+  } catch (const ts::IoError& e) {
+    said = e.what();
+  }
+  TS_REQUIRE_ALL(said == "my_program: the checkpoint '" + dir + "' was written with --layers 1, this run has 2");
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir), std::filesystem::remove_all(dir + ".tmp");
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_CASE("vjp(model, f, x): forwards pending at once add their parameter gradients when their pullbacks run", "[module][vjp]") {

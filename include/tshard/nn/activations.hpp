@@ -44,6 +44,7 @@ void gelu_backward_run(T* out, const T* x, const T* g, tshard::detail::Index n) 
 template <tshard::detail::RealTensor X, tshard::detail::RealTensor DY>
 auto relu_backward(const X& x, const DY& dy) {
   using T = typename X::Scalar;
+  tshard::detail::refuse_tracked("nn::relu_backward", tshard::detail::kNoSecondOrder, x, dy);
   return tshard::map([](T v, T g) { return v > T(0) ? g : T(0); }, x, dy);
 }
 
@@ -71,6 +72,7 @@ auto gelu_backward(const X& x, const DG& dg) {
   static_assert(!is_complex_v<T>, "tshard: gelu takes real values");
   static_assert(std::is_same_v<T, typename DG::Scalar>, "tshard: gelu_backward's gradient has x's element type");
   tshard::detail::OperatorScope scope("gelu_backward");
+  tshard::detail::refuse_tracked("nn::gelu_backward", tshard::detail::kNoSecondOrder, x, dg);
   return tshard::detail::map_runs<T>(
       [](T* o, const T* v, const T* g, tshard::detail::Index n) { detail::gelu_backward_run(o, v, g, n); }, x, dg);
 }

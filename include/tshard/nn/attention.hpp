@@ -143,16 +143,19 @@ auto causal_attention(const Q& q, const K& k, const V& v) {
   using Scores = decltype(scores);
   const auto scale = detail::attention_scale(q);
   if constexpr (detail::whole_rows_v<Scores>) {
-    detail::causal_softmax_kernel(scores.data(), tshard::detail::layout_of(scores), scale);
-    auto context = einsum<"tsbh,sbkh->tbkh">(scores, v);
-    return std::pair{std::move(context), std::move(scores)};
-  } else {
-    scores *= scale;
-    detail::mask_future(scores);
-    auto p = softmax<1>(scores);
-    auto context = einsum<"tsbh,sbkh->tbkh">(p, v);
-    return std::pair{std::move(context), std::move(p)};
+    // The fused kernel overwrites the scores: under a gradient (q, k or v tracked) the recorded
+    // operators below run instead (nn::attention takes its fused backward as a custom VJP).
+    if (!tshard::detail::recording(q, k, v)) {
+      detail::causal_softmax_kernel(scores.data(), tshard::detail::layout_of(scores), scale);
+      auto context = einsum<"tsbh,sbkh->tbkh">(scores, v);
+      return std::pair{std::move(context), std::move(scores)};
+    }
   }
+  scores *= scale;
+  detail::mask_future(scores);  // (a masked score's gradient is zero: softmax's output there is)
+  Scores p = softmax<1>(scores);
+  auto context = einsum<"tsbh,sbkh->tbkh">(p, v);
+  return std::pair{std::move(context), std::move(p)};
 }
 
 // dq, dk, dv given q, k, v [T, B, Dh, H], the forward's probabilities p [T, S, B, H] and
@@ -162,6 +165,7 @@ template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, ts
 auto causal_attention_backward(const Q& q, const K& k, const V& v, const P& p, const DC& dcontext) {
   static_assert(Q::rank == 4 && P::rank == 4 && DC::rank == 4, "tshard: causal_attention_backward takes [T, B, Dh, H] tensors");
   tshard::detail::OperatorScope scope("attention_backward");
+  tshard::detail::refuse_tracked("nn::causal_attention_backward", tshard::detail::kNoSecondOrder, q, k, v, p, dcontext);
   const auto scale = detail::attention_scale(q);
   auto dp = detail::resolved_value(einsum<"tbkh,sbkh->tsbh">(dcontext, v));
   auto dv = einsum<"tsbh,tbkh->sbkh">(p, dcontext);

@@ -68,7 +68,9 @@ auto batch_norm(const X& x, const G& gamma, const B& beta, typename X::Scalar ep
 
 // The layer: gamma (ones) and beta (zeros) [C] replicated, and running mean and (unbiased)
 // variance updated with `momentum` in training, as PyTorch's BatchNorm: train() normalises with
-// the batch's statistics, eval() with the running ones.
+// the batch's statistics, eval() with the running ones. The running statistics are buffers
+// ("running_mean", "running_var", PyTorch's names): in the state dict and in checkpoints, never
+// in the optimizer.
 template <class T, class M, int Dim = 1>
 class BatchNorm : public Module {
  public:
@@ -76,8 +78,8 @@ class BatchNorm : public Module {
   BatchNorm(const M& mesh, Eigen::Index channels, double momentum = 0.1, T eps = T(1e-5))
       : gamma_(register_parameter("weight", constant(mesh, channels, T(1)))),
         beta_(register_parameter("bias", constant(mesh, channels, T(0)))),
-        running_mean_(constant(mesh, channels, T(0))),
-        running_var_(constant(mesh, channels, T(1))),
+        running_mean_(register_buffer("running_mean", constant(mesh, channels, T(0)))),
+        running_var_(register_buffer("running_var", constant(mesh, channels, T(1)))),
         momentum_(momentum),
         eps_(eps) {}
 
@@ -120,7 +122,7 @@ class BatchNorm : public Module {
 
   Vector& gamma_;
   Vector& beta_;
-  Vector running_mean_, running_var_;
+  Vector &running_mean_, &running_var_;  // in the module's buffers
   double momentum_;
   T eps_;
 };

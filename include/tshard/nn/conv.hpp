@@ -22,9 +22,14 @@
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/core/halo_geometry.hpp"
-#include "tshard/ops/conv2d.hpp"
 #include "tshard/nn/window_gather.hpp"
 #include "tshard/reshard/reshard.hpp"
+
+namespace tshard {
+// How a convolution treats the edges: Same keeps H x W (zero padding of (k - 1) / 2, odd kernels
+// only), Valid keeps only the positions where the kernel fits: (H - kh + 1) x (W - kw + 1).
+enum class Padding { Same, Valid };
+}  // namespace tshard
 
 namespace tshard::nn {
 

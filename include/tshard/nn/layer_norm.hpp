@@ -121,6 +121,7 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
   static_assert(Dim == X::rank - 1, "tshard: layer_norm normalises the last dim (gamma and beta align with it)");
   static_assert(G::rank == 1, "tshard: layer_norm's gamma is a rank-1 tensor [H]");
   tshard::detail::OperatorScope scope("layer_norm_backward");
+  tshard::detail::refuse_tracked("nn::layer_norm_backward", tshard::detail::kNoSecondOrder, x, gamma, dn);
   if constexpr (detail::fused_layer_norm_v<X, G, G> && !DN::is_partial &&
                 std::is_same_v<typename DN::SpecType, typename X::SpecType>) {
     // Two passes after the statistics: dgamma, dbeta and the row sums of dxhat and dxhat xhat,

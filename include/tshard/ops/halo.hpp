@@ -21,6 +21,7 @@
 
 #include "tshard/comm/halo_transfer.hpp"
 #include "tshard/comm/stats.hpp"
+#include "tshard/tensor/tape.hpp"
 #include "tshard/core/box_copy.hpp"
 #include "tshard/core/box_iterator.hpp"
 #include "tshard/core/error.hpp"
@@ -31,6 +32,9 @@
 namespace tshard {
 
 namespace detail {
+inline constexpr const char* kHaloInstead =
+    "its blocks leave the tape: use ts::convolve, ts::nn::conv2d or pooling, or give a stencil a gradient with "
+    "ts::ad::custom_vjp and ts::stencil_backward";
 
 // Tag of HaloExchange's constructor from a std::array of widths.
 struct HaloWidths {};
@@ -358,6 +362,7 @@ class HaloExchange {
 
   template <class X>
   void check_tensor(const X& x, const char* op) const {
+    detail::refuse_tracked(op, detail::kHaloInstead, x);  // (raw blocks: nothing would reach the tape)
     if (detail::state_of(x.mesh()) != mesh_)
       throw MeshError(std::string("tshard::") + op + ": the tensor " + x.describe() + " lives on mesh " +
                       x.mesh().shape().describe() + ", not on the plan's mesh " + mesh_->shape().describe());
@@ -444,11 +449,6 @@ class HaloExchange {
   Extended scratch_;
 };
 
-// The name of HaloExchange before it was renamed (it exchanges; the plan is HaloLayout), kept so
-// existing code compiles.
-template <class T, int Rank>
-using HaloPlan = HaloExchange<T, Rank>;
-
 // ---- with_halo ----
 
 namespace detail {
@@ -473,6 +473,7 @@ Eigen::Tensor<T, S::rank> with_halo(const ShardedTensor<T, M, S, P>& t, const Ei
                                     Boundary boundary) {
   static_assert(N == std::size_t(S::rank), "tshard: with_halo takes one halo width per tensor dim");
   detail::OperatorScope scope("with_halo");
+  detail::refuse_tracked("with_halo", detail::kHaloInstead, t);
   return detail::with_halo_impl(t, detail::symmetric_halo<S::rank>(widths), boundary);
 }
 // The same with widths Halo{before, after} per dim.
@@ -480,6 +481,7 @@ template <class T, class M, class S, class P, std::size_t N>
 Eigen::Tensor<T, S::rank> with_halo(const ShardedTensor<T, M, S, P>& t, const Halo (&widths)[N], Boundary boundary) {
   static_assert(N == std::size_t(S::rank), "tshard: with_halo takes one Halo{before, after} per tensor dim");
   detail::OperatorScope scope("with_halo");
+  detail::refuse_tracked("with_halo", detail::kHaloInstead, t);
   return detail::with_halo_impl(t, detail::halo_array<S::rank>(widths), boundary);
 }
 

@@ -29,18 +29,25 @@ ShardedTensor<T, M, SY, PY>& compound(ShardedTensor<T, M, SY, PY>& y, const Shar
   static_assert(!PY::is_partial || partial_pair,
                 "tshard: the left side of an in-place operator is partial: resolve it first (reshard to a plain spec)");
   OperatorScope scope(name);
-  if constexpr (!PY::is_partial) {
-    // Under a gradient, y (op)= x is y = y (op) x laid out as y: recorded, and the old value of y
-    // that the rule may read stays as it was (its buffer is shared, so y gets a new one).
-    if (recording(y, x)) {
-      refuse_in_place_on_leaf(y, name);
-      auto r = binary<K>(std::as_const(y), x, name);
-      if (detail::extents_of(r) != detail::extents_of(y))
-        throw ShapeError(std::string("tshard::") + name + ": the result " + r.describe() +
-                         " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());
+  // Under a gradient, y (op)= x is y = y (op) x laid out as y: recorded, and the old value of y
+  // that the rule may read stays as it was (its buffer is shared, so y gets a new one). A partial
+  // y stays the partial sum it was (partial +/- partial over the same axes).
+  if (recording(y, x)) {
+    refuse_in_place_on_leaf(y, name);
+    auto r = binary<K>(std::as_const(y), x, name);
+    if (detail::extents_of(r) != detail::extents_of(y))
+      throw ShapeError(std::string("tshard::") + name + ": the result " + r.describe() +
+                       " does not fit the left side: y is " + y.describe() + ", x is " + x.describe());
+    if constexpr (PY::is_partial) {
+      if constexpr (std::is_same_v<decltype(r), Y>)
+        y = std::move(r);
+      else
+        throw SpecError(std::string("tshard::") + name + ": under a gradient, the partial left side " + y.describe() +
+                        " takes a partial sum of its own layout, not " + x.describe());
+    } else {
       y = implicit_reshard<SY>(r, name);
-      return y;
     }
+    return y;
   }
   if constexpr (PX::is_partial && !partial_pair) {
     return compound<K>(y, resolved(x, name), name);
@@ -67,7 +74,8 @@ ShardedTensor<T, M, SY, PY>& compound_expiring(ShardedTensor<T, M, SY, PY>& y, S
                                                const char* name) {
   using X = ShardedTensor<T, M, SX, PX>;
   if constexpr (is_partial_sum_v<X> && !PY::is_partial) {
-    if (TensorAccess::owns_pooled_buffer(x) && y.mesh() == x.mesh()) {
+    // (Under a gradient the resolution is recorded by compound: x's node must not be lost.)
+    if (TensorAccess::owns_pooled_buffer(x) && y.mesh() == x.mesh() && !recording(y, x)) {
       constexpr SpecDesc plain = X::spec_desc.without_partial();
       auto& mesh = *detail::state_of(x.mesh());
       require_implicit_allowed(mesh, X::spec_desc, plain, detail::extents_of(x), name);

@@ -31,6 +31,9 @@ struct Convolve {
 // ---- stencil ----
 
 namespace detail {
+inline constexpr const char* kStencilInstead =
+    "a user's function has no derivative: give it one with ts::ad::custom_vjp and ts::stencil_backward, or write a "
+    "linear stencil as ts::convolve";
 template <class T, class M, class S, class P, class F>
 ShardedTensor<T, M, S> stencil_impl(const ShardedTensor<T, M, S, P>& x, const std::array<Halo, S::rank>& widths,
                                     Boundary boundary, F& f) {
@@ -54,12 +57,14 @@ ShardedTensor<T, M, S> stencil(const ShardedTensor<T, M, S, P>& x, const Eigen::
                                F&& f) {
   static_assert(N == std::size_t(S::rank), "tshard: stencil takes one halo width per tensor dim");
   detail::OperatorScope scope("stencil");
+  detail::refuse_tracked("stencil", detail::kStencilInstead, x);
   return detail::stencil_impl(x, detail::symmetric_halo<S::rank>(widths), boundary, f);
 }
 template <class T, class M, class S, class P, std::size_t N, class F>
 ShardedTensor<T, M, S> stencil(const ShardedTensor<T, M, S, P>& x, const Halo (&widths)[N], Boundary boundary, F&& f) {
   static_assert(N == std::size_t(S::rank), "tshard: stencil takes one Halo{before, after} per tensor dim");
   detail::OperatorScope scope("stencil");
+  detail::refuse_tracked("stencil", detail::kStencilInstead, x);
   return detail::stencil_impl(x, detail::halo_array<S::rank>(widths), boundary, f);
 }
 
@@ -97,6 +102,7 @@ void convolve_shards(HaloExchange<T, Rank>& exchange, const T* x, T* out, const 
 template <class T, class M, class S>
 ShardedTensor<T, M, S> convolve_plain(const ShardedTensor<T, M, S>& x, const Eigen::Tensor<T, S::rank>& kernel,
                                       const std::array<Halo, S::rank>& widths, Boundary boundary) {
+  PauseRecording untracked;  // (convolve records its own node once the values are computed)
   HaloExchange<T, S::rank> exchange(HaloWidths{}, x, widths, boundary, "convolve");
   ShardedTensor<T, M, S> out(x.mesh(), x.global_shape());
   convolve_shards(exchange, x.data(), out.data(), kernel);
@@ -207,6 +213,7 @@ ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, cons
   static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one halo width per tensor dim");
   detail::require_stencil_derivative<G, T, S::rank>();
   detail::OperatorScope scope("stencil_backward");
+  detail::refuse_tracked("stencil_backward", detail::kNoSecondOrder, x, dy);
   return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
                                        detail::symmetric_halo<S::rank>(widths), boundary, g);
 }
@@ -216,6 +223,7 @@ ShardedTensor<T, M, S> stencil_backward(const ShardedTensor<T, M, S, P>& x, cons
   static_assert(N == std::size_t(S::rank), "tshard: stencil_backward takes one Halo{before, after} per tensor dim");
   detail::require_stencil_derivative<G, T, S::rank>();
   detail::OperatorScope scope("stencil_backward");
+  detail::refuse_tracked("stencil_backward", detail::kNoSecondOrder, x, dy);
   return detail::stencil_backward_impl(detail::implicit_reshard<S>(x, "stencil_backward"), dy,
                                        detail::halo_array<S::rank>(widths), boundary, g);
 }

@@ -162,6 +162,8 @@ ShardedTensor<T, M, SG>& scatter_add(ShardedTensor<T, M, SG>& grad, const Ids& i
   using S = detail::take_specs<SG, typename Ids::SpecType, Axis, M>;
   using G = ShardedTensor<T, M, SG>;
   detail::OperatorScope scope("scatter_add");
+  detail::refuse_tracked("scatter_add", "it is take's transpose, a kernel of gradients: differentiate take instead",
+                         grad, rows_in);
   const auto& ids = detail::resolved(ids_in, "scatter_add");
   const auto& rows = detail::resolved(rows_in, "scatter_add");
   detail::require_same_mesh(grad, ids, "scatter_add");

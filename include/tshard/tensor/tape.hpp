@@ -189,6 +189,19 @@ bool recording(const X&... x) {
   return Tape::active() && !Tape::paused() && (tracked(x) || ...);
 }
 
+// An operator with no derivative rule whose input is tracked would give a silent zero (or wrong)
+// gradient: it is refused, on every rank alike, saying what to use instead.
+template <class... X>
+void refuse_tracked(const char* op, const char* instead, const X&... x) {
+  if (!recording(x...)) return;
+  std::string which;
+  ((which.empty() && tracked(x) ? void(which = x.describe()) : void()), ...);
+  throw SpecError(std::string("tshard::") + op + ": " + which + " is tracked by a gradient, and " + op +
+                  " has no derivative rule: " + instead);
+}
+inline constexpr const char* kNoSecondOrder = "gradients of gradients are not taken (run it outside ts::ad, or inside a "
+                                              "custom_vjp rule)";
+
 // An in-place update of the very tensor a gradient is taken for would replace it (PyTorch refuses
 // it too); a copy of it may be updated.
 template <class Y>
