@@ -86,7 +86,7 @@ inline std::vector<double> interleaved(const std::vector<std::function<void()>>&
   return m;
 }
 
-// The hand-written baselines' own copy of tshard's shard rule (DESIGN "Shards"): n elements in
+// The hand-written baselines' own copy of tshard's shard rule (docs/architecture.md): n elements in
 // `parts` blocks of ceil(n / parts), the last ones shorter or empty. Kept apart from tshard's
 // code so that a baseline checks tshard's layout rather than sharing it.
 struct Split {

@@ -30,8 +30,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   auto step = [&](const char* title, const auto& t, const std::string& plan) {
     const auto moved = ts::comm_stats().op("reshard").total();
-    std::uint64_t bytes = moved.bytes_received, most = 0;
-    MPI_Allreduce(&bytes, &most, 1, MPI_UINT64_T, MPI_MAX, mesh.comm());
+    const auto most = std::uint64_t(ts::all_reduce(mesh, double(moved.bytes_received), ts::ReduceOp::Max));
     Eigen::Tensor<double, 2> back = t.gather();
     bool ok = true;
     for (Eigen::Index i = 0; i < global.size(); ++i) ok &= back.data()[i] == global.data()[i];

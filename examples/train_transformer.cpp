@@ -532,7 +532,7 @@ void save_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, O
 }
 
 // Checkpoints written before parameters had one name everywhere called the k-th parameter of a
-// top-level layer "<layer>/<k>" and AdamW's moments "<layer>/<k>/adam0" and "/adam1".
+// top-level layer "<layer>/<k>" (and its AdamW moments "<layer>/<k>/adam0" and "/adam1").
 std::function<std::string(const std::string&)> older_names(const ts::nn::Module& model, const ts::io::CheckpointReader& in) {
   std::map<std::string, std::string> older;
   std::map<std::string, int> count;
@@ -542,11 +542,8 @@ std::function<std::string(const std::string&)> older_names(const ts::nn::Module&
   }
   if (older.empty() || !in.has(older.begin()->second)) return {};
   return [older](const std::string& name) {
-    const auto slash = name.find('/');
-    const std::string state = slash == std::string::npos ? "" : name.substr(slash + 1);
-    const auto it = older.find(name.substr(0, slash));
-    if (it == older.end()) return name;
-    return it->second + (state.empty() ? "" : state == "exp_avg" ? "/adam0" : "/adam1");
+    const auto it = older.find(name);
+    return it == older.end() ? name : it->second;
   };
 }
 

@@ -1,5 +1,5 @@
 // The hand-written side of the reshard benchmark: each reshard kind as a tuned HPC code writes it
-// with raw MPI (DESIGN "Shards" arithmetic of its own, buffers allocated once, pack/unpack around
+// with raw MPI (the shard rule's arithmetic of its own, buffers allocated once, pack/unpack around
 // the collective, or MPI vector datatypes with --hand datatype), the baseline tshard is held to.
 #pragma once
 #include <mpi.h>

@@ -8,11 +8,13 @@
 
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/environment.hpp"
+#include "tshard/comm/host_collectives.hpp"
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/comm/stats.hpp"
 
 #include "tshard/tensor/factories.hpp"
+#include "tshard/tensor/send_receive.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 #include "tshard/reshard/reshard.hpp"
@@ -23,6 +25,8 @@
 #include "tshard/ad/ad.hpp"
 
 #include "tshard/nn/nn.hpp"
+#include "tshard/optim/optim.hpp"
+#include "tshard/parallel/parallel.hpp"
 
 #include "tshard/debug/trace.hpp"
 #include "tshard/debug/visualize.hpp"

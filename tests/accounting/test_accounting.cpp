@@ -34,7 +34,7 @@ void require_moved(const Moved& m, std::uint64_t sent, std::uint64_t received, c
 
 }  // namespace
 
-// Valid rows of shard c when n rows are split p ways (DESIGN's shard rule, computed here).
+// Valid rows of shard c when n rows are split p ways (the shard rule of docs/architecture.md, computed here).
 std::uint64_t rows_of(std::uint64_t n, std::uint64_t p, std::uint64_t c) {
   const std::uint64_t b = ceil_div(n, p);
   return c * b >= n ? 0 : std::min(b, n - c * b);

@@ -5,8 +5,8 @@
 // order and memory bound. Whole pipelined training runs are the train_transformer tests.
 #include "layer_support.hpp"
 
-#include <tshard/nn/moe.hpp>
-#include <tshard/nn/pipeline.hpp>
+#include <tshard/nn/layers/moe.hpp>
+#include <tshard/parallel/pipeline.hpp>
 
 namespace ts = tshard;
 using namespace tshard_test;

@@ -15,7 +15,7 @@ namespace {
 
 using M = ts::Mesh<"data", "model">;
 
-// DESIGN's example, in double.
+// README's module example, in double.
 struct Mlp : ts::nn::Module {
   ts::nn::Linear<double, M, ts::Spec<ts::R, ts::S<"model">>> up;    // column-parallel
   ts::nn::Linear<double, M, ts::Spec<ts::S<"model">, ts::R>> down;  // row-parallel

@@ -28,7 +28,7 @@ TEST_CASE("binary elementwise ops equal the serial result for every pair of inpu
   });
 }
 
-TEST_CASE("elementwise output specs follow DESIGN: R with S gives S, the left split wins", "[ops]") {
+TEST_CASE("elementwise output specs follow the elementwise rule: R with S gives S, the left split wins", "[ops]") {
   using X = ts::Spec<ts::S<"x">, ts::R>;
   using Y = ts::Spec<ts::R, ts::S<"y">>;
   using Yx = ts::Spec<ts::R, ts::S<"x">>;
@@ -74,7 +74,7 @@ TEST_CASE("scalars, unary functions and map equal the serial result", "[ops]") {
       auto xd = ts::distribute<S>(mesh, g);
       auto x = ts::map(xd, [](double v) { return float(v); });
       Eigen::Tensor<float, 2> gf = g.cast<float>();
-      auto e = ts::exp(x) * 2.0f + x;  // DESIGN's example
+      auto e = ts::exp(x) * 2.0f + x;  // README's example
       Eigen::Tensor<float, 2> we = gf.exp() * 2.0f + gf;
       TS_REQUIRE_ALL(compare(e.gather(), we, 1e-6) == "");
       Eigen::Tensor<float, 2> wr = gf.cwiseMax(0.0f), wa = gf.abs(), wn = -gf, ws = (gf.abs() + 1.0f).sqrt(),

@@ -1,6 +1,6 @@
 // Every reshard transition against the serial truth: exhaustively for rank-2 tensors on every
 // 2-D mesh that fits, randomly for rank 1-3 tensors on 1-3 axis meshes, through run-time
-// descriptors (DESIGN: types check, descriptors do), plus the typed API on a representative set.
+// descriptors (types check, descriptors do: docs/architecture.md), plus the typed API on a representative set.
 #include "test_support.hpp"
 
 namespace ts = tshard;

@@ -1,6 +1,6 @@
 // The halo exchange: runs one HaloLayout (core/halo_geometry.hpp) with nonblocking point-to-
 // point messages from buffers taken from the pool once, so repeated exchanges allocate nothing.
-// Instantiated per element type only (DESIGN: types check, descriptors do).
+// Instantiated per element type only (types check, descriptors do: docs/architecture.md).
 #pragma once
 #include <mpi.h>
 

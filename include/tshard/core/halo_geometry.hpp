@@ -2,7 +2,7 @@
 // receives from which rank, and which it sends. Everything is a function of global facts (spec,
 // shape, mesh shape, widths), so every rank computes its peers' side too and both ends of every
 // message agree without communicating. comm/halo_transfer.hpp moves the boxes; the windowed
-// operators (ops/halo.hpp, ops/stencil.hpp, nn/conv.hpp) build on both.
+// operators (ops/halo.hpp, ops/stencil.hpp, nn/functional/conv.hpp) build on both.
 //
 // A "window" is a box of global indices [lo, hi) per dim that a rank wants, possibly reaching
 // outside [0, N): a halo (the shard widened on both sides) or the input rows a "valid"

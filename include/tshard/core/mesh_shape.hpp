@@ -1,5 +1,5 @@
 // The run-time shape of a mesh: axis names and sizes, and rank <-> coordinate arithmetic
-// (row-major, last axis fastest, as DESIGN fixes). No MPI here.
+// (row-major, last axis fastest: the fixed semantics in docs/architecture.md). No MPI here.
 #pragma once
 #include <array>
 #include <cstdint>

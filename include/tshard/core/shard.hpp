@@ -1,4 +1,4 @@
-// Shard arithmetic exactly as DESIGN's "Shards" paragraph: a dim of size N split k ways has a
+// Shard arithmetic exactly as docs/architecture.md's shard rule: a dim of size N split k ways has a
 // padded local extent ceil(N/k); shard c starts at min(c*ceil(N/k), N) and holds
 // clamp(N - c*ceil(N/k), 0, ceil(N/k)) valid elements (GSPMD's tiling, torch.chunk's rule).
 #pragma once

@@ -1,5 +1,5 @@
 // The run-time spec descriptor: what the planner, executor and kernels work on, so that they
-// are instantiated per element type only, never per spec combination (DESIGN: types check,
+// are instantiated per element type only, never per spec combination (docs/architecture.md: types check,
 // descriptors do). Also the compile-time translation of Spec types into descriptors.
 #pragma once
 #include <array>

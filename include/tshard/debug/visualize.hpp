@@ -137,4 +137,11 @@ std::string visualize(const ShardedTensor<T, M, S, P>& t, std::ostream& os = std
   return pic;
 }
 
+// The same under a title line "<title>:".
+template <class T, class M, class S, class P>
+std::string visualize(const ShardedTensor<T, M, S, P>& t, const std::string& title, std::ostream& os = std::cout) {
+  if (t.mesh().rank() == 0) os << title << ":\n";
+  return visualize(t, os);
+}
+
 }  // namespace tshard

@@ -28,6 +28,11 @@
 #include "tshard/io/safetensors_format.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
+namespace tshard::io::detail {
+template <>
+inline constexpr const char* other_safetensors_dtype<bfloat16> = "BF16";
+}  // namespace tshard::io::detail
+
 namespace tshard::io {
 namespace detail {
 

@@ -15,8 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <Eigen/Core>
-
 #include "tshard/core/error.hpp"
 #include "tshard/io/json.hpp"
 
@@ -57,6 +55,11 @@ inline std::int64_t safetensors_itemsize(const std::string& dtype) {
   return 0;
 }
 
+// Element types this MPI-free header does not know (bfloat16: io/safetensors.hpp) name their
+// dtype here.
+template <class T>
+inline constexpr const char* other_safetensors_dtype = nullptr;
+
 // The dtype tshard writes for an element type.
 template <class T>
 constexpr const char* safetensors_dtype() {
@@ -64,7 +67,7 @@ constexpr const char* safetensors_dtype() {
   else if constexpr (std::is_same_v<T, double>) return "F64";
   else if constexpr (std::is_same_v<T, std::int32_t>) return "I32";
   else if constexpr (std::is_same_v<T, std::int64_t>) return "I64";
-  else if constexpr (std::is_same_v<T, Eigen::bfloat16>) return "BF16";
+  else if constexpr (other_safetensors_dtype<T> != nullptr) return other_safetensors_dtype<T>;
   else static_assert(!sizeof(T), "tshard: safetensors files hold float, double, bfloat16, int32_t or int64_t tensors here");
 }
 

@@ -27,20 +27,13 @@
 #include <utility>
 #include <vector>
 
-#include "tshard/nn/micro_batch.hpp"
+#include "tshard/parallel/hooks.hpp"
+#include "tshard/parallel/micro_batch.hpp"
 #include "tshard/nn/parameter.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {
-
-// Set by an optimizer on a layer it owns; each may be empty.
-struct LayerHooks {
-  std::function<void()> before_use;       // ZeRO-3: gather the layer's parameters
-  std::function<void()> after_use;        // ZeRO-3: release them again
-  std::function<void()> gradients_ready;  // the layer's backward has ended: reduce its gradients
-  std::function<void()> gradients_read;   // a gradient is about to be read: complete its reduction
-};
 
 // The leaves one forward's parameters got on its tape, in for_each_module order.
 using ParameterLeaves = std::vector<std::shared_ptr<tshard::detail::GradNode>>;
@@ -384,39 +377,4 @@ class Module {
   Module* parent_ = nullptr;  // the module this one is registered in, if any
 };
 
-namespace detail {
-
-using tshard::detail::Extents;
-using tshard::detail::Index;
-using tshard::detail::SpecDesc;
-
-// grad (laid out as `gd`) += a contribution laid out as `cd` (maybe partial). Sums over the
-// axes in `deferred` are left to the owner: a partial sum over exactly those axes is added
-// locally, and a complete contribution is added on the first rank along them only (adding
-// zeros elsewhere keeps the owner's sum exact). A gradient split over a deferred axis has
-// nothing to defer.
-template <class T>
-void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDesc& gd, const Extents& shape, const T* c,
-                         const SpecDesc& cd, std::uint32_t deferred, const char* op) {
-  const auto layout = tshard::detail::shard_layout(gd, shape, mesh.shape(), mesh.coords());
-  auto add = [&](const T* src) {
-    tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
-      for (Index i = off; i < off + n; ++i) grad[i] += src[i];
-    });
-  };
-  if (deferred && !(gd.split_axes() & deferred)) {
-    if (cd.partial == tshard::detail::PartialKind::Sum && cd.partial_axes == deferred && cd.without_partial() == gd)
-      return add(c);
-    const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
-    bool first = true;
-    for (int a = 0; a < mesh.shape().axes(); ++a)
-      if ((deferred & (1u << a)) && mesh.coords()[a] != 0) first = false;
-    if (first) add(aligned.data);
-    return;
-  }
-  const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
-  add(aligned.data);
-}
-
-}  // namespace detail
 }  // namespace tshard::nn

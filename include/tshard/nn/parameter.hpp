@@ -10,71 +10,15 @@
 #include <vector>
 
 #include "tshard/ad/grad.hpp"
+#include "tshard/parallel/gradient_sum.hpp"
+#include "tshard/parallel/parameter_view.hpp"
 #include "tshard/nn/state_dict.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn::detail {
 
-// grad (laid out as gd) += the contribution laid out as cd; defined in module.hpp.
-template <class T>
-void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const tshard::detail::SpecDesc& gd,
-                         const tshard::detail::Extents& shape, const T* c, const tshard::detail::SpecDesc& cd,
-                         std::uint32_t deferred, const char* op);
-
-// What an optimizer needs of a parameter and its gradient, without their spec: the buffers
-// (acquired where ZeRO released them), the layout, the spec descriptor and the mesh.
-template <class T>
-struct ParameterView {
-  std::function<T*()> param, grad;
-  std::function<bool()> param_present, grad_present;
-  std::function<void(std::shared_ptr<const tshard::detail::RestoreValues<T>>)> release_param;  // with the way back
-  std::function<void()> release_grad;
-  tshard::detail::ShardLayout layout;
-  tshard::detail::SpecDesc spec{};
-  std::shared_ptr<tshard::detail::MeshState> mesh;
-  const void* identity = nullptr;
-  std::string describe;
-  std::shared_ptr<void> keep;  // holds what the functions refer to (a registered slot), if anything
-  // A new tensor of the parameter's shape and spec in the optimizer state's element type
-  // (accumulator_t<T>), and its block: what a state dict holds of a state array.
-  std::function<std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*>()> state_like;
-};
-
-template <class T, class M, class S>
-ParameterView<T> view_of(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, std::shared_ptr<void> keep) {
-  tshard::detail::require_same_mesh(param, grad, "nn::Optimizer::add");
-  if (tshard::detail::extents_of(param) != tshard::detail::extents_of(grad))
-    throw ShapeError("tshard::nn: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
-  using Access = tshard::detail::TensorAccess;
-  ParameterView<T> v;
-  v.param = [&param] {
-    Access::acquire_storage(param, false);
-    return param.data();
-  };
-  v.grad = [&grad] {
-    Access::acquire_storage(grad, true);
-    return grad.data();
-  };
-  v.param_present = [&param] { return Access::has_storage(param); };
-  v.grad_present = [&grad] { return Access::has_storage(grad); };
-  v.release_param = [&param](std::shared_ptr<const tshard::detail::RestoreValues<T>> restore) {
-    Access::release_storage(param, std::move(restore));
-  };
-  v.release_grad = [&grad] { Access::release_storage(grad); };
-  v.layout = tshard::detail::layout_of(param);
-  v.spec = ShardedTensor<T, M, S>::spec_desc;
-  v.mesh = tshard::detail::state_of(param.mesh());
-  v.identity = &param;
-  v.describe = param.describe();
-  v.keep = std::move(keep);
-  v.state_like = [&param] {
-    auto t = std::make_shared<ShardedTensor<accumulator_t<T>, M, S>>(param.mesh(), param.global_shape());
-    auto* block = t->data();
-    std::fill(block, block + t->padded_size(), accumulator_t<T>(0));
-    return std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*>(detail::state_of_tensor(std::move(t)), block);
-  };
-  return v;
-}
+using parallel::detail::ParameterView;
+using parallel::detail::view_of;
 
 class ParameterSlot {
  public:
@@ -100,7 +44,19 @@ template <class T>
 class ElementParameterSlot : public ParameterSlot {
  public:
   virtual ParameterView<T> view() = 0;
+  // A new tensor of the parameter's shape and spec in the optimizer state's element type
+  // (accumulator_t<T>), zeroed, and its block: what a state dict holds of a state array.
+  virtual std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like() const = 0;
 };
+
+// state_like() of a parameter tensor.
+template <class T, class M, class S>
+std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like(const ShardedTensor<T, M, S>& param) {
+  auto t = std::make_shared<ShardedTensor<accumulator_t<T>, M, S>>(param.mesh(), param.global_shape());
+  auto* block = t->data();
+  std::fill(block, block + t->padded_size(), accumulator_t<T>(0));
+  return {state_of_tensor(std::move(t)), block};
+}
 
 template <class T, class M, class S>
 class TypedParameterSlot final : public ElementParameterSlot<T>,
@@ -133,7 +89,7 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
       throw SpecError("tshard::nn: internal: a gradient collected from another parameter's leaf (" + describe() + ")");
     if (!leaf.cotangent) return;
     tshard::detail::TensorAccess::acquire_storage(grad_, true);
-    accumulate_gradient(*leaf.mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
+    parallel::detail::accumulate_gradient(*leaf.mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
                         leaf.cotangent.get(), leaf.cotangent_desc, deferred, "backward");
     leaf.cotangent.reset();
   }
@@ -145,6 +101,7 @@ class TypedParameterSlot final : public ElementParameterSlot<T>,
   Eigen::Index padded_size() const override { return value_.padded_size(); }
   const void* identity() const override { return &value_; }
   ParameterView<T> view() override { return view_of(value_, grad_, this->shared_from_this()); }
+  std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like() const override { return detail::state_like(value_); }
   std::string describe() const override { return value_.describe(); }
   std::shared_ptr<StateTensor> value_state() override {
     return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &value_));

@@ -1,6 +1,6 @@
 // Elementwise operators: + - * / between sharded tensors and with scalars, comparisons giving
 // masks, where(), unary functions and map. Operands of different rank align at their last dim
-// and size-1 dims broadcast, as in numpy. Output specs follow DESIGN's elementwise rule at
+// and size-1 dims broadcast, as in numpy. Output specs follow the elementwise rule (docs/architecture.md) at
 // compile time; operands are aligned by implicit reshards (counted, forbiddable); kernels run
 // on padded local blocks and are instantiated per element type, never per spec.
 #pragma once
@@ -53,7 +53,7 @@ constexpr SpecDesc desc_of_rank() {
 
 // ---- the elementwise spec rule ----
 
-// Elementwise specs (DESIGN) on descriptors: per dim the left operand's split; else the
+// Elementwise specs (docs/architecture.md) on descriptors: per dim the left operand's split; else the
 // right's where its axes are free in the left's spec; else R. Shared by the typed API (at
 // compile time) and by descriptor code (at run time).
 constexpr SpecDesc elementwise_desc(const SpecDesc& a, const SpecDesc& b) {
@@ -296,7 +296,7 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
   static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
   using A = ShardedTensor<T, M, SA, PA>;
   using B = ShardedTensor<T, M, SB, PB>;
-  // Only partial sum +/- partial sum over the same axes stays partial (DESIGN).
+  // Only partial sum +/- partial sum over the same axes stays partial (docs/architecture.md, Partial).
   constexpr bool keep = (K == BinaryKind::Add || K == BinaryKind::Sub) && is_partial_sum_v<A> &&
                         is_partial_sum_v<B> && same_name_set(PA::names, PB::names);
   OperatorScope scope(name);

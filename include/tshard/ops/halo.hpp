@@ -4,7 +4,7 @@
 // core/halo_geometry.hpp's, the messages comm/halo_transfer.hpp's (GSPMD section 3.3's halo
 // exchange; the ghost cells of stencil codes).
 //
-// Halo semantics (DESIGN.md): element i of a rank's extended block is the global element
+// Halo semantics: element i of a rank's extended block is the global element
 // local_offset[d] + i_d - before_d in every dim d; outside [0, N_d) it is 0 (Boundary::Zero) or
 // wraps modulo N_d (Boundary::Periodic). Replicated dims take their halo from the rank's own
 // data; corners are included. A rank whose shard is empty gets an empty block.

@@ -1,4 +1,4 @@
-// The reshard planner, on run-time descriptors only (DESIGN: types check, descriptors do).
+// The reshard planner, on run-time descriptors only (types check, descriptors do: docs/architecture.md).
 //
 // A plan is a short sequence of steps, each one regular collective over the group of the
 // mesh axes it touches (GSPMD section 3.3; the per-axis transitions of Elemental's

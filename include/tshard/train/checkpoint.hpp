@@ -52,8 +52,8 @@ void save_checkpoint(const M& mesh, const std::string& dir, const nn::Module& mo
 // Collective: the model's parameters and buffers and the optimizer's state from `dir`, which
 // must have been written with the same `settings` (an IoError naming the first that differs,
 // on every rank); returns the step to go on from and sets the optimizer's. `rename` maps a
-// name of this model (or "<parameter>/<state>") to the name it has in the file, for files of an
-// older naming; a buffer missing from the file keeps its value.
+// parameter or buffer name of this model to the name it has in the file, for files of an older
+// naming; a buffer missing from the file keeps its value.
 template <MeshType M, class Optimizer>
 long load_checkpoint(const M& mesh, const std::string& dir, nn::Module& model, Optimizer& opt,
                      const RunSettings& settings = {}, const std::string& program = "tshard",
@@ -71,8 +71,15 @@ long load_checkpoint(const M& mesh, const std::string& dir, nn::Module& model, O
     if (buffer && !in.has(file_name(name))) return;
     t->load(in, file_name(name));
   });
+  // An optimizer's state k of a parameter is "<parameter>/<state name>" (exp_avg, ...), or, in
+  // checkpoints tshard wrote before state names, "<parameter>/adam<k>".
   const nn::StateDict states = opt.state_dict();
-  for (const auto& [name, t] : states) t->load(in, file_name(name));
+  std::map<std::string, int> index;  // each state's k among its parameter's states
+  for (const auto& [name, t] : states) {
+    const std::string parameter = name.substr(0, name.rfind('/'));
+    const std::string older = file_name(parameter) + "/adam" + std::to_string(index[parameter]++);
+    t->load(in, !in.has(file_name(name)) && in.has(older) ? older : file_name(name));
+  }
   opt.load_state_dict(states);
   opt.reload_parameters();  // ZeRO-3's chunks from the loaded parameters
   const long step = std::stol(in.get("step"));

@@ -1,4 +1,4 @@
-// A consumer of tshard: DESIGN.md's public API v0 as a user writes it, checked against the
+// A consumer of tshard: the public API v0 (README) as a user writes it, checked against the
 // serial values on whatever rank count it runs with.
 #include <tshard/tshard.hpp>
 

@@ -9,7 +9,7 @@
 #include <xmmintrin.h>
 #endif
 
-namespace tshard::nn {
+namespace tshard {
 
 inline bool flush_denormals(bool on = true) {
 #if defined(__x86_64__) || defined(__SSE2__)
@@ -23,4 +23,8 @@ inline bool flush_denormals(bool on = true) {
 #endif
 }
 
+}  // namespace tshard
+
+namespace tshard::nn {
+using tshard::flush_denormals;
 }  // namespace tshard::nn

@@ -6,7 +6,7 @@
 #pragma once
 #include <Eigen/Core>
 
-namespace tshard::nn {
+namespace tshard::parallel {
 
 struct MicroBatch {
   int index = 0;                 // which micro-batch of the step
@@ -17,4 +17,8 @@ struct MicroBatch {
   bool inference = false;        // an evaluation forward: no dropout, no random routing, no step counted
 };
 
+}  // namespace tshard::parallel
+
+namespace tshard::nn {
+using parallel::MicroBatch;
 }  // namespace tshard::nn

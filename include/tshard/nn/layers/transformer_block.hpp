@@ -1,58 +1,20 @@
-// The MLP and the pre-layernorm transformer block (GPT-2's), each a layer with forward and
-// backward owning its parameters. Their layouts come from one struct of specs (Megatron's by
-// default: heads and the MLP's hidden dim split over "model"), so the same block is data-,
-// tensor- or both-parallel by annotation alone.
+// The pre-layernorm transformer block (GPT-2's): y = h + mlp(ln2(h)), h = x + attention(ln1(x)),
+// with dropout on both branches and an optional mixture of experts for the MLP. Its layouts come
+// from one struct of specs (parallel/megatron.hpp's MegatronSpecs by default: heads and the MLP's
+// hidden dim split over "model"), so the same block is data-, tensor- or both-parallel by
+// annotation alone.
 #pragma once
 #include <cstdint>
 #include <optional>
 
-#include "tshard/nn/activations.hpp"
-#include "tshard/nn/attention.hpp"
-#include "tshard/nn/layer_norm.hpp"
-#include "tshard/nn/linear.hpp"
-#include "tshard/nn/moe.hpp"
+#include "tshard/nn/functional/dropout.hpp"
+#include "tshard/nn/layers/attention.hpp"
+#include "tshard/nn/layers/layer_norm.hpp"
+#include "tshard/nn/layers/mlp.hpp"
+#include "tshard/nn/layers/moe.hpp"
+#include "tshard/parallel/megatron.hpp"
 
 namespace tshard::nn {
-
-// The parameter specs of a block, Megatron's pattern over the mesh axis Model: Wq, Wk, Wv [D, Dh,
-// H] and Wo [Dh, H, D] split over the heads, W1 [D, F] over its columns, W2 [F, D] over its
-// rows, layer norms replicated. Any struct with these five names works.
-template <FixedString Model = "model">
-struct MegatronSpecs {
-  static constexpr auto model_axis = Model;   // splits the experts' hidden dim (MoE blocks)
-  static constexpr FixedString expert_axis = "data";  // splits the experts and the token groups
-  using qkv = Spec<R, R, S<Model>>;
-  using attention_out = Spec<R, S<Model>, R>;
-  using mlp_in = Spec<R, S<Model>>;
-  using mlp_out = Spec<S<Model>, R>;
-  using norm = Spec<R>;
-};
-
-// x [.., D] -> fc2(gelu(fc1(x))) with fc1 [D, F] laid out as InSpec and fc2 [F, D] as OutSpec.
-template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = Spec<S<"model">, R>>
-class MLP : public Module {
- public:
-  MLP(const M& mesh, Eigen::Index dmodel, Eigen::Index hidden, std::uint64_t seed)
-      : fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {
-    register_module("fc1", fc1_);
-    register_module("fc2", fc2_);
-  }
-
-  // fc2(gelu(fc1(x))), forward only (derived gradients).
-  template <tshard::detail::FloatingTensor X>
-  auto operator()(const X& x) {
-    tshard::detail::OperatorScope scope("mlp");
-    auto in_use = use();
-    return fc2_(gelu(fc1_(x)));
-  }
-
-  Linear<T, M, InSpec>& fc1() { return fc1_; }
-  Linear<T, M, OutSpec>& fc2() { return fc2_; }
-
- private:
-  Linear<T, M, InSpec> fc1_;
-  Linear<T, M, OutSpec> fc2_;
-};
 
 // The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
 // with masks from (seed, call, global index): the same on every mesh. experts > 0 makes the

@@ -37,51 +37,11 @@
 #include "tshard/comm/mesh.hpp"
 #include "tshard/comm/point_to_point.hpp"
 #include "tshard/core/error.hpp"
-#include "tshard/nn/micro_batch.hpp"
-#include "tshard/nn/module.hpp"
+#include "tshard/parallel/micro_batch.hpp"
+#include "tshard/parallel/schedule.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
-namespace tshard::nn {
-
-enum class Schedule {
-  GPipe,     // every forward, then every backward
-  OneFOneB,  // PipeDream-flush: after K - s - 1 warm-up forwards, stage s alternates one forward, one backward
-};
-
-inline const char* to_string(Schedule s) { return s == Schedule::GPipe ? "gpipe" : "1f1b"; }
-
-struct PipelineOptions {
-  int microbatches = 1;
-  Schedule schedule = Schedule::GPipe;
-  bool remat = false;  // GPipe's re-materialisation: keep only the stage's inputs, recompute in backward
-};
-
-// One entry of a stage's order.
-struct PipelineTask {
-  bool forward;
-  int microbatch;
-  bool operator==(const PipelineTask&) const = default;
-};
-
-// The order in which stage `stage` of `stages` runs the forwards and backwards of `microbatches`
-// micro-batches. Pure arithmetic, the same on every rank.
-inline std::vector<PipelineTask> pipeline_order(Schedule schedule, int stages, int stage, int microbatches) {
-  std::vector<PipelineTask> order;
-  if (schedule == Schedule::GPipe) {
-    for (int m = 0; m < microbatches; ++m) order.push_back({true, m});
-    for (int m = 0; m < microbatches; ++m) order.push_back({false, m});
-    return order;
-  }
-  const int warmup = std::min(stages - stage - 1, microbatches);
-  int f = 0, b = 0;
-  for (; f < warmup; ++f) order.push_back({true, f});
-  while (f < microbatches) {
-    order.push_back({true, f++});
-    order.push_back({false, b++});
-  }
-  while (b < microbatches) order.push_back({false, b++});
-  return order;
-}
+namespace tshard::parallel {
 
 // What one step of a pipeline measured on this rank.
 struct PipelineStats {
@@ -103,6 +63,7 @@ template <class Stage>
 concept DerivedStage = requires(Stage& s, const MicroBatch& mb, const typename Stage::Activation* in) {
   { s.forward(mb, in) } -> std::same_as<typename Stage::Activation>;
   s.loss(mb, in);
+  s.set_micro_batch(mb);
 } && tshard::detail::TrackedModel<Stage>;
 
 namespace detail {
@@ -115,15 +76,16 @@ double loss_value(const R& r) {
 }
 
 // A stage module's micro-batch for a scope, back to the whole batch after.
+template <class Stage>
 class StageMicroBatch {
  public:
-  StageMicroBatch(Module& stage, const MicroBatch& mb) : stage_(stage) { stage_.set_micro_batch(mb); }
+  StageMicroBatch(Stage& stage, const MicroBatch& mb) : stage_(stage) { stage_.set_micro_batch(mb); }
   ~StageMicroBatch() { stage_.set_micro_batch(MicroBatch{}); }
   StageMicroBatch(const StageMicroBatch&) = delete;
   StageMicroBatch& operator=(const StageMicroBatch&) = delete;
 
  private:
-  Module& stage_;
+  Stage& stage_;
 };
 
 // How Pipeline::run computes a task of a stage written forward only: each micro-batch's forward
@@ -216,7 +178,7 @@ class Pipeline {
     stages_ = mesh.template size<StageAxis>();
     stage_ = mesh.template coord<StageAxis>();
     if (o_.microbatches < 1)
-      throw ShapeError("tshard::nn::Pipeline: " + std::to_string(o_.microbatches) + " micro-batches; at least 1 is needed");
+      throw ShapeError("tshard::parallel::Pipeline: " + std::to_string(o_.microbatches) + " micro-batches; at least 1 is needed");
   }
 
   int stages() const { return stages_; }
@@ -282,7 +244,7 @@ class Pipeline {
       st.busy_seconds += seconds_since(t0);
       input.reset();
       if (last()) continue;
-      if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
+      if (!result) throw SpecError("tshard::parallel::Pipeline: a stage before the last returned no activation");
       sending = std::move(result);
       outgoing = send(*sending, m, true);
     }
@@ -347,13 +309,13 @@ class Pipeline {
         if (!o_.remat) inputs[m].reset();  // the layers (or the tape) hold what they need
         st.in_flight = std::max(st.in_flight, ++live);
         if (last()) continue;
-        if (!result) throw SpecError("tshard::nn::Pipeline: a stage before the last returned no activation");
+        if (!result) throw SpecError("tshard::parallel::Pipeline: a stage before the last returned no activation");
       } else {
         busy([&] { result = tasks.backward(mb, inputs[m] ? &*inputs[m] : nullptr, dy ? &*dy : nullptr); });
         inputs[m].reset();
         --live;
         if (first()) continue;
-        if (!result) throw SpecError("tshard::nn::Pipeline: a stage after the first returned no gradient");
+        if (!result) throw SpecError("tshard::parallel::Pipeline: a stage after the first returned no gradient");
       }
       sending = std::move(result);
       outgoing = send(*sending, m, task.forward);
@@ -392,7 +354,7 @@ class Pipeline {
   }
   static void check_rows(Eigen::Index rows, int microbatches) {
     if (microbatches < 1 || rows % microbatches != 0)
-      throw ShapeError("tshard::nn::Pipeline: a batch of " + std::to_string(rows) + " rows does not divide into " +
+      throw ShapeError("tshard::parallel::Pipeline: a batch of " + std::to_string(rows) + " rows does not divide into " +
                        std::to_string(microbatches) + " micro-batches of equal size");
   }
 
@@ -402,4 +364,10 @@ class Pipeline {
   int stages_ = 1, stage_ = 0;
 };
 
+}  // namespace tshard::parallel
+
+namespace tshard::nn {
+using parallel::DerivedStage;
+using parallel::Pipeline;
+using parallel::PipelineStats;
 }  // namespace tshard::nn

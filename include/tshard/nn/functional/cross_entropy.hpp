@@ -12,7 +12,7 @@
 
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ad/scalar.hpp"
-#include "tshard/nn/softmax.hpp"
+#include "tshard/nn/functional/softmax.hpp"
 #include "tshard/ops/reduce.hpp"
 #include "tshard/ops/take.hpp"
 
@@ -106,7 +106,7 @@ double rows_of(const X& logits) {
 }
 
 // (e / sum(e) - onehot(labels)) / rows over the last dim, given e = exp(logits - max), written
-// in e's buffer: softmax's own expression (nn/softmax.hpp), then the labels' ones taken off
+// in e's buffer: softmax's own expression (nn/functional/softmax.hpp), then the labels' ones taken off
 // where this rank holds them, then the mean's scale (each step the arithmetic of the ops it
 // replaces, in place).
 template <class E, class Labels, class L>

@@ -13,7 +13,7 @@
 
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/core/halo_geometry.hpp"
-#include "tshard/nn/window_gather.hpp"
+#include "tshard/nn/functional/window_gather.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::nn {

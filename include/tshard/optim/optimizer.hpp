@@ -1,10 +1,11 @@
-// Optimizers over sharded parameters: each parameter is updated where it lives, in one pass
+// The optimizer over sharded parameters: each parameter is updated where it lives, in one pass
 // over the valid elements this rank updates, with state (momentum, moments) laid out like its
-// slice of the parameter. A gradient registered with add() is read when step() runs (kept by
-// reference). add(model) takes every parameter a module registered: its gradients'
-// data-parallel sums are then reduced by the optimizer, overlapped with the rest of backward, and
-// weight-update sharding (ZeRO stages 1-3, weight_update.hpp) applies. The stage is an option,
-// not another program.
+// slice of the parameter, by an update rule (optim/adamw.hpp, optim/sgd.hpp). A gradient
+// registered with add() is read when step() runs (kept by reference). add(model) takes every
+// parameter a module registered: its gradients' data-parallel sums are then reduced by the
+// optimizer's buckets (parallel/bucket.hpp), overlapped with the rest of backward, and
+// weight-update sharding (ZeRO stages 1-3, parallel/slot.hpp) applies. The stage is an option,
+// not another program. State is kept by parameter name (state_dict()).
 #pragma once
 #include <bit>
 #include <cmath>
@@ -19,58 +20,46 @@
 #include <Eigen/Core>
 
 #include "tshard/comm/buffer_pool.hpp"
+#include "tshard/nn/module.hpp"
+#include "tshard/nn/parameter.hpp"
 #include "tshard/nn/state.hpp"
-#include "tshard/nn/weight_update.hpp"
+#include "tshard/optim/param_groups.hpp"
+#include "tshard/parallel/bucket.hpp"
+#include "tshard/parallel/prefetch.hpp"
 #include "tshard/tensor/factories.hpp"
 
-namespace tshard::nn {
+namespace tshard::optim {
 
-// What opt.add(model, groups) is told of each parameter, to choose its group.
-struct ParameterInfo {
-  std::string name;                  // as in model.parameter_names()
-  int rank = 0;
-  std::vector<Eigen::Index> shape;   // global
-};
-// A parameter group's own settings; an empty member keeps the optimizer's (which later changes
-// to opt.options(), such as a learning-rate schedule, then reach).
-struct ParameterGroup {
-  std::optional<double> lr;
-  std::optional<double> weight_decay;
-};
-// nanoGPT's recipe: weight decay for matrices and embeddings (rank >= 2), none for biases and
-// norms. opt.add(model, ts::nn::decay_matrices_only(0.1f)).
-inline std::function<ParameterGroup(const ParameterInfo&)> decay_matrices_only(double weight_decay) {
-  return [weight_decay](const ParameterInfo& p) {
-    return ParameterGroup{.lr = std::nullopt, .weight_decay = p.rank >= 2 ? weight_decay : 0.0};
-  };
-}
+using parallel::GradientReductionStats;
+using parallel::OptimizerMemory;
+using parallel::ParameterGatherStats;
+using nn::StateDict;
+using tshard::detail::Index;
 
-// How gradients were reduced in the last step: seconds this rank spent inside MPI for them
-// (blocking calls, and tests and waits of those started during backward: the part not hidden
-// by computation) and the number of buckets.
-struct GradientReductionStats {
-  double blocked_seconds = 0;
-  int buckets = 0;  // reduced at step() (not started during backward)
-};
-
-// How ZeRO-3 brought layers' parameters in during the last step, one count per layer use:
-// gathered there and waited for; prefetched (started during the layer before); still present
-// (the layer was used just before, and prefetch kept it); and prefetches never used because
-// the layers ran in another order than the step before (their bytes were moved for nothing).
-struct ParameterGatherStats {
-  int blocking = 0, prefetched = 0, kept = 0, discarded = 0;
-};
-
-namespace detail {
-
-// The registered parameters, their buckets and the update rule; Rule::update<T>(options, t, p,
-// g, state pointers, n) updates n consecutive elements.
+// The registered parameters, their buckets and the update rule. A rule is a struct with
+//   static constexpr int states;                       // state arrays per parameter
+//   static constexpr const char* state_names[];        // their names in state_dict()
+//   template <class T> static void update(const Options&, long step, T* p, const T* g, T* const* state, Index n);
+// which updates n consecutive elements (AdamWRule, SGDRule). Options has lr, weight_decay,
+// zero_stage, data_axis, overlap and prefetch.
 template <class Options, class Rule>
 class Optimizer {
+  // (the data-parallel machinery under it, and the module system it takes parameters from)
+  using BucketBase = parallel::detail::BucketBase;
+  template <class T>
+  using Bucket = parallel::detail::Bucket<T>;
+  template <class T>
+  using Slot = parallel::detail::Slot<T>;
+  template <class T>
+  using ParameterView = parallel::detail::ParameterView<T>;
+  using Index = tshard::detail::Index;
+  using Module = nn::Module;
+  using LayerHooks = parallel::LayerHooks;
+
  public:
   explicit Optimizer(const Options& options) : options_(options) {
     if (options.zero_stage < 0 || options.zero_stage > 3)
-      throw SpecError("tshard::nn: zero_stage " + std::to_string(options.zero_stage) + " is not 0, 1, 2 or 3");
+      throw SpecError("tshard::optim: zero_stage " + std::to_string(options.zero_stage) + " is not 0, 1, 2 or 3");
   }
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -85,6 +74,9 @@ class Optimizer {
     auto& b = new_bucket<T>(param.mesh());
     register_slot(b, param, grad, /*owned by a module*/ false);
     name_slot(name.empty() ? "parameter" + std::to_string(names_.size()) : std::move(name));
+    state_like_.push_back([&param]() -> std::pair<std::shared_ptr<nn::StateTensor>, void*> {
+      return nn::detail::state_like(param);
+    });
     finish_bucket(b);
   }
 
@@ -106,7 +98,7 @@ class Optimizer {
       any = true;
       BucketBase* bucket = nullptr;
       std::function<void()> finish;
-      m.for_each_own_slot([&](const std::string& name, detail::ParameterSlot& slot) {
+      m.for_each_own_slot([&](const std::string& name, nn::detail::ParameterSlot& slot) {
         add_module_slot(slot, prefix + name, group, m.streams_parameters(), bucket, finish, deferred);
       });
       m.attach_hooks(hooks_for(bucket));
@@ -157,7 +149,7 @@ class Optimizer {
   // One update of every registered parameter from its gradient's current values.
   void step() {
     finish_reductions();
-    end_parameter_uses();
+    if (options_.zero_stage == 3) streaming_.end_step(buckets_);
     ++steps_;
     for (auto& u : updates_) u(options_, steps_);
     for (auto& b : buckets_) b->gather_parameters(false);
@@ -181,8 +173,12 @@ class Optimizer {
   StateDict state_dict() {
     require_distinct_names("state_dict");
     StateDict sd;
-    for_each_slot([&](BucketBase& b, int j, const std::string& name) {
-      for (int k = 0; k < Rule::states; ++k) sd.add(name + "/" + Rule::state_names[k], b.state_tensor(j, k));
+    for_each_slot([&](BucketBase& b, int j, std::size_t i) {
+      for (int k = 0; k < Rule::states; ++k) {
+        auto [t, block] = state_like_[i]();
+        b.read_state(j, k, block);
+        sd.add(names_[i] + "/" + Rule::state_names[k], std::move(t));
+      }
     });
     return sd;
   }
@@ -198,14 +194,19 @@ class Optimizer {
       return n;
     };
     std::vector<std::string> missing;
-    for_each_slot([&](BucketBase&, int, const std::string& name) {
+    for_each_slot([&](BucketBase&, int, std::size_t i) {
+      const std::string& name = names_[i];
       for (int k = 0; k < Rule::states; ++k)
         if (!sd.contains(key(name, k))) missing.push_back(name + "/" + Rule::state_names[k]);
     });
     if (!missing.empty())
-      throw SpecError("tshard::nn::Optimizer::load_state_dict: no state for " + detail::name_list(missing));
-    for_each_slot([&](BucketBase& b, int j, const std::string& name) {
-      for (int k = 0; k < Rule::states; ++k) b.load_state(j, k, sd.at(key(name, k)));
+      throw SpecError("tshard::optim::Optimizer::load_state_dict: no state for " + nn::detail::name_list(missing));
+    for_each_slot([&](BucketBase& b, int j, std::size_t i) {
+      for (int k = 0; k < Rule::states; ++k) {
+        auto [t, block] = state_like_[i]();
+        t->assign(sd.at(key(names_[i], k)));
+        b.write_state(j, k, block);
+      }
     });
   }
   // The names the parameters were added under, in registration order.
@@ -255,15 +256,15 @@ class Optimizer {
     return m;
   }
   const GradientReductionStats& last_reduction() const { return reduction_; }
-  const ParameterGatherStats& last_parameter_gathers() const { return gathers_; }
+  const ParameterGatherStats& last_parameter_gathers() const { return streaming_.last_step(); }
 
  private:
-  // f(bucket, slot index, name) for every registered parameter, in registration order.
+  // f(bucket, slot index in it, parameter index) for every registered parameter, in registration order.
   template <class F>
   void for_each_slot(F&& f) {
     std::size_t i = 0;
     for (auto& b : buckets_)
-      for (int j = 0; j < b->slot_count(); ++j) f(*b, j, names_.at(i++));
+      for (int j = 0; j < b->slot_count(); ++j) f(*b, j, i++);
   }
   void name_slot(std::string name) { names_.push_back(std::move(name)); }
   // State by name needs the names apart (modules added one by one may each have a "weight").
@@ -271,7 +272,7 @@ class Optimizer {
     std::set<std::string> seen;
     for (const auto& n : names_)
       if (!seen.insert(n).second)
-        throw SpecError(std::string("tshard::nn::Optimizer::") + op + ": two parameters are named \"" + n +
+        throw SpecError(std::string("tshard::optim::Optimizer::") + op + ": two parameters are named \"" + n +
                         "\": add their modules through one parent module (their names then differ by its prefixes)");
   }
 
@@ -280,7 +281,7 @@ class Optimizer {
       if (i < b->slot_count()) return {b.get(), i};
       i -= b->slot_count();
     }
-    throw SpecError("tshard::nn::Optimizer: no parameter " + std::to_string(i) + " to read or write the state of");
+    throw SpecError("tshard::optim::Optimizer: no parameter " + std::to_string(i) + " to read or write the state of");
   }
 
   template <class M>
@@ -328,74 +329,22 @@ class Optimizer {
     };
     hooks.gradients_read = [this, bucket] {
       if (bucket->dirty && no_sync_)
-        throw SpecError("tshard::nn::Optimizer: a gradient read under no_sync(true) is this rank's share of the "
+        throw SpecError("tshard::optim::Optimizer: a gradient read under no_sync(true) is this rank's share of the "
                         "data-parallel sum: read it after the last micro-batch's backward, with no_sync(false)");
       this_step_.blocked_seconds += bucket->complete_gradients();
     };
     if (options_.zero_stage == 3) {
-      hooks.before_use = [this, bucket] { before_use(bucket); };
-      hooks.after_use = [this, bucket] { after_use(bucket); };
+      hooks.before_use = [this, bucket] { streaming_.before_use(bucket); };
+      hooks.after_use = [this, bucket] { streaming_.after_use(bucket, buckets_); };
     }
     return hooks;
-  }
-
-  // Stage 3. The layers' uses in one step are recorded; with prefetch, a use starts the gather
-  // of the bucket that came next in the previous step's order before completing its own (so
-  // that MPI progresses both while this rank waits), and a bucket used again right after stays
-  // present between the two uses (the last layer's forward and backward, a checkpointed
-  // block's recompute and backward). Once the order differs from the last step's, nothing more
-  // is guessed until step(). Every rank of a data group records the same order, so the
-  // non-blocking gathers start in the same order on each (as MPI requires).
-  void before_use(BucketBase* b) {
-    if (uses_.size() < kMaxRecordedUses) uses_.push_back(b);
-    const std::size_t i = uses_.size();  // this use's position + 1
-    if (options_.prefetch && !diverged_) {
-      if (i > previous_.size() || previous_[i - 1] != b)
-        diverged_ = true;
-      else if (i < previous_.size() && previous_[i] != b && !previous_[i]->kept)
-        previous_[i]->prefetch_parameters();
-    }
-    if (b->kept) {
-      b->kept = false;
-      ++this_gathers_.kept;
-      return;
-    }
-    ++(b->prefetching() ? this_gathers_.prefetched : this_gathers_.blocking);
-    b->gather_parameters(true);
-  }
-  void after_use(BucketBase* b) {
-    const std::size_t i = uses_.size();
-    if (options_.prefetch && !diverged_ && i < previous_.size() && previous_[i] == b && uses_.back() == b) {
-      b->kept = true;
-    } else {
-      b->release_parameters();
-    }
-    if (options_.prefetch)
-      for (auto& other : buckets_) other->test();  // let MPI progress the prefetch in flight
-  }
-  // At step(): the chunks are about to change, so a prefetch never used is completed and
-  // dropped, and every stage-3 parameter leaves memory (one gathered by hand included: read
-  // after the update, it would be stale). This step's order predicts the next one's.
-  void end_parameter_uses() {
-    if (options_.zero_stage != 3) return;
-    for (auto& b : buckets_) {
-      if (b->prefetching()) ++this_gathers_.discarded;
-      b->drop_prefetch();
-      b->kept = false;
-      b->release_parameters();
-    }
-    previous_ = std::move(uses_);
-    uses_.clear();
-    diverged_ = false;
-    gathers_ = this_gathers_;
-    this_gathers_ = {};
   }
 
   // A parameter is updated once: a second registration (the same tensor through two modules,
   // or a module added twice) is an error, not a double update.
   void claim(const void* param, const std::string& describe) {
     if (!claimed_.insert(param).second)
-      throw SpecError("tshard::nn::Optimizer::add: the parameter " + describe +
+      throw SpecError("tshard::optim::Optimizer::add: the parameter " + describe +
                       " is registered twice (each parameter is added once)");
   }
 
@@ -410,12 +359,12 @@ class Optimizer {
     visit_slot<double>(slot, name, settings, streamable, bucket, finish, deferred, done);
     visit_slot<bfloat16>(slot, name, settings, streamable, bucket, finish, deferred, done);
     if (!done)
-      throw SpecError("tshard::nn::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
+      throw SpecError("tshard::optim::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
   }
   template <class T, class Slot>
   void visit_slot(Slot& slot, const std::string& name, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,
                   std::function<void()>& finish, std::uint32_t& deferred, bool& done) {
-    auto* typed = dynamic_cast<detail::ElementParameterSlot<T>*>(&slot);
+    auto* typed = dynamic_cast<nn::detail::ElementParameterSlot<T>*>(&slot);
     if (!typed || done) return;
     done = true;
     const ParameterView<T> view = typed->view();
@@ -427,16 +376,19 @@ class Optimizer {
       deferred = data_mask(*view.mesh);
     }
     auto* b = dynamic_cast<Bucket<T>*>(bucket);
-    if (!b) throw SpecError("tshard::nn: a module's own parameters have one element type");
+    if (!b) throw SpecError("tshard::optim: a module's own parameters have one element type");
     register_slot(*b, view, true, streamable);
     name_slot(name);
+    state_like_.push_back([typed, keep = view.keep]() -> std::pair<std::shared_ptr<nn::StateTensor>, void*> {
+      return typed->state_like();
+    });
     b->slots.back().lr = settings.lr;
     b->slots.back().weight_decay = settings.weight_decay;
   }
 
   template <class T, class M, class S>
   void register_slot(Bucket<T>& b, ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, bool module_owned) {
-    register_slot(b, view_of(param, grad, nullptr), module_owned);
+    register_slot(b, parallel::detail::view_of(param, grad, nullptr), module_owned);
   }
   template <class T>
   void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool module_owned, bool streamable = true) {
@@ -445,7 +397,6 @@ class Optimizer {
     const int n = data ? view.mesh->shape().sizes[std::countr_zero(data)] : 1;
     Slot<T> s;
     s.keep = view.keep;
-    s.state_like = view.state_like;
     s.param = view.param;
     s.grad = view.grad;
     s.param_present = view.param_present;
@@ -462,15 +413,15 @@ class Optimizer {
     const std::uint32_t all = (1u << view.mesh->shape().axes()) - 1;
     s.replica_axes = all & ~view.spec.split_axes();
     using State = typename Slot<T>::State;
-    for (int k = 0; k < Rule::states; ++k) s.state.push_back(zeroed_array<State>(s.state_size()));
+    for (int k = 0; k < Rule::states; ++k) s.state.push_back(parallel::detail::zeroed_array<State>(s.state_size()));
     if (s.streamed) {
       const Index begin = s.owned_begin(b.data_coord()), end = s.owned_end(b.data_coord());
-      s.master = zeroed_array<T>(s.chunk);
+      s.master = parallel::detail::zeroed_array<T>(s.chunk);
       const T* p = s.param();
       std::copy(p + begin, p + end, s.master.get());
     }
     if constexpr (!std::is_same_v<State, T>) {
-      s.master32 = zeroed_array<State>(s.state_size());
+      s.master32 = parallel::detail::zeroed_array<State>(s.state_size());
       b.take_master_copy(s);
     }
     b.slots.push_back(std::move(s));
@@ -525,109 +476,12 @@ class Optimizer {
   std::vector<std::unique_ptr<BucketBase>> buckets_;
   std::set<const void*> claimed_;
   std::vector<std::string> names_;  // each registered parameter's, in registration order
+  // Per registered parameter, a new tensor of its shape and spec (in the state's element type)
+  // and its block, for a state array in state_dict().
+  std::vector<std::function<std::pair<std::shared_ptr<nn::StateTensor>, void*>()>> state_like_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   GradientReductionStats reduction_, this_step_;
-  // Stage 3: the buckets' uses this step and last step, in order; whether this step left it.
-  static constexpr std::size_t kMaxRecordedUses = std::size_t(1) << 16;
-  std::vector<BucketBase*> uses_, previous_;
-  bool diverged_ = false;
-  ParameterGatherStats gathers_, this_gathers_;
+  parallel::detail::ParameterStreaming streaming_{options_.prefetch};  // stage 3's gathers
 };
 
-}  // namespace detail
-
-// AdamW's settings: the first five in this order (designated initializers: {.lr = 1e-3f, ...}),
-// then weight-update sharding over the mesh axis named data_axis (absent: no data parallelism),
-// whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
-// overlap), and whether ZeRO-3 prefetches (below). Overlap is off by default: with OpenMPI's
-// non-blocking collectives and no progress thread, the overlapped reduction of a transformer's
-// gradients spent 54-209 ms per step inside MPI here against 37-52 ms for the blocking one in
-// step() (bench/run_transformer_step.sh); turn it on where the network progresses transfers
-// on its own.
-// The settings are doubles, so a double-precision run can follow a reference that writes
-// betas=(0.9, 0.95) exactly; the defaults are the float values they always were (1e-3f, ...),
-// so programs that keep them, or pass floats, compute bitwise what they did.
-// ZeRO-3's prefetch (DeepSpeed's stage3_prefetch_bucket_size and max_reuse_distance, for one
-// layer ahead): a layer's use starts the next layer's parameter gather, non-blocking, in the
-// order of the step before, and a layer used twice in a row keeps its parameters between the
-// two uses. It holds one more layer's parameters at a time; the result is the same bitwise.
-struct AdamWOptions {
-  double lr = 1e-3f;
-  double beta1 = 0.9f;
-  double beta2 = 0.999f;
-  double eps = 1e-8f;
-  double weight_decay = 0.01f;
-  int zero_stage = 0;
-  const char* data_axis = "data";
-  bool overlap = false;
-  bool prefetch = false;
-};
-
-namespace detail {
-// Adam with decoupled weight decay (Loshchilov and Hutter 2019), PyTorch's formula:
-//   p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
-//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-struct AdamWRule {
-  static constexpr int states = 2;
-  static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
-  template <class T>
-  static void update(const AdamWOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
-    const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
-    const T decay = T(1) - lr * T(o.weight_decay);
-    const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
-    const T root_bc2 = T(std::sqrt(1 - std::pow(double(o.beta2), double(t))));
-    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for (Index at = 0; at < n; at += 512) {  // vectorised, in blocks that stay in cache
-      const Index k = std::min<Index>(512, n - at);
-      Eigen::Map<A> m(s[0] + at, k), v(s[1] + at, k), pv(p + at, k);
-      Eigen::Map<const A> gv(g + at, k);
-      m = b1 * m + (T(1) - b1) * gv;
-      v = b2 * v + (T(1) - b2) * gv.square();
-      pv = pv * decay - step * m / (v.sqrt() / root_bc2 + eps);
-    }
-  }
-};
-}  // namespace detail
-
-class AdamW : public detail::Optimizer<AdamWOptions, detail::AdamWRule> {
- public:
-  using Options = AdamWOptions;
-  explicit AdamW(const Options& options) : Optimizer(options) {}
-};
-
-struct SGDOptions {
-  float lr = 1e-2f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
-  int zero_stage = 0;
-  const char* data_axis = "data";
-  bool overlap = false;
-  bool prefetch = false;  // ZeRO-3's, as AdamW's
-};
-
-namespace detail {
-// SGD with momentum, PyTorch's formula: d = g + wd p; b = momentum b + d (b = d at the first
-// step); p -= lr b (p -= lr d without momentum).
-struct SGDRule {
-  static constexpr int states = 1;
-  static constexpr const char* state_names[] = {"momentum_buffer"};
-  template <class T>
-  static void update(const SGDOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
-    const T lr = T(o.lr), mu = T(o.momentum), wd = T(o.weight_decay);
-    T* buf = s[0];
-    for (Index i = 0; i < n; ++i) {
-      const T d = g[i] + wd * p[i];
-      buf[i] = t == 1 ? d : mu * buf[i] + d;
-      p[i] -= lr * (mu != T(0) ? buf[i] : d);
-    }
-  }
-};
-}  // namespace detail
-
-class SGD : public detail::Optimizer<SGDOptions, detail::SGDRule> {
- public:
-  using Options = SGDOptions;
-  explicit SGD(const Options& options) : Optimizer(options) {}
-};
-
-}  // namespace tshard::nn
+}  // namespace tshard::optim

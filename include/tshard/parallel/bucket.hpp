@@ -1,23 +1,9 @@
-// The machinery under every optimizer: registered parameters grouped in buckets (one per layer
-// given whole, one per bare parameter), their data-parallel gradient reduction, and
-// weight-update sharding over the data axis (Xu et al. 2020, "Automatic cross-replica sharding
-// of weight update"; ZeRO, Rajbhandari et al. 2020):
-//
-//   stage 0  gradients all-reduced; every rank updates its whole local block, state replicated
-//   stage 1  gradients all-reduced; rank c of the data axis updates chunk c of the block and
-//            holds state for that chunk only; the parameters are all-gathered back
-//   stage 2  gradients reduce-scattered: each rank receives only its chunk, and the full
-//            gradient's memory goes back to the pool once its reduction has ended
-//   stage 3  as 2, and a layer's parameters exist only between its hooks (gathered just
-//            before its forward or backward, released after); each rank keeps its chunk.
-//            With prefetch, the next layer's gather is in flight while this one computes
-//            (the order is the previous step's), and a layer used twice in a row stays
-//            present between the two uses
-//
-// A chunk is a 1/N slice of the flattened local block (N the data axis' size), the same
-// slicing whatever the parameter's spec, as DeepSpeed flattens. A parameter already split over
-// the data axis has nothing to shard and takes the stage-0 path. Reductions start, non-blocking,
-// as soon as a layer's backward ends; step() completes what is left.
+// A bucket: the parameters data parallelism reduces together (one module's own, or one bare
+// parameter), with the data axis' communicator. Their gradients' sum over the data axis (an
+// all-reduce, or a reduce-scatter under ZeRO-2 and -3), started non-blocking as soon as the
+// module's backward ends (PyTorch DDP's overlap) or blocking from step(); the all-gathers of
+// updated chunks (ZeRO-1 and -2 after the update, ZeRO-3 before each use, prefetched or not);
+// the optimizer state's chunks, read and written whole for checkpoints.
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -25,77 +11,24 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <optional>
-#include <string>
 #include <vector>
 
+#include "tshard/comm/collectives.hpp"
 #include "tshard/comm/nonblocking.hpp"
 #include "tshard/core/box_copy.hpp"
-#include "tshard/nn/module.hpp"
+#include "tshard/parallel/slot.hpp"
 
-namespace tshard::nn {
+namespace tshard::parallel {
 
-// Bytes this rank holds for parameters, gradients and optimizer state (what ZeRO divides).
-struct OptimizerMemory {
-  std::uint64_t parameters = 0, gradients = 0, state = 0;
-  std::uint64_t model_elements = 0;  // the local parameter elements (Psi of ZeRO's formulas)
-  // Of those, the elements of parameters split over the data axis rather than replicated on it
-  // (GShard's experts): ZeRO has no copies of them to divide, so every stage holds them whole.
-  // ZeRO-k's formula is then its usual one in (Psi - Psi_split) plus 4 Psi_split.
-  std::uint64_t data_split_elements = 0;
-  std::uint64_t total() const { return parameters + gradients + state; }
+// How gradients were reduced in the last step: seconds this rank spent inside MPI for them
+// (blocking calls, and tests and waits of those started during backward: the part not hidden
+// by computation) and the number of buckets.
+struct GradientReductionStats {
+  double blocked_seconds = 0;
+  int buckets = 0;  // reduced at step() (not started during backward)
 };
 
 namespace detail {
-
-using tshard::detail::Index;
-
-// One registered parameter: typed access through closures, and its chunk of the data axis.
-template <class T>
-struct Slot {
-  std::function<T*()> param, grad;  // the buffers (acquired where released)
-  std::function<bool()> param_present, grad_present;
-  std::function<void(std::shared_ptr<const tshard::detail::RestoreValues<T>>)> release_param;
-  std::function<void()> release_grad;
-  std::shared_ptr<tshard::detail::MeshState> mesh;  // (keeps the data axis' communicator alive)
-  tshard::detail::ShardLayout layout;
-  Index size = 0;         // padded local elements
-  bool sharded = false;   // stage >= 1 and replicated over a data axis of size > 1
-  bool deferred = false;  // the gradient holds this rank's partial sum over the data axis
-  bool streamed = false;  // stage 3: present only between its layer's hooks
-  Index chunk = 0;        // ceil(size / N)
-  std::uint32_t replica_axes = 0;  // mesh axes the parameter is replicated over
-  // The optimizer's state, in float for a bfloat16 parameter (mixed precision, as PyTorch's AMP
-  // and DeepSpeed keep it), and then a float master copy of the range this rank updates: the
-  // update runs on it and the parameter is its rounding.
-  using State = tshard::accumulator_t<T>;
-  std::vector<std::shared_ptr<State>> state;
-  std::shared_ptr<State> master32;
-  std::shared_ptr<T> master;   // stage 3: this rank's chunk of the parameter
-  std::shared_ptr<T> reduced;  // stages 2 and 3: this rank's chunk of the reduced gradient
-  std::optional<double> lr, weight_decay;  // a parameter group's own settings (else the optimizer's)
-  std::shared_ptr<void> keep;  // the registered parameter's handle: param and grad outlive their module
-  std::function<std::pair<std::shared_ptr<StateTensor>, State*>()> state_like;  // (ParameterView's)
-
-  Index owned_begin(int c) const { return sharded ? std::min(size, Index(c) * chunk) : 0; }
-  Index owned_end(int c) const { return sharded ? std::min(size, Index(c + 1) * chunk) : size; }
-  Index state_size() const { return sharded ? chunk : size; }
-  // f(offset, length) over the valid runs of the block that lie in [begin, end).
-  template <class F>
-  void for_each_run_in(Index begin, Index end, F&& f) const {
-    tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
-      const Index b = std::max(off, begin), e = std::min(off + n, end);
-      if (b < e) f(b, e - b);
-    });
-  }
-};
-
-template <class T>
-std::shared_ptr<T> zeroed_array(Index n) {
-  auto p = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(n, 1)));
-  std::memset(static_cast<void*>(p.get()), 0, sizeof(T) * static_cast<std::size_t>(std::max<Index>(n, 1)));
-  return p;
-}
 
 // A group of parameters reduced together (one layer), with its data-axis communicator.
 class BucketBase {
@@ -128,10 +61,6 @@ class BucketBase {
   virtual int slot_count() const = 0;
   virtual void read_state(int slot, int k, void* block) = 0;
   virtual void write_state(int slot, int k, const void* block) = 0;
-  // State k of slot i as a tensor of its parameter's shape and spec (read_state's values), and
-  // back from one (any spec; same shape and element type).
-  virtual std::shared_ptr<StateTensor> state_tensor(int slot, int k) = 0;
-  virtual void load_state(int slot, int k, const StateTensor& from) = 0;
   // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
   virtual void reload_parameters() = 0;
   bool started = false;
@@ -371,16 +300,6 @@ class Bucket : public BucketBase {
     std::copy(in + b, in + e, st);
     std::fill(st + (e - b), st + s.state_size(), State(0));
   }
-  std::shared_ptr<StateTensor> state_tensor(int i, int k) override {
-    auto [t, block] = slots[std::size_t(i)].state_like();
-    read_state(i, k, block);
-    return t;
-  }
-  void load_state(int i, int k, const StateTensor& from) override {
-    auto [t, block] = slots[std::size_t(i)].state_like();
-    t->assign(from);
-    write_state(i, k, block);
-  }
   void reload_parameters() override {
     for (auto& s : slots) {
       const Index b = s.owned_begin(c_), e = s.owned_end(c_);
@@ -482,4 +401,8 @@ class Bucket : public BucketBase {
 };
 
 }  // namespace detail
+}  // namespace tshard::parallel
+
+namespace tshard::nn {
+using parallel::GradientReductionStats;
 }  // namespace tshard::nn

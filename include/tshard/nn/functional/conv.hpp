@@ -22,7 +22,7 @@
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/core/halo_geometry.hpp"
-#include "tshard/nn/window_gather.hpp"
+#include "tshard/nn/functional/window_gather.hpp"
 #include "tshard/reshard/reshard.hpp"
 
 namespace tshard {
@@ -33,7 +33,7 @@ enum class Padding { Same, Valid };
 
 namespace tshard::nn {
 
-// A convolution's settings (DESIGN: stride, then padding; more may follow). pad_h / pad_w (and
+// A convolution's settings (stride, then padding; more may follow). pad_h / pad_w (and
 // pad_d, conv3d's depth) >= 0 give explicit zero padding on both sides instead of `padding`; a
 // spatial dim whose pad is left at -1 then has none. Same pads (k - 1) / 2 (odd kernels):
 // H' = ceil(H / stride); in general H' = floor((H + 2 pad - kh) / stride) + 1.

@@ -1,0 +1,55 @@
+// Rotary position embeddings (Su et al. 2021, RoFormer) in Hugging Face's rotate_half form: a
+// head's features i and i + Dh/2 turn together by the angle p * theta^(-2i/Dh) of position p.
+//
+//   auto [cos, sin] = ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, head_dim, offset);  // [1, t, Dh, 1]
+//   auto q = ts::nn::rotary<2>(q_raw, cos, sin);   // q_raw [B, T, Dh, H]: Dh at dim 2
+//
+// The tables are replicated tensors shaped to broadcast against the activations (t at TDim, Dh at
+// DhDim, 1 elsewhere); sin carries rotate_half's sign, so rotary(x) = x cos + swap_halves(x) sin,
+// differentiable as the operators it is written with.
+#pragma once
+#include <cmath>
+#include <utility>
+
+#include "tshard/ops/elementwise.hpp"
+#include "tshard/ops/shape.hpp"
+#include "tshard/tensor/factories.hpp"
+
+namespace tshard::nn {
+
+// cos and (signed) sin of positions [offset, offset + t) for a head dim of `head_dim` (even), as
+// rank-Rank replicated tensors with t at TDim and head_dim at DhDim.
+template <class T, int Rank, int TDim, int DhDim, MeshType M>
+std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<Rank>>> rotary_tables(
+    const M& mesh, Eigen::Index t, Eigen::Index head_dim, Eigen::Index offset = 0, double theta = 10000.0) {
+  static_assert(TDim != DhDim && TDim < Rank && DhDim < Rank, "tshard: rotary_tables' TDim and DhDim are two dims of the tables");
+  Eigen::Index dims[Rank];
+  std::fill(dims, dims + Rank, 1);
+  dims[TDim] = t, dims[DhDim] = head_dim;
+  auto table = [&](bool sine) {
+    return from_function<T, Replicated<Rank>>(mesh, dims, [=](const auto& i) {
+      const Eigen::Index d = i[DhDim], half = head_dim / 2;
+      const double angle = double(offset + i[TDim]) * std::pow(theta, -2.0 * double(d % half) / double(head_dim));
+      return T(sine ? (d < half ? -std::sin(angle) : std::sin(angle)) : std::cos(angle));
+    });
+  };
+  return {table(false), table(true)};
+}
+
+// x with its halves along Dim exchanged: (second half, first half).
+template <int Dim, class X>
+auto swap_halves(const X& x) {
+  Eigen::Index at[X::rank] = {}, half[X::rank], second_at[X::rank] = {};
+  const auto e = x.global_shape();
+  std::copy(e.begin(), e.end(), half);
+  half[Dim] = e[Dim] / 2, second_at[Dim] = e[Dim] / 2;
+  return concat<Dim>(slice(x, second_at, half), slice(x, at, half));
+}
+
+// x rotated by the tables of rotary_tables (the head dim at Dim).
+template <int Dim, class X, class C>
+auto rotary(const X& x, const C& cos, const C& sin) {
+  return x * cos + swap_halves<Dim>(x) * sin;
+}
+
+}  // namespace tshard::nn

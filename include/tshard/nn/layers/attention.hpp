@@ -1,0 +1,78 @@
+// The Attention layer: q, k, v projections [D, Dh, H] with the heads split like the QKV spec, an
+// output projection [Dh, H, D] whose product is a partial over the heads' axes (one all-reduce in
+// forward and one in backward, as Megatron), causal attention between them (its fused backward a
+// custom VJP: nn/functional/attention.hpp).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "tshard/nn/functional/attention.hpp"
+#include "tshard/nn/init.hpp"
+#include "tshard/nn/module.hpp"
+#include "tshard/ops/einsum.hpp"
+
+namespace tshard::nn {
+
+// The layer: x [B, T, D] -> [B, T, D]. QKVSpec lays out Wq, Wk, Wv [D, Dh, H]; OutSpec lays out
+// Wo [Dh, H, D]; the bias [D] follows Wo's last dim. Dh = ceil(D / H), so any (D, H) works.
+template <class T, class M, class QKVSpec = Spec<R, R, S<"model">>, class OutSpec = Spec<R, S<"model">, R>>
+class Attention : public Module {
+  static_assert(tshard::detail::is_spec<QKVSpec>::value && QKVSpec::rank == 3,
+                "tshard: Attention's QKV spec is a rank-3 tshard::Spec<model dim, head dim, heads>");
+  static_assert(tshard::detail::is_spec<OutSpec>::value && OutSpec::rank == 3,
+                "tshard: Attention's output spec is a rank-3 tshard::Spec<head dim, heads, model dim>");
+  static_assert(is_real_floating_v<T>, "tshard: Attention's element type is float, double or bfloat16");
+
+ public:
+  using Proj = ShardedTensor<T, M, QKVSpec>;
+  using Out = ShardedTensor<T, M, OutSpec>;
+  using Bias = ShardedTensor<T, M, Spec<tshard::detail::dim_at_t<OutSpec, 2>>>;
+
+  Attention(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed)
+      : head_dim_((dmodel + std::max<Eigen::Index>(heads, 1) - 1) / std::max<Eigen::Index>(heads, 1)),
+        wq_(own_parameter("wq", init_proj(mesh, dmodel, heads, seed))),
+        wk_(own_parameter("wk", init_proj(mesh, dmodel, heads, seed + 1))),
+        wv_(own_parameter("wv", init_proj(mesh, dmodel, heads, seed + 2))),
+        wo_(own_parameter("wo", detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads)))),
+        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))) {
+    streams_parameters_ = true;  // every use is bracketed by use()
+    if (dmodel < 1 || heads < 1)
+      throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
+                       std::to_string(heads) + " must be positive");
+  }
+
+  Proj& wq() { return wq_; }
+  Proj& wk() { return wk_; }
+  Proj& wv() { return wv_; }
+  Out& wo() { return wo_; }
+  Bias& bo() { return bo_; }
+  Eigen::Index head_dim() const { return head_dim_; }
+
+  // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
+  // attention's is its fused backward (a custom VJP). Nothing is kept in the layer.
+  template <tshard::detail::FloatingTensor X>
+  auto operator()(const X& x) {
+    static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
+    tshard::detail::OperatorScope scope("attention");
+    auto in_use = use();
+    auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
+    auto k = einsum<"btd,dkh->tbkh">(x, wk_);
+    auto v = einsum<"btd,dkh->tbkh">(x, wv_);
+    return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
+  }
+
+ private:
+  static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
+  Proj init_proj(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed) const {
+    return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, bound(dmodel));
+  }
+
+  Eigen::Index head_dim_;
+  // In the module's parameter slots (registered as wq, wk, wv, wo, bo).
+  Proj &wq_, &wk_, &wv_;
+  Out& wo_;
+  Bias& bo_;
+};
+
+}  // namespace tshard::nn

@@ -1,0 +1,43 @@
+// A gradient contribution added into a parameter's gradient, with the data-parallel sum left to
+// an owner: data parallelism's deferral (PyTorch DDP's), whatever layout the contribution comes
+// in. ts::ad::backward adds every parameter's cotangent through it.
+#pragma once
+#include <cstdint>
+
+#include "tshard/reshard/reshard.hpp"
+
+namespace tshard::parallel::detail {
+
+using tshard::detail::Extents;
+using tshard::detail::Index;
+using tshard::detail::SpecDesc;
+
+// grad (laid out as `gd`) += a contribution laid out as `cd` (maybe partial). Sums over the
+// axes in `deferred` are left to the owner: a partial sum over exactly those axes is added
+// locally, and a complete contribution is added on the first rank along them only (adding
+// zeros elsewhere keeps the owner's sum exact). A gradient split over a deferred axis has
+// nothing to defer.
+template <class T>
+void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDesc& gd, const Extents& shape, const T* c,
+                         const SpecDesc& cd, std::uint32_t deferred, const char* op) {
+  const auto layout = tshard::detail::shard_layout(gd, shape, mesh.shape(), mesh.coords());
+  auto add = [&](const T* src) {
+    tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
+      for (Index i = off; i < off + n; ++i) grad[i] += src[i];
+    });
+  };
+  if (deferred && !(gd.split_axes() & deferred)) {
+    if (cd.partial == tshard::detail::PartialKind::Sum && cd.partial_axes == deferred && cd.without_partial() == gd)
+      return add(c);
+    const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
+    bool first = true;
+    for (int a = 0; a < mesh.shape().axes(); ++a)
+      if ((deferred & (1u << a)) && mesh.coords()[a] != 0) first = false;
+    if (first) add(aligned.data);
+    return;
+  }
+  const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
+  add(aligned.data);
+}
+
+}  // namespace tshard::parallel::detail

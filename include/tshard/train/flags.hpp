@@ -1,0 +1,185 @@
+// Command-line flags as every training program reads them: `--name value` options and `--name`
+// switches bound to variables, `--mesh axis=size,...` for any mesh type, and the same errors
+// everywhere: "<program>: unknown option --x", "<program>: --steps needs a value". Every rank
+// parses the same line, so every rank throws the same UsageError; report() prints it once.
+//
+//   ts::train::Flags flags("train_llama", argc, argv);
+//   flags.value("--steps", o.steps).value("--lr", o.lr).flag("--double", o.use_double)
+//        .mesh<M>("--mesh", o.mesh).parse();
+#pragma once
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tshard/comm/environment.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/core/error.hpp"
+
+namespace tshard::train {
+
+// A bad command line: the message says what and names the program.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// A mesh's sizes as --mesh gives them: axes it does not name are 1, except the first, which
+// takes the ranks left over (every rank on it without --mesh).
+template <MeshType M>
+struct MeshSizes {
+  std::array<int, M::axes> sizes = [] {
+    std::array<int, M::axes> s{};
+    s.fill(1);
+    s[0] = 0;  // (the ranks left over)
+    return s;
+  }();
+  bool given = false;
+  // The sizes for `ranks` ranks, or a UsageError "<program>: --mesh data=2,model=1 does not
+  // match 3 ranks".
+  std::array<int, M::axes> resolve(const std::string& program, int ranks) const {
+    std::array<int, M::axes> out = sizes;
+    int fixed = 1;
+    for (int a = 1; a < M::axes; ++a) fixed *= out[std::size_t(a)];
+    if (out[0] == 0) out[0] = ranks % fixed == 0 ? ranks / fixed : 0;
+    int product = 1;
+    for (int s : out) product *= s;
+    if (product != ranks) {
+      std::string text;
+      for (int a = 0; a < M::axes; ++a)
+        text += (a ? "," : "") + std::string(M::axis_names[std::size_t(a)]) + "=" + std::to_string(sizes[std::size_t(a)]);
+      throw UsageError(program + ": --mesh " + text + " does not match " + std::to_string(ranks) + " ranks");
+    }
+    return out;
+  }
+  // The mesh on MPI_COMM_WORLD.
+  M make(const std::string& program) const {
+    const auto s = resolve(program, Environment::world_size());
+    int sizes_c[M::axes];
+    std::copy(s.begin(), s.end(), sizes_c);
+    return M(sizes_c);
+  }
+};
+
+class Flags {
+ public:
+  Flags(std::string program, int argc, char** argv) : program_(std::move(program)), args_(argv + 1, argv + argc) {}
+
+  // `name value`: an integer, a real or a string (read as std::atol / std::atof read them).
+  template <class V>
+  Flags& value(const std::string& name, V& target) {
+    options_.push_back({name, true, [&target](const std::string& v) { assign(target, v); }});
+    return *this;
+  }
+  // `name`: sets target to `to`.
+  template <class V>
+  Flags& flag(const std::string& name, V& target, V to) {
+    options_.push_back({name, false, [&target, to](const std::string&) { target = to; }});
+    return *this;
+  }
+  Flags& flag(const std::string& name, bool& target) { return flag(name, target, true); }
+  // `name value` handled by the caller (which may throw fail(...)).
+  Flags& custom(const std::string& name, std::function<void(const std::string&)> f) {
+    options_.push_back({name, true, std::move(f)});
+    return *this;
+  }
+  // `name value` where the value is one of `allowed`: else "<name> takes a or b, not 'c'".
+  Flags& choice(const std::string& name, std::string& target, std::vector<std::string> allowed) {
+    return custom(name, [this, name, &target, allowed](const std::string& v) {
+      for (const auto& a : allowed)
+        if (a == v) {
+          target = v;
+          return;
+        }
+      std::string list;
+      for (std::size_t i = 0; i < allowed.size(); ++i) list += (i ? (i + 1 == allowed.size() ? " or " : ", ") : "") + allowed[i];
+      fail(name + " takes " + list + ", not '" + v + "'");
+    });
+  }
+  // `--mesh axis=size,...` over the axes of M; `order` lists the axes in the error text (as
+  // "(data, model or stage)"), M's order where empty.
+  template <MeshType M>
+  Flags& mesh(const std::string& name, MeshSizes<M>& target, std::vector<std::string> order = {}) {
+    if (order.empty())
+      for (auto a : M::axis_names) order.emplace_back(a);
+    return custom(name, [this, &target, order](const std::string& v) { parse_mesh(v, target, order); });
+  }
+
+  // Reads the command line; a UsageError on the first flag that does not parse.
+  void parse() {
+    for (std::size_t i = 0; i < args_.size(); ++i) {
+      const std::string& a = args_[i];
+      const Option* o = find(a);
+      if (!o) fail("unknown option " + a);
+      if (o->takes_value) {
+        if (i + 1 >= args_.size()) fail(a + " needs a value");
+        o->apply(args_[++i]);
+      } else {
+        o->apply("");
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { throw UsageError(program_ + ": " + what); }
+  const std::string& program() const { return program_; }
+
+  // Prints an error every rank threw alike once (world rank 0) and returns `code` (2 for a
+  // UsageError, as command-line tools do).
+  static int report(const std::exception& e, int code = 2) {
+    if (Environment::world_size() == 1 || Environment::world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+    return code;
+  }
+
+ private:
+  struct Option {
+    std::string name;
+    bool takes_value;
+    std::function<void(const std::string&)> apply;
+  };
+  const Option* find(const std::string& name) const {
+    for (const auto& o : options_)
+      if (o.name == name) return &o;
+    return nullptr;
+  }
+  template <class V>
+  static void assign(V& target, const std::string& v) {
+    if constexpr (std::is_same_v<V, std::string>) target = v;
+    else if constexpr (std::is_floating_point_v<V>) target = V(std::atof(v.c_str()));
+    else target = V(std::atol(v.c_str()));
+  }
+  template <MeshType M>
+  void parse_mesh(const std::string& s, MeshSizes<M>& m, const std::vector<std::string>& order) {
+    m.given = true;
+    m.sizes.fill(1);
+    std::size_t at = 0;
+    while (at < s.size()) {
+      const std::size_t comma = s.find(',', at);
+      const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      const std::size_t eq = item.find('=');
+      if (eq == std::string::npos) fail("--mesh takes axis=size items, e.g. data=2,model=2, not '" + item + "'");
+      const std::string axis = item.substr(0, eq);
+      const int size = std::atoi(item.c_str() + eq + 1);
+      if (size < 1) fail("--mesh: the size of " + axis + " must be a positive integer");
+      int index = -1;
+      for (int a = 0; a < M::axes; ++a)
+        if (M::axis_names[std::size_t(a)] == axis) index = a;
+      if (index < 0) {
+        std::string list;
+        for (std::size_t i = 0; i < order.size(); ++i) list += (i ? (i + 1 == order.size() ? " or " : ", ") : "") + order[i];
+        fail("--mesh: unknown axis '" + axis + "' (" + list + ")");
+      }
+      m.sizes[std::size_t(index)] = size;
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
+
+  std::string program_;
+  std::vector<std::string> args_;
+  std::vector<Option> options_;
+};
+
+}  // namespace tshard::train

@@ -1,0 +1,121 @@
+// What a training program reports besides its losses: the machine's GEMM rate (the basis of MFU),
+// step times taken together on every rank, and memory: the process's resident set above a start
+// and the buffer pool's bytes.
+//
+//   const double peak = ts::train::gemm_rate(mesh, 384);      // sgemm n=384 on every rank, summed
+//   ts::train::MemoryMeter memory;  memory.start();           // before the model is built
+//   ... memory.sample_pool();                                 // at the step's fullest moment
+//   memory.print(mesh);                                       // "buffer pool on rank 0: ..." and
+//                                                             // "resident memory: ..." lines
+#pragma once
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/host_collectives.hpp"
+#include "tshard/comm/mesh.hpp"
+#include "tshard/ops/gemm.hpp"
+
+namespace tshard::train {
+
+// The time of a moment every rank of the mesh reached (an uncounted barrier first), to time a
+// step as its slowest rank sees it.
+template <MeshType M>
+std::chrono::steady_clock::time_point synchronized_now(const M& mesh) {
+  tshard::detail::synchronize(mesh.comm());
+  return std::chrono::steady_clock::now();
+}
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The machine's GEMM rate in FLOP/s: sgemm of n^3 on every rank at the same moment (best of 3),
+// summed over ranks. What model FLOPs are measured against (MFU).
+template <MeshType M>
+double gemm_rate(const M& mesh, int n) {
+  Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
+  double best = 1e30;
+  for (int r = 0; r < 3; ++r) {
+    const auto t0 = synchronized_now(mesh);
+    tshard::detail::gemm<float>(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n);
+    best = std::min(best, seconds_since(t0));
+  }
+  return all_reduce(mesh, 2.0 * n * n * n / best);
+}
+
+// This process's resident memory and its high-water mark, in bytes (Linux; 0 elsewhere).
+struct Resident {
+  double now = 0, peak = 0;
+};
+inline Resident resident_memory() {
+  Resident r;
+  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f)) {
+      double kib = 0;
+      if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) r.now = kib * 1024;
+      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) r.peak = kib * 1024;
+    }
+    std::fclose(f);
+  }
+  return r;
+}
+// Restarts the high-water mark from the resident memory now (Linux 4.0 and later).
+inline void reset_resident_peak() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
+// A run's memory: the resident peak above the start, and the buffer pool at a sampled moment.
+class MemoryMeter {
+ public:
+  // Before the model: the high-water mark restarts here (what ran before is not this run's).
+  void start() {
+    reset_resident_peak();
+    before_ = resident_memory().now;
+  }
+  // The buffer pool now: bytes in use and the peak since its last reset.
+  void sample_pool() {
+    pool_now_ = double(pool_stats().bytes_in_use);
+    pool_peak_ = double(pool_stats().peak_bytes_in_use);
+  }
+  // The resident peak above the start, this rank's and the sum over the mesh (collective).
+  template <MeshType M>
+  void measure(const M& mesh) {
+    growth_ = std::max(0.0, resident_memory().peak - before_);
+    growth_all_ = all_reduce(mesh, growth_);
+  }
+  double pool_now() const { return pool_now_; }
+  double pool_peak() const { return pool_peak_; }
+  double resident_growth() const { return growth_; }
+  double resident_growth_all() const { return growth_all_; }
+  // The two report lines, on mesh rank 0 (after measure()).
+  template <MeshType M>
+  void print(const M& mesh) const {
+    if (mesh.rank() != 0) return;
+    std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n", pool_now_ / 1024.0,
+                pool_peak_ / 1024.0);
+    std::printf("resident memory: peak above that before the model %.1f MiB on rank 0, %.1f MiB over all %d ranks\n",
+                growth_ / 1048576, growth_all_ / 1048576, mesh.size());
+  }
+
+ private:
+  double before_ = 0, pool_now_ = 0, pool_peak_ = 0, growth_ = 0, growth_all_ = 0;
+};
+
+// The largest relative difference between two loss curves (`got` may start later, at `first`).
+inline double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want, std::size_t first = 0) {
+  double worst = 0;
+  for (std::size_t s = 0; s < got.size() && s + first < want.size(); ++s)
+    worst = std::max(worst, std::abs(got[s] - want[s + first]) / std::abs(want[s + first]));
+  return worst;
+}
+
+}  // namespace tshard::train

@@ -1,0 +1,9 @@
+// What every training program rewrites, once: flags and --mesh, token data, checkpoints of a run,
+// Hugging Face's parameter layout, sampling, and reports (GEMM rate, step times, memory).
+#pragma once
+#include "tshard/train/checkpoint.hpp"
+#include "tshard/train/data.hpp"
+#include "tshard/train/flags.hpp"
+#include "tshard/train/hf_layout.hpp"
+#include "tshard/train/report.hpp"
+#include "tshard/train/sampling.hpp"
