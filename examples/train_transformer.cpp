@@ -41,10 +41,10 @@
 // [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
 // of the steps; --report prints the collectives per step and operator.
 #include <tshard/tshard.hpp>
-#include <tshard/train/checkpoint.hpp>
+#include <tshard/train/train.hpp>
 
 #include <algorithm>
-#include <chrono>
+#include <array>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -53,9 +53,9 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <type_traits>
-#include <stdexcept>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ts = tshard;
@@ -63,7 +63,7 @@ using M = ts::Mesh<"data", "stage", "model">;
 using Sub = ts::Mesh<"data", "model">;  // one pipeline stage
 
 struct Options {
-  int data = 0, stage = 1, model = 1;  // without --mesh, every rank on data; with it, a missing axis is 1
+  ts::train::MeshSizes<M> mesh;  // without --mesh, every rank on data; with it, a missing axis is 1
   int steps = 10, layers = 2, zero = 0;
   long seed = 1;
   bool use_double = false, check = false, overlap = false, prefetch = false;
@@ -85,116 +85,49 @@ struct Options {
   std::string write_data;    // writes the synthetic task's first N sequences as such a file
   long sequences = 0;
   bool report = false;       // the per-step cost report: collectives, bytes and time per operator
+
+  ts::train::ReverseTask task() const { return {std::uint64_t(seed), vocab, seq, batch}; }
 };
-
-[[noreturn]] void usage_error(const std::string& what) {
-  throw std::invalid_argument("train_transformer: " + what);
-}
-
-void parse_mesh(const std::string& s, Options& o) {
-  o.data = 1;
-  std::size_t at = 0;
-  while (at < s.size()) {
-    const std::size_t comma = s.find(',', at);
-    const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    const std::size_t eq = item.find('=');
-    if (eq == std::string::npos) usage_error("--mesh takes axis=size items, e.g. data=2,model=2, not '" + item + "'");
-    const std::string axis = item.substr(0, eq);
-    const int size = std::atoi(item.c_str() + eq + 1);
-    if (size < 1) usage_error("--mesh: the size of " + axis + " must be a positive integer");
-    if (axis == "data") o.data = size;
-    else if (axis == "model") o.model = size;
-    else if (axis == "stage") o.stage = size;
-    else usage_error("--mesh: unknown axis '" + axis + "' (data, model or stage)");
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-}
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    auto integer = [&] { return std::atol(value().c_str()); };
-    if (a == "--mesh") parse_mesh(value(), o);
-    else if (a == "--steps") o.steps = int(integer());
-    else if (a == "--layers") o.layers = int(integer());
-    else if (a == "--seed") o.seed = integer();
-    else if (a == "--zero") o.zero = int(integer());
-    else if (a == "--double") o.use_double = true;
-    else if (a == "--dtype") {
-      const std::string v = value();
-      if (v != "float" && v != "double" && v != "bf16") usage_error("--dtype takes float, double or bf16, not '" + v + "'");
-      o.use_double = v == "double";
-      o.use_bf16 = v == "bf16";
-    }
-    else if (a == "--batch") o.batch = integer();
-    else if (a == "--seq") o.seq = integer();
-    else if (a == "--dmodel") o.dmodel = integer();
-    else if (a == "--heads") o.heads = integer();
-    else if (a == "--vocab") o.vocab = integer();
-    else if (a == "--hidden") o.hidden = integer();
-    else if (a == "--lr") o.lr = std::atof(value().c_str());
-    else if (a == "--clip") o.clip = std::atof(value().c_str());
-    else if (a == "--dropout") o.dropout = std::atof(value().c_str());
-    else if (a == "--peak-n") o.peak_n = int(integer());
-    else if (a == "--check") o.check = true;
-    else if (a == "--overlap") o.overlap = true;
-    else if (a == "--no-overlap") o.overlap = false;
-    else if (a == "--prefetch") o.prefetch = true;
-    else if (a == "--microbatches") o.microbatches = int(integer());
-    else if (a == "--remat") o.remat = true;
-    else if (a == "--activation-checkpoint") {
-      o.activation_checkpoint = value();
-      if (o.activation_checkpoint != "full" && o.activation_checkpoint != "selective")
-        usage_error("--activation-checkpoint takes full or selective, not '" + o.activation_checkpoint + "'");
-    }
-    else if (a == "--experts") o.experts = int(integer());
-    else if (a == "--save") o.save = value();
-    else if (a == "--trace") o.trace = value();
-    else if (a == "--data") o.data_file = value();
-    else if (a == "--eval") o.eval_file = value();
-    else if (a == "--eval-every") o.eval_every = int(integer());
-    else if (a == "--write-data") o.write_data = value();
-    else if (a == "--sequences") o.sequences = integer();
-    else if (a == "--report") o.report = true;
-    else if (a == "--resume") o.resume = value();
-    else if (a == "--capacity-factor") o.capacity_factor = std::atof(value().c_str());
-    else if (a == "--aux-weight") o.aux_weight = std::atof(value().c_str());
-    else if (a == "--schedule") {
-      const std::string v = value();
-      if (v == "gpipe") o.schedule = ts::nn::Schedule::GPipe;
-      else if (v == "1f1b") o.schedule = ts::nn::Schedule::OneFOneB;
-      else usage_error("--schedule takes gpipe or 1f1b, not '" + v + "'");
-    }
-    else usage_error("unknown option " + a);
-  }
-  if (o.zero < 0 || o.zero > 3) usage_error("--zero takes 0, 1, 2 or 3");
+  ts::train::Flags f("train_transformer", argc, argv);
+  std::string schedule = "gpipe";
+  f.mesh<M>("--mesh", o.mesh, {"data", "model", "stage"})
+      .value("--steps", o.steps).value("--layers", o.layers).value("--seed", o.seed).value("--zero", o.zero)
+      .flag("--double", o.use_double)
+      .custom("--dtype", [&](const std::string& v) {
+        if (v != "float" && v != "double" && v != "bf16") f.fail("--dtype takes float, double or bf16, not '" + v + "'");
+        o.use_double = v == "double";
+        o.use_bf16 = v == "bf16";
+      })
+      .value("--batch", o.batch).value("--seq", o.seq).value("--dmodel", o.dmodel).value("--heads", o.heads)
+      .value("--vocab", o.vocab).value("--hidden", o.hidden).value("--lr", o.lr).value("--clip", o.clip)
+      .value("--dropout", o.dropout).value("--peak-n", o.peak_n).flag("--check", o.check)
+      .flag("--overlap", o.overlap).flag("--no-overlap", o.overlap, false).flag("--prefetch", o.prefetch)
+      .value("--microbatches", o.microbatches).flag("--remat", o.remat)
+      .choice("--activation-checkpoint", o.activation_checkpoint, {"full", "selective"})
+      .value("--experts", o.experts).value("--save", o.save).value("--trace", o.trace).value("--data", o.data_file)
+      .value("--eval", o.eval_file).value("--eval-every", o.eval_every).value("--write-data", o.write_data)
+      .value("--sequences", o.sequences).flag("--report", o.report).value("--resume", o.resume)
+      .value("--capacity-factor", o.capacity_factor).value("--aux-weight", o.aux_weight)
+      .choice("--schedule", schedule, {"gpipe", "1f1b"})
+      .parse();
+  o.schedule = schedule == "1f1b" ? ts::nn::Schedule::OneFOneB : ts::nn::Schedule::GPipe;
+  if (o.zero < 0 || o.zero > 3) f.fail("--zero takes 0, 1, 2 or 3");
   if (o.use_bf16 && (!o.save.empty() || !o.resume.empty()))
-    usage_error("--save and --resume write and read float or double checkpoints (.npy has no bfloat16), not --dtype bf16");
+    f.fail("--save and --resume write and read float or double checkpoints (.npy has no bfloat16), not --dtype bf16");
   if (o.batch < 1 || o.seq < 1 || o.dmodel < 1 || o.heads < 1 || o.vocab < 2 || o.layers < 0 || o.steps < 0)
-    usage_error("sizes must be positive (and --vocab at least 2)");
-  if (o.microbatches < 1) usage_error("--microbatches must be at least 1");
-  if (o.experts < 0) usage_error("--experts takes 0 (a dense MLP) or more");
-  if (o.eval_every < 0) usage_error("--eval-every takes 0 (at the end only) or more steps");
-  if (o.eval_every > 0 && o.eval_file.empty()) usage_error("--eval-every needs --eval FILE");
-  if (!(o.capacity_factor > 0)) usage_error("--capacity-factor must be positive");
+    f.fail("sizes must be positive (and --vocab at least 2)");
+  if (o.microbatches < 1) f.fail("--microbatches must be at least 1");
+  if (o.experts < 0) f.fail("--experts takes 0 (a dense MLP) or more");
+  if (o.eval_every < 0) f.fail("--eval-every takes 0 (at the end only) or more steps");
+  if (o.eval_every > 0 && o.eval_file.empty()) f.fail("--eval-every needs --eval FILE");
+  if (!(o.capacity_factor > 0)) f.fail("--capacity-factor must be positive");
   if (o.batch % o.microbatches != 0)
-    usage_error("a batch of " + std::to_string(o.batch) + " sequences does not divide into " +
-                std::to_string(o.microbatches) + " micro-batches of equal size");
+    f.fail("a batch of " + std::to_string(o.batch) + " sequences does not divide into " + std::to_string(o.microbatches) +
+           " micro-batches of equal size");
   return o;
-}
-
-// Token t of sequence b at step `step`: a random first half, then its reverse.
-std::int32_t token(const Options& o, long step, Eigen::Index b, Eigen::Index t) {
-  const Eigen::Index len = o.seq + 1, half = (len + 1) / 2;
-  const Eigen::Index src = t < half ? t : len - 1 - t;
-  const std::uint64_t index = (std::uint64_t(step) * std::uint64_t(o.batch) + std::uint64_t(b)) * std::uint64_t(len) + std::uint64_t(src);
-  return std::int32_t(ts::detail::random_bits(std::uint64_t(o.seed) * 7919 + 17, index) % std::uint64_t(o.vocab));
 }
 
 // The model as a pipeline stage: stage s of K holds its share of the blocks, the first stage the
@@ -205,6 +138,7 @@ std::int32_t token(const Options& o, long step, Eigen::Index b, Eigen::Index t) 
 template <class T>
 class LanguageModel : public ts::nn::Module {
   using Rows = ts::Spec<ts::S<"data">, ts::R>;  // [B, T] ids: batch over data
+  using Ids = ts::ShardedTensor<std::int32_t, Sub, Rows>;
   using Acc = ts::accumulator_t<T>;             // the loss's sums (float for bfloat16)
   using ActivationSpec = ts::Spec<ts::S<"data">, ts::R, ts::R>;
 
@@ -212,13 +146,12 @@ class LanguageModel : public ts::nn::Module {
   using Activation = ts::ShardedTensor<T, Sub, ActivationSpec>;  // [b, T, D] between stages
 
   LanguageModel(const M& mesh, const Options& o, const ts::nn::Pipeline<M>& pipe)
-      : sub_(mesh.submesh<"data", "model">()), o_(o), first_(pipe.first()), last_(pipe.last()) {
+      : mesh_(mesh), sub_(mesh.submesh<"data", "model">()), o_(o), first_(pipe.first()), last_(pipe.last()) {
     if (first_) {
       tokens_.emplace(sub_, o.vocab, o.dmodel, std::uint64_t(o.seed) * 1000 + 1);
       positions_.emplace(sub_, o.seq, o.dmodel, std::uint64_t(o.seed) * 1000 + 2);
     }
     const auto [begin, end] = pipe.partition(o.layers);
-    first_block_ = begin;
     for (int l = begin; l < end; ++l)
       blocks_.push_back(std::make_unique<Block>(
           sub_, ts::nn::BlockOptions{.dmodel = o.dmodel, .heads = o.heads, .hidden = o.hidden, .dropout = o.dropout,
@@ -237,18 +170,10 @@ class LanguageModel : public ts::nn::Module {
       register_module("norm", *norm_);
       register_module("head", *head_);
     }
-    {  // the stages that need tokens read them (every stage knows the held-out file's rows)
-      auto open = [&](std::optional<ts::io::NpyRows<std::int32_t>>& rows, const std::string& file, const char* flag,
-                      Eigen::Index least) {
-        if (file.empty()) return;
-        rows.emplace(sub_.comm(), file);
-        if (rows->shape().size() != 2 || rows->shape()[1] != o.seq + 1 || rows->rows() < least)
-          throw ts::IoError(std::string("train_transformer: ") + flag + " '" + file + "' must hold int32 [N >= " +
-                            std::to_string(least) + ", seq + 1 = " + std::to_string(o.seq + 1) + "] tokens");
-      };
-      if (first_ || last_) open(data_, o.data_file, "--data", o.batch);
-      open(eval_, o.eval_file, "--eval", 1);
-    }
+    // The stages that need tokens read them (every stage knows the held-out file's rows).
+    if (!o.data_file.empty() && (first_ || last_))
+      data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_transformer: --data");
+    if (!o.eval_file.empty()) eval_.emplace(sub_.comm(), o.eval_file, o.seq, 1, "train_transformer: --eval");
   }
 
   // Loss and accuracy (the next token's argmax) over every position of the held-out file, in
@@ -266,12 +191,10 @@ class LanguageModel : public ts::nn::Module {
       eval_first_ = first;
       (void)pipe.evaluate(*this, count, count % o_.microbatches == 0 ? o_.microbatches : 1);
     }
-    const double mine[2] = {eval_loss_, eval_hits_};  // the last stage's, 0 elsewhere
-    double all[2];
-    ts::detail::all_reduce(pipe.stage_comm(), mine, all, 2, ts::ReduceOp::Sum);
+    std::array<double, 2> sums = {eval_loss_, eval_hits_};  // the last stage's, 0 elsewhere
+    ts::all_reduce<"stage">(mesh_, std::span<double>(sums));
     const double tokens = double(rows) * double(o_.seq);
-    return {all[0] / tokens, all[1] / tokens, double(rows),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    return {sums[0] / tokens, sums[1] / tokens, double(rows), ts::train::seconds_since(t0)};
   }
 
   // The steps seen by the layers whose masks and routing depend on it (a resumed run).
@@ -283,13 +206,13 @@ class LanguageModel : public ts::nn::Module {
   // weights [.., E], the two a token is routed to.
   double dense_parameters() const {
     double n = 0;
-    for_each_slot([&](const std::string& name, ts::nn::detail::ParameterSlot& p, const ts::nn::Module&) {
-      if (name.rfind("tokens.", 0) == 0 || name.rfind("positions.", 0) == 0) return;
+    for (const auto& [name, shape] : parameter_shapes()) {
+      if (name.starts_with("tokens.") || name.starts_with("positions.")) continue;
       const bool expert = name.find(".moe.expert_") != std::string::npos;
       double e = expert ? std::min(2.0, double(o_.experts)) / double(o_.experts) : 1.0;
-      for (auto d : p.shape()) e *= double(d);
+      for (auto d : shape) e *= double(d);
       n += e;
-    });
+    }
     return n;
   }
 
@@ -364,46 +287,16 @@ class LanguageModel : public ts::nn::Module {
 
   // The micro-batch's ids (shift 0) or labels (shift 1): rows [offset, offset + b) of the batch,
   // from the synthetic task, from --data or, evaluating, from --eval (each rank reads only its
-  // rows; the next micro-batch's are read in the background).
-  ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) {
-    const long step = step_;
-    if (!data_ && !mb.inference)
-      return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
-        return token(o_, step, i[0] + mb.row_offset, i[1] + shift);
-      });
-    const auto& block = tokens(mb);
-    const auto offset = block.local_offset();
-    const auto padded = block.padded_shape();
-    const std::int32_t* tokens = block.data();
-    return ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
-      return tokens[(i[0] - offset[0]) + padded[0] * (i[1] + shift)];
-    });
-  }
-
-  // The micro-batch's [b, seq + 1] tokens, read once for its ids and labels; the next micro-batch's
-  // (or the next batch's first) are prefetched.
-  const ts::ShardedTensor<std::int32_t, Sub, Rows>& tokens(const ts::nn::MicroBatch& mb) {
-    auto& file = mb.inference ? *eval_ : *data_;
+  // rows, once for ids and labels; the rows that follow are read in the background).
+  Ids ids(const ts::nn::MicroBatch& mb, Eigen::Index shift) {
     const Eigen::Index b = rows(mb);
-    Eigen::Index first = 0, next = 0, next_count = b;
     if (mb.inference) {  // the held-out file in order; a shorter last batch
-      first = eval_first_ + mb.row_offset;
-      next = first + b;
-      next_count = std::min(o_.batch / std::max(1, mb.count), file.rows() - next);
-    } else {  // whole batches of the training file, cycled
-      const Eigen::Index batches = file.rows() / o_.batch;
-      auto at = [&](long s, int m) { return (s % batches) * o_.batch + m * b; };
-      const bool last_mb = mb.index + 1 == mb.count;
-      first = at(step_, mb.index);
-      next = at(last_mb ? step_ + 1 : step_, last_mb ? 0 : mb.index + 1);
+      const Eigen::Index first = eval_first_ + mb.row_offset;
+      return eval_->ids<Rows>(sub_, first, b, shift, first + b,
+                              std::min(o_.batch / std::max(1, mb.count), eval_->rows() - first - b));
     }
-    const BlockKey key{mb.inference, first, b};
-    if (!block_ || !(block_key_ == key)) {
-      block_.emplace(file.read<Rows>(sub_, first, b));
-      block_key_ = key;
-      if (next_count > 0) file.prefetch<Rows>(sub_, next, next_count);
-    }
-    return *block_;
+    if (data_) return data_->batch_ids<Rows>(sub_, step_, o_.batch, mb.row_offset, b, shift);
+    return o_.task().ids<Rows>(sub_, step_, mb.row_offset, b, shift);
   }
 
   Activation embed(const ts::nn::MicroBatch& mb) {
@@ -412,10 +305,10 @@ class LanguageModel : public ts::nn::Module {
     return activation((*tokens_)(ids(mb, 0)) + (*positions_)(positions));  // the vocab's partial resolved
   }
 
+  const M& mesh_;
   Sub sub_;
   Options o_;
   bool first_, last_;
-  int first_block_ = 0;
   long step_ = 0;
   Acc loss_ = 0;
   std::int64_t assignments_ = 0, dropped_ = 0;
@@ -424,14 +317,7 @@ class LanguageModel : public ts::nn::Module {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::optional<ts::nn::LayerNorm<T, Sub>> norm_;
   std::optional<ts::nn::Linear<T, Sub, ts::Spec<ts::R, ts::S<"model">>>> head_;
-  std::optional<ts::io::NpyRows<std::int32_t>> data_, eval_;
-  struct BlockKey {
-    bool eval = false;
-    Eigen::Index first = -1, count = 0;
-    bool operator==(const BlockKey&) const = default;
-  };
-  std::optional<ts::ShardedTensor<std::int32_t, Sub, Rows>> block_;  // the micro-batch's [b, seq + 1] tokens
-  BlockKey block_key_;
+  std::optional<ts::train::TokenFile> data_, eval_;
   Eigen::Index eval_first_ = 0;   // the evaluated batch's first row in the held-out file
   double eval_loss_ = 0, eval_hits_ = 0;  // summed over the held-out tokens (the last stage)
 };
@@ -440,61 +326,20 @@ class LanguageModel : public ts::nn::Module {
 // [N, seq + 1], written by every rank's block; training on it gives the synthetic curve.
 int write_data(const M& mesh, const Options& o) {
   const long n = o.sequences > 0 ? o.sequences : long(o.steps) * o.batch;
+  const auto task = o.task();
   auto tokens = ts::from_function<std::int32_t, ts::Spec<ts::S<"data", "stage", "model">, ts::R>>(
       mesh, {Eigen::Index(n), o.seq + 1},
-      [&](const auto& i) { return token(o, long(i[0] / o.batch), i[0] % o.batch, i[1]); });
+      [&](const auto& i) { return task.token(long(i[0] / o.batch), i[0] % o.batch, i[1]); });
   ts::io::save_npy(o.write_data, tokens);
   if (mesh.rank() == 0) std::printf("wrote %ld sequences of %lld tokens to %s\n", n, (long long)(o.seq + 1), o.write_data.c_str());
   return 0;
 }
 
-// The machine's GEMM rate: sgemm of n^3 on every rank at the same moment, summed over ranks.
-double gemm_peak(const M& mesh, int n) {
-  Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    MPI_Barrier(mesh.comm());
-    const auto t0 = std::chrono::steady_clock::now();
-    ts::detail::gemm<float>(false, false, n, n, n, a.data(), n, b.data(), n, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  double rate = 2.0 * n * n * n / best, total = 0;
-  MPI_Allreduce(&rate, &total, 1, MPI_DOUBLE, MPI_SUM, mesh.comm());
-  return total;
-}
-
-// This process's resident memory and its high-water mark, in bytes (Linux; 0 elsewhere).
-struct Resident {
-  double now = 0, peak = 0;
-};
-// Restarts the high-water mark from the resident memory now (Linux 4.0 and later).
-void reset_resident_peak() {
-  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", f);
-    std::fclose(f);
-  }
-}
-Resident resident_memory() {
-  Resident r;
-  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) {
-      double kib = 0;
-      if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) r.now = kib * 1024;
-      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) r.peak = kib * 1024;
-    }
-    std::fclose(f);
-  }
-  return r;
-}
-
 struct Run {
   std::vector<double> losses;
-  double rss_growth = 0, rss_growth_all = 0;  // peak RSS above that before the model, rank 0's and all ranks'
-
+  ts::train::MemoryMeter meter;  // resident memory above that before the model; the buffer pool
   double seconds = 0;
   ts::nn::OptimizerMemory memory;
-  std::uint64_t pool_now = 0, pool_peak = 0;  // the buffer pool's counters: everything, activations included
   double blocked = 0;
   ts::nn::ParameterGatherStats gathers;  // ZeRO-3's, in the last step
   double dense = 0;
@@ -558,39 +403,34 @@ long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, O
 
 template <class T>
 Run train(const M& mesh, const Options& o, int zero, int microbatches) {
-  reset_resident_peak();  // (the sgemm peak's matrices, a --check run before, are not this run's)
-  const double rss_before = resident_memory().now;
+  Run run;
+  run.meter.start();  // (the sgemm peak's matrices, a --check run before, are not this run's)
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
                      .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch});
   opt.add(model);
   opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
-  Run run;
-  const double dense = model.dense_parameters();
-  ts::detail::all_reduce(pipe.stage_comm(), &dense, &run.dense, 1, ts::ReduceOp::Sum);
+  run.dense = ts::all_reduce<"stage">(mesh, model.dense_parameters());
   const bool checkpoints = mesh.size() == ts::Environment::world_size();  // not the --check run
   if constexpr (!std::is_same_v<T, ts::bfloat16>)  // (.npy has no bfloat16: refused by parse)
     if (checkpoints && !o.resume.empty()) run.first_step = int(load_checkpoint(mesh, o, model, opt));
   ts::reset_comm_stats();
   if (checkpoints && !o.trace.empty()) ts::start_trace(mesh.comm());
   for (int step = run.first_step; step < o.steps; ++step) {
-    MPI_Barrier(mesh.comm());
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = ts::train::synchronized_now(mesh);
     opt.zero_grad();
     opt.no_sync(microbatches > 1);  // gradients add up over the micro-batches; reduced once, by step()
     model.start_step(step);
     const ts::nn::PipelineStats ps = pipe.run(model, o.batch);
-    const double part = double(model.loss());
-    double loss = part;  // the last stage's cross-entropy (and every stage's auxiliary losses)
-    ts::detail::all_reduce(pipe.stage_comm(), &part, &loss, 1, ts::ReduceOp::Sum);
+    // The last stage's cross-entropy (and every stage's auxiliary losses).
+    const double loss = ts::all_reduce<"stage">(mesh, double(model.loss()));
     opt.clip_grad_norm(o.clip);
     run.memory = opt.memory();  // reduced gradients present, state updated next
-    run.pool_now = ts::pool_stats().bytes_in_use;
-    run.pool_peak = ts::pool_stats().peak_bytes_in_use;
+    run.meter.sample_pool();
     opt.step();
     if (step > run.first_step || o.steps == run.first_step + 1) {
-      run.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      run.seconds += ts::train::seconds_since(t0);
       run.pipeline.seconds += ps.seconds;
       run.pipeline.idle_seconds += ps.idle_seconds;
       run.pipeline.busy_seconds += ps.busy_seconds;
@@ -610,8 +450,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   }
   // Everything the model and its training took, as PyTorch's RSS growth is measured in
   // tests/reference/gpt_reference.py (before the held-out evaluation).
-  run.rss_growth = std::max(0.0, resident_memory().peak - rss_before);
-  ts::detail::all_reduce(mesh.comm(), &run.rss_growth, &run.rss_growth_all, 1, ts::ReduceOp::Sum);
+  run.meter.measure(mesh);
   if (!o.eval_file.empty() && (run.evals.empty() || run.evals.back().step != o.steps)) {
     const auto e = model.evaluate(pipe);
     run.evals.push_back({std::max(run.first_step, o.steps), e.loss, e.accuracy, e.sequences, e.seconds});
@@ -629,20 +468,20 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   }
   if constexpr (!std::is_same_v<T, ts::bfloat16>)
     if (checkpoints && !o.save.empty()) save_checkpoint(mesh, o, model, opt, std::max(run.first_step, o.steps));
-  double mine[4] = {0, 0, double(model.assignments()), double(model.dropped())}, all[4] = {0, 0, 0, 0};
+  std::array<double, 4> moe = {0, 0, double(model.assignments()), double(model.dropped())};
   for (const auto& [name, op] : ts::comm_stats().operators()) {
     if (name.find("moe") == std::string::npos) continue;
     for (const auto& [kind, c] : op.collectives) {
-      mine[0] += double(c.bytes_sent);
-      if (kind == "all_to_all") mine[1] += double(c.bytes_sent);
+      moe[0] += double(c.bytes_sent);
+      if (kind == "all_to_all") moe[1] += double(c.bytes_sent);
     }
   }
-  MPI_Allreduce(mine, all, 4, MPI_DOUBLE, MPI_SUM, mesh.comm());
+  ts::all_reduce(mesh, std::span<double>(moe));
   const double per_stage_line = double(mesh.size<"data">()) * mesh.size<"model">();  // ranks that counted each stage's routing
-  run.moe_bytes = all[0] / std::max(1, o.steps);
-  run.moe_all_to_all_bytes = all[1] / std::max(1, o.steps);
-  run.assignments = std::int64_t(all[2] / per_stage_line);
-  run.dropped = std::int64_t(all[3] / per_stage_line);
+  run.moe_bytes = moe[0] / std::max(1, o.steps);
+  run.moe_all_to_all_bytes = moe[1] / std::max(1, o.steps);
+  run.assignments = std::int64_t(moe[2] / per_stage_line);
+  run.dropped = std::int64_t(moe[3] / per_stage_line);
   return run;
 }
 
@@ -651,15 +490,13 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
 // keeps on the stage) plus the gradients the step leaves allocated.
 void report_pipeline(const M& mesh, const Options& o, const Run& run) {
   const int k = mesh.size<"stage">(), s = mesh.coord<"stage">(), mbs = o.microbatches;
-  MPI_Comm line = mesh.comm<"stage">();
   const auto& p = run.pipeline;
   const double a = double(p.microbatch_activation_bytes), in = double(p.boundary_bytes);
   const double formula = o.remat ? mbs * in + a : (o.schedule == ts::nn::Schedule::GPipe ? mbs : std::min(k - s, mbs)) * a;
   constexpr int n = 8;
-  const double mine[n] = {p.busy_seconds, double(p.peak_activation_bytes), formula, a, double(p.in_flight), double(p.kept_bytes),
-                          p.seconds, p.idle_seconds};
-  std::vector<double> all(std::size_t(n * k));
-  MPI_Gather(mine, n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, line);
+  const std::array<double, n> mine = {p.busy_seconds, double(p.peak_activation_bytes), formula, a, double(p.in_flight),
+                                      double(p.kept_bytes), p.seconds, p.idle_seconds};
+  const std::vector<double> all = ts::gather<"stage">(mesh, std::span<const double>(mine));  // n per stage
   if (mesh.rank() != 0) return;
   // The bubble of stage s: the part of the step (the slowest stage's) it spends not computing.
   double step = 0;
@@ -682,7 +519,7 @@ void report_pipeline(const M& mesh, const Options& o, const Run& run) {
 
 template <class T>
 int run_all(const M& mesh, const Options& o) {
-  const double peak = gemm_peak(mesh, o.peak_n);
+  const double peak = ts::train::gemm_rate(mesh, o.peak_n);
   const Run run = train<T>(mesh, o, o.zero, o.microbatches);
   bool ok = true;
   double worst = 0;
@@ -691,10 +528,7 @@ int run_all(const M& mesh, const Options& o) {
     Options plain = o;  // the plain model: activation checkpointing must not change the curve
     plain.activation_checkpoint.clear();
     const Run serial = train<T>(self, plain, 0, 1);
-    for (std::size_t s = 0; s < run.losses.size(); ++s) {
-      const double want = serial.losses[s + std::size_t(run.first_step)];
-      worst = std::max(worst, std::abs(run.losses[s] - want) / std::abs(want));
-    }
+    worst = ts::train::largest_relative_difference(run.losses, serial.losses, std::size_t(run.first_step));
     // The held-out loss alike; the accuracy to one token (an argmax tie broken by rounding).
     bool same_accuracy = serial.evals.size() >= run.evals.size();
     for (std::size_t e = 0; same_accuracy && e < run.evals.size(); ++e) {
@@ -746,10 +580,7 @@ int run_all(const M& mesh, const Options& o) {
                 run.memory.parameters / 1024.0, run.memory.gradients / 1024.0, run.memory.state / 1024.0,
                 run.memory.total() / 1024.0, o.zero, (expect[o.zero] + whole) / 1024.0, psi / 1024.0,
                 experts_part, int(n));
-    std::printf("buffer pool on rank 0: %.1f KiB in use there, peak %.1f KiB (activations included)\n",
-                run.pool_now / 1024.0, run.pool_peak / 1024.0);
-    std::printf("resident memory: peak above that before the model %.1f MiB on rank 0, %.1f MiB over all %d ranks\n",
-                run.rss_growth / 1048576, run.rss_growth_all / 1048576, mesh.size());
+    run.meter.print(mesh);
     if (o.experts > 0) {
       // GShard's all-to-alls: [G, C, D, E] per MoE layer and micro-batch, twice forward, twice backward
       // (once more forward under remat, and again under activation checkpointing), on every model rank. Data rank i holds experts E_i and
@@ -782,23 +613,15 @@ int run_all(const M& mesh, const Options& o) {
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   Options o;
-  try {
+  std::optional<M> mesh;
+  try {  // every rank parses the same line: all report and leave
     o = parse(argc, argv);
-  } catch (const std::exception& e) {  // every rank parses the same line: all report and leave
-    if (ts::Environment::world_size() == 1 || ts::Environment::world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    mesh.emplace(o.mesh.make("train_transformer"));
+  } catch (const ts::train::UsageError& e) {
+    return ts::train::Flags::report(e);
   }
-  const int p = ts::Environment::world_size();
-  const int fixed = o.stage * o.model * (o.data > 0 ? o.data : 1);
-  if (p % fixed != 0 || (o.data > 0 && fixed != p)) {
-    if (ts::Environment::world_rank() == 0)
-      std::fprintf(stderr, "train_transformer: --mesh data=%d,stage=%d,model=%d does not match %d ranks\n", o.data,
-                   o.stage, o.model, p);
-    return 2;
-  }
-  M mesh({o.data > 0 ? o.data : p / (o.stage * o.model), o.stage, o.model});
-  if (!o.write_data.empty()) return write_data(mesh, o);
-  ts::nn::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
-  if (o.use_bf16) return run_all<ts::bfloat16>(mesh, o);
-  return o.use_double ? run_all<double>(mesh, o) : run_all<float>(mesh, o);
+  if (!o.write_data.empty()) return write_data(*mesh, o);
+  ts::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
+  if (o.use_bf16) return run_all<ts::bfloat16>(*mesh, o);
+  return o.use_double ? run_all<double>(*mesh, o) : run_all<float>(*mesh, o);
 }

@@ -15,8 +15,11 @@
 // Output: "step <n> loss <%.17g>" per step, then the halo bytes per step (measured, all ranks)
 // next to the count the window geometry gives, and the time per step.
 #include <tshard/tshard.hpp>
+#include <tshard/train/flags.hpp>
+#include <tshard/train/report.hpp>
 
-#include <chrono>
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,11 +36,12 @@ using Image = ts::Spec<S<"data">, R, S<"h">, S<"w">>;  // NCHW: batch over data,
 using Weights = ts::Spec<R, R, R, R>;
 
 struct Options {
-  int data = 1, h = 1, w = 1, steps = 10, depth = 1;
+  ts::train::MeshSizes<M> mesh;  // without --mesh, every rank on data; with it, a missing axis is 1
+  int steps = 10, depth = 1;
   long seed = 1;
   Index batch = 4, size = 32, width = 0, channels = 4;
   double lr = 3e-3;
-  bool use_double = false, check = false, mesh_given = false;
+  bool use_double = false, check = false;
 };
 
 // ---- the model ----
@@ -110,14 +114,8 @@ struct UNet : ts::nn::Module {
 
 // ---- the task: discs and rectangles ----
 
-// Random bits from (seed, index): SplitMix64 (Steele, Lea, Flood 2014).
-std::uint64_t splitmix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-double uniform(std::uint64_t seed, std::uint64_t i) { return double(splitmix(splitmix(seed) ^ (i * 0xd1b54a32d192ed03ull)) >> 11) * 0x1p-53; }
+// The uniform value in [0, 1) of (seed, index), as ts::random draws element `index`.
+double uniform(std::uint64_t seed, std::uint64_t i) { return ts::random_value<double>(seed, i); }
 
 struct Shape {
   bool disc;
@@ -154,8 +152,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
   ts::reset_comm_stats();
   double timed = 0;
   for (int step = 0; step < o.steps; ++step) {
-    MPI_Barrier(mesh.comm());
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = ts::train::synchronized_now(mesh);
     std::vector<std::vector<Shape>> shapes;
     for (Index n = 0; n < o.batch; ++n) shapes.push_back(shapes_of(o, step, n, H, W));
     auto noise = [&](Index n, Index c, Index y, Index x) {
@@ -173,7 +170,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
       return ts::nn::cross_entropy(ts::transpose<0, 2, 3, 1>(net(image)), labels);  // classes last
     });
     opt.step();
-    if (step > 0 || o.steps == 1) timed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step > 0 || o.steps == 1) timed += ts::train::seconds_since(t0);
     losses.push_back(loss);
     if (print && mesh.rank() == 0) std::printf("step %d loss %.17g\n", step, loss), std::fflush(stdout);
   }
@@ -181,8 +178,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print, double* h
   for (const auto& [name, op] : ts::comm_stats().operators())
     for (const auto& [kind, c] : op.collectives)
       if (kind == "halo") mine += double(c.bytes_sent);
-  MPI_Allreduce(&mine, halo_bytes, 1, MPI_DOUBLE, MPI_SUM, mesh.comm());
-  *halo_bytes /= std::max(1, o.steps);
+  *halo_bytes = ts::all_reduce(mesh, mine) / std::max(1, o.steps);
   if (seconds) *seconds = timed / std::max(1, o.steps - 1);
   return losses;
 }
@@ -259,7 +255,7 @@ int run(const M& mesh, const Options& o) {
   if (o.check) {
     double unused = 0;
     const auto one = train<T>(M(MPI_COMM_SELF, {1, 1, 1}), o, false, &unused);
-    for (std::size_t s = 0; s < losses.size(); ++s) worst = std::max(worst, std::abs(losses[s] - one[s]) / std::abs(one[s]));
+    worst = ts::train::largest_relative_difference(losses, one);
     ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4);
   }
   ok = ts::agree(ok);
@@ -275,52 +271,26 @@ int run(const M& mesh, const Options& o) {
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   Options o;
-  const int p = ts::Environment::world_size();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--mesh") {
-      o.mesh_given = true;
-      const std::string m = value();
-      std::size_t at = 0;
-      while (at < m.size()) {
-        const std::size_t comma = m.find(',', at), eq = m.find('=', at);
-        const std::string axis = m.substr(at, eq - at);
-        const int size = std::atoi(m.c_str() + eq + 1);
-        if (axis == "data") o.data = size;
-        else if (axis == "h") o.h = size;
-        else if (axis == "w") o.w = size;
-        else {
-          if (ts::Environment::world_rank() == 0) std::fprintf(stderr, "train_unet: unknown mesh axis '%s' (data, h or w)\n", axis.c_str());
-          return 2;
-        }
-        if (comma == std::string::npos) break;
-        at = comma + 1;
-      }
-    } else if (a == "--steps") o.steps = std::atoi(value().c_str());
-    else if (a == "--seed") o.seed = std::atol(value().c_str());
-    else if (a == "--double") o.use_double = true;
-    else if (a == "--batch") o.batch = std::atol(value().c_str());
-    else if (a == "--size") o.size = std::atol(value().c_str());
-    else if (a == "--width") o.width = std::atol(value().c_str());
-    else if (a == "--channels") o.channels = std::atol(value().c_str());
-    else if (a == "--depth") o.depth = std::atoi(value().c_str());
-    else if (a == "--lr") o.lr = std::atof(value().c_str());
-    else if (a == "--check") o.check = true;
-    else {
-      if (ts::Environment::world_rank() == 0) std::fprintf(stderr, "train_unet: unknown option %s\n", a.c_str());
-      return 2;
-    }
+  try {  // every rank parses the same line: all report and leave
+    ts::train::Flags("train_unet", argc, argv)
+        .mesh<M>("--mesh", o.mesh).value("--steps", o.steps).value("--seed", o.seed).flag("--double", o.use_double)
+        .value("--batch", o.batch).value("--size", o.size).value("--width", o.width).value("--channels", o.channels)
+        .value("--depth", o.depth).value("--lr", o.lr).flag("--check", o.check)
+        .parse();
+  } catch (const ts::train::UsageError& e) {
+    return ts::train::Flags::report(e);
   }
-  if (!o.mesh_given) o.data = p;
-  if (o.data * o.h * o.w != p || o.batch < 1 || o.size < 4 || o.width < 0 || (o.width > 0 && o.width < 4) || o.channels < 1 ||
-      o.depth < 1 || o.steps < 0) {
+  const int p = ts::Environment::world_size();
+  std::array<int, 3> sizes = o.mesh.sizes;
+  if (!o.mesh.given) sizes[0] = p;
+  if (sizes[0] * sizes[1] * sizes[2] != p || o.batch < 1 || o.size < 4 || o.width < 0 || (o.width > 0 && o.width < 4) ||
+      o.channels < 1 || o.depth < 1 || o.steps < 0) {
     if (ts::Environment::world_rank() == 0)
       std::fprintf(stderr, "train_unet: --mesh data=%d,h=%d,w=%d must use all %d ranks, and sizes be positive (images at least 4 x 4)\n",
-                   o.data, o.h, o.w, p);
+                   sizes[0], sizes[1], sizes[2], p);
     return 2;
   }
-  const M mesh({o.data, o.h, o.w});
-  ts::nn::flush_denormals();
+  const M mesh({sizes[0], sizes[1], sizes[2]});
+  ts::flush_denormals();
   return o.use_double ? run<double>(mesh, o) : run<float>(mesh, o);
 }

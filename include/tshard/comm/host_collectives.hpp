@@ -13,7 +13,9 @@
 #include <mpi.h>
 
 #include <array>
+#include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -59,7 +61,7 @@ T all_reduce(const M& mesh, T value, ReduceOp op = ReduceOp::Sum) {
 template <FixedString... Axes, MeshType M, class T>
   requires detail::host_value_v<T>
 void all_reduce(const M& mesh, std::span<T> values, ReduceOp op = ReduceOp::Sum) {
-  detail::all_reduce(detail::line_comm<Axes...>(mesh), values.data(), values.data(), Index(values.size()), op);
+  detail::all_reduce(detail::line_comm<Axes...>(mesh), values.data(), values.data(), detail::Index(values.size()), op);
 }
 
 // The value of the line's rank `root` (its rank in the line), on every rank.
@@ -72,7 +74,7 @@ T broadcast(const M& mesh, T value, int root) {
 template <FixedString... Axes, MeshType M, class T>
   requires detail::host_value_v<T>
 void broadcast(const M& mesh, std::span<T> values, int root) {
-  detail::broadcast(detail::line_comm<Axes...>(mesh), values.data(), Index(values.size()), root);
+  detail::broadcast(detail::line_comm<Axes...>(mesh), values.data(), detail::Index(values.size()), root);
 }
 
 // Every rank's value, in line-rank order, on every rank.
@@ -82,6 +84,23 @@ std::vector<T> gather(const M& mesh, T value) {
   const MPI_Comm comm = detail::line_comm<Axes...>(mesh);
   std::vector<T> out(static_cast<std::size_t>(detail::comm_size(comm)));
   detail::all_gather(comm, &value, 1, out.data());
+  return out;
+}
+
+// Every rank's values, rank after rank in line-rank order, on every rank; every rank gives as
+// many.
+template <FixedString... Axes, MeshType M, class T>
+  requires detail::host_value_v<T>
+std::vector<T> gather(const M& mesh, std::span<const T> values) {
+  const MPI_Comm comm = detail::line_comm<Axes...>(mesh);
+  const auto n = values.size();
+  const auto counts = gather<Axes...>(mesh, std::int64_t(n));
+  for (const std::int64_t c : counts)
+    if (c != std::int64_t(n))
+      throw ShapeError("tshard::gather: every rank must give as many values (this rank " + std::to_string(n) +
+                       ", another " + std::to_string(c) + ")");
+  std::vector<T> out(n * counts.size());
+  detail::all_gather(comm, values.data(), detail::Index(n), out.data());
   return out;
 }
 
@@ -100,13 +119,13 @@ void barrier(const M& mesh) {
 template <FixedString Axis, MeshType M, class T>
   requires detail::host_value_v<T>
 void send(const M& mesh, std::span<const T> values, int to, int tag = 0) {
-  auto m = detail::PendingMessage::send(mesh.template comm<Axis>(), to, values.data(), Index(values.size()), tag);
+  auto m = detail::PendingMessage::send(mesh.template comm<Axis>(), to, values.data(), detail::Index(values.size()), tag);
   m.wait();
 }
 template <FixedString Axis, MeshType M, class T>
   requires detail::host_value_v<T>
 void receive(const M& mesh, std::span<T> values, int from, int tag = 0) {
-  auto m = detail::PendingMessage::receive(mesh.template comm<Axis>(), from, values.data(), Index(values.size()), tag);
+  auto m = detail::PendingMessage::receive(mesh.template comm<Axis>(), from, values.data(), detail::Index(values.size()), tag);
   m.wait();
 }
 

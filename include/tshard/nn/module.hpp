@@ -122,6 +122,12 @@ class Module {
     for_each_slot([&](const std::string& n, detail::ParameterSlot&, const Module&) { out.push_back(n); });
     return out;
   }
+  // Every parameter's name with its global shape, in parameter_names() order.
+  std::vector<std::pair<std::string, std::vector<Eigen::Index>>> parameter_shapes() const {
+    std::vector<std::pair<std::string, std::vector<Eigen::Index>>> out;
+    for_each_slot([&](const std::string& n, detail::ParameterSlot& s, const Module&) { out.emplace_back(n, s.shape()); });
+    return out;
+  }
   // Every buffer's name, in the order of parameter_names() (submodules' first).
   std::vector<std::string> buffer_names() const {
     std::vector<std::string> out;

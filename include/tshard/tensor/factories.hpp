@@ -302,6 +302,15 @@ auto random(const M& mesh, const Eigen::Index (&global_shape)[N], std::uint64_t 
   return out;
 }
 
+// The numbers behind random(): random_bits is SplitMix64 of (seed, index); random_value<T> is the
+// value random() gives the element with linear index `index`, for data made on the host the same
+// way on every rank.
+inline std::uint64_t random_bits(std::uint64_t seed, std::uint64_t index) { return detail::random_bits(seed, index); }
+template <class T>
+T random_value(std::uint64_t seed, std::uint64_t index) {
+  return detail::random_value<T>(seed, index);
+}
+
 // The extents of every rank's local buffer for a spec and global shape (for from_local).
 template <class SpecT, MeshType M, std::size_t N>
 std::array<Eigen::Index, SpecT::rank> padded_local_shape(const M& mesh, const Eigen::Index (&global_shape)[N]) {
