@@ -1,0 +1,357 @@
+// Arithmetic: + - * / between sharded tensors and with scalars, unary functions (exp, log, tanh,
+// sqrt, sigmoid, relu, abs, square, negation) and pow. Output specs follow the elementwise rule;
+// an expiring operand lends its buffer to the result.
+#pragma once
+#include "tshard/ops/elementwise/operands.hpp"
+
+namespace tshard {
+namespace detail {
+
+// Integer division that leaves padding harmless (padding may hold zeros).
+template <class T>
+struct SafeDivide {
+  T operator()(const T& a, const T& b) const { return b == T(0) ? T(0) : T(a / b); }
+};
+
+template <class T, class A, class B, class O>
+void assign_binary(BinaryKind k, O&& o, const A& a, const B& b) {
+  switch (k) {
+    case BinaryKind::Add: o = a + b; break;
+    case BinaryKind::Sub: o = a - b; break;
+    case BinaryKind::Mul: o = a * b; break;
+    case BinaryKind::Div:
+      if constexpr (std::is_integral_v<T>)
+        o = a.binaryExpr(b, SafeDivide<T>{});
+      else
+        o = a / b;
+      break;
+  }
+}
+
+// out = (alpha a) (k) (beta b) over padded blocks, one pass; alpha and beta are the factors
+// of unevaluated `s * x` operands (1 otherwise).
+template <class T>
+void binary_kernel(BinaryKind k, T* out, const Extents& op, const T* a, const Extents& ap, T alpha, const T* b,
+                   const Extents& bp, T beta, int rank) {
+  using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const bool scaled = alpha != T(1) || beta != T(1);
+  for_each_broadcast_run<2>(op, rank, {ap, bp}, [&](Index o, const auto& off, const auto& inner, Index n) {
+    Eigen::Map<Array> dst(out + o, n);
+    with_run(a + off[0], inner[0], n, [&](const auto& x) {
+      with_run(b + off[1], inner[1], n, [&](const auto& y) {
+        if (scaled)
+          assign_binary<T>(k, dst, x * alpha, y * beta);
+        else
+          assign_binary<T>(k, dst, x, y);
+      });
+    });
+  });
+}
+
+// out (laid out as dout over sout) = (alpha a) (k) (beta b) on descriptors, instantiated per
+// element type: each operand is aligned to the output's layout, replicated where it broadcasts.
+template <class T>
+void binary_run(MeshState& mesh, BinaryKind k, const SpecDesc& da, const Extents& sa, const T* a, const SpecDesc& db,
+                const Extents& sb, const T* b, const SpecDesc& dout, const Extents& sout, T* out, const char* name,
+                T alpha = T(1), T beta = T(1)) {
+  const auto al = align_input(mesh, da, sa, a, dout, sout, name);
+  const auto bl = align_input(mesh, db, sb, b, dout, sout, name);
+  const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
+  binary_kernel<T>(k, out, lo.padded, al.buffer.data, al.padded, alpha, bl.buffer.data, bl.padded, beta, dout.rank);
+}
+
+
+// expiring_a / expiring_b: the same operands where the caller gave them as rvalues (their
+// buffers may then hold the result).
+template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
+auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b, const char* name,
+            std::type_identity_t<ShardedTensor<T, M, SA, PA>>* expiring_a = nullptr,
+            std::type_identity_t<ShardedTensor<T, M, SB, PB>>* expiring_b = nullptr) {
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  using A = ShardedTensor<T, M, SA, PA>;
+  using B = ShardedTensor<T, M, SB, PB>;
+  // Only partial sum +/- partial sum over the same axes stays partial (docs/architecture.md, Partial).
+  constexpr bool keep = (K == BinaryKind::Add || K == BinaryKind::Sub) && is_partial_sum_v<A> &&
+                        is_partial_sum_v<B> && same_name_set(PA::names, PB::names);
+  OperatorScope scope(name);
+  if constexpr ((PA::is_partial || PB::is_partial) && !keep) {
+    return binary<K>(resolved(a, name), resolved(b, name), name);
+  } else {
+    constexpr int Rank = max_rank_v<A, B>;
+    using E = elementwise_type<spec_of_rank<SA, Rank>, spec_of_rank<SB, Rank>, M>;
+    using Out = ShardedTensor<T, M, typename E::type, std::conditional_t<keep, PA, NoPartial>>;
+    static_assert(Out::spec_desc.without_partial() == elementwise_desc(E::da, E::db),
+                  "tshard: internal: the typed and descriptor elementwise rules disagree");
+    require_same_mesh(a, b, name);
+    const Extents ea = extents_of_rank(detail::extents_of(a), A::rank, Rank),
+                  eb = extents_of_rank(detail::extents_of(b), B::rank, Rank);
+    const Extents shape =
+        broadcast_shape(ea, eb, Rank, name, [&] { return a.describe(); }, [&] { return b.describe(); });
+    constexpr bool linear = K == BinaryKind::Add || K == BinaryKind::Sub;  // rules that keep no value
+    const bool rec = recording(a, b);
+    std::optional<A> shape_a;
+    std::optional<B> shape_b;
+    if (rec && linear) {  // (the nodes, before an operand's buffer is taken)
+      shape_a.emplace(tape_shape(a));
+      shape_b.emplace(tape_shape(b));
+    }
+    const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
+    // An expiring operand of the result's own type and shape (no broadcast) that owns its
+    // buffer, without an unevaluated factor, lends it to the result: the kernel reads each
+    // element before it writes it, so the arithmetic is the same. Not while a rule would keep
+    // the operands' values (multiply and divide under a gradient).
+    auto whole = [&](const Extents& e) {  // an operand that does not broadcast
+      for (int d = 0; d < Rank; ++d)
+        if (e[d] != shape[d]) return false;
+      return true;
+    };
+    Out out = [&] {
+      if (linear || !rec) {
+        if constexpr (std::is_same_v<A, Out>)
+          if (expiring_a && whole(ea) && TensorAccess::reusable(*expiring_a)) return TensorAccess::taken(std::move(*expiring_a));
+        if constexpr (std::is_same_v<B, Out>)
+          if (expiring_b && whole(eb) && TensorAccess::reusable(*expiring_b)) return TensorAccess::taken(std::move(*expiring_b));
+      }
+      return Out(a.mesh(), to_array<Rank>(shape));
+    }();
+    // (out's mesh: an operand whose buffer out took has expired)
+    binary_run<T>(*detail::state_of(out.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
+                  vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
+    if (rec) {
+      if constexpr (linear)
+        record(out, grad::Binary<K>{}, std::move(*shape_a), std::move(*shape_b));
+      else
+        record(out, grad::Binary<K>{}, tape_value(a), tape_value(b));
+    }
+    return out;
+  }
+}
+
+// out = in (k) v, or v (k) in where ScalarLeft, over n elements: the kernel of with_scalar,
+// instantiated per element type, not per spec.
+template <BinaryKind K, bool ScalarLeft, class T>
+void scalar_run(const T* in, T v, T* o, Index n) {
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(o, n);
+  if constexpr (K == BinaryKind::Add) xo = xi + v;
+  if constexpr (K == BinaryKind::Sub) {
+    if constexpr (ScalarLeft) xo = v - xi;
+    else xo = xi - v;
+  }
+  if constexpr (K == BinaryKind::Div) {
+    if constexpr (std::is_integral_v<T>) {
+      for (Index i = 0; i < n; ++i) o[i] = ScalarLeft ? SafeDivide<T>{}(v, in[i]) : SafeDivide<T>{}(in[i], v);
+    } else if constexpr (ScalarLeft) {
+      xo = v / xi;
+    } else {
+      xo = xi / v;
+    }
+  }
+}
+
+// tensor (k) scalar, or scalar (k) tensor where ScalarLeft. Only partial sum * s, s * partial
+// sum and partial sum / s stay partial: s - p, s / p and p + s would count s once per rank.
+template <BinaryKind K, bool ScalarLeft, class X, class S>
+auto with_scalar(const X& x, S s, const char* name) {
+  using T = typename X::Scalar;
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  constexpr bool keep =
+      is_partial_sum_v<X> && (K == BinaryKind::Mul || (K == BinaryKind::Div && !ScalarLeft && !std::is_integral_v<T>));
+  if constexpr (X::is_partial && !keep) {
+    OperatorScope scope(name);
+    return with_scalar<K, ScalarLeft>(resolved(x, name), s, name);
+  } else if constexpr (K == BinaryKind::Mul) {
+    X out = TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
+    if (recording(x)) record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+    return out;
+  } else {
+    X out(x.mesh(), x.global_shape());
+    scalar_run<K, ScalarLeft, T>(x.data(), T(s), out.data(), x.padded_size());
+    if (recording(x)) {
+      if constexpr (K == BinaryKind::Div && ScalarLeft)  // s / x reads x back
+        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_value(x));
+      else
+        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+    }
+    return out;
+  }
+}
+
+
+// out = k(in) over n elements, instantiated per element type, not per spec.
+template <UnaryKind K, class T>
+void unary_run(const T* in, T* out, Index n) {
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out, n);
+  if constexpr (K == UnaryKind::Exp) xo = xi.exp();
+  if constexpr (K == UnaryKind::Log) xo = xi.log();
+  if constexpr (K == UnaryKind::Tanh) xo = xi.tanh();
+  if constexpr (K == UnaryKind::Sqrt) xo = xi.sqrt();
+  if constexpr (K == UnaryKind::Relu) xo = xi.max(T(0));
+  if constexpr (K == UnaryKind::Abs) xo = xi.abs();
+  if constexpr (K == UnaryKind::Square) xo = xi.square();
+  if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
+}
+
+template <UnaryKind K, class XR>
+auto unary(XR&& x, const char* name) {
+  using X = std::remove_cvref_t<XR>;
+  using T = typename X::Scalar;
+  static_assert(no_arithmetic_on_masks<T>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  constexpr bool keep = K == UnaryKind::Neg && is_partial_sum_v<X>;
+  if constexpr (X::is_partial && !keep) {
+    OperatorScope scope(name);
+    return unary<K>(resolved(x, name), name);
+  } else if constexpr (K == UnaryKind::Neg) {
+    X out = TensorAccess::scaled(x, T(-1));
+    if (recording(x)) record(out, grad::Unary<K>{}, tape_shape(x), tape_shape(out));
+    return out;
+  } else {
+    // exp, tanh, sqrt and sigmoid differentiate through their output; the others through x.
+    constexpr bool by_output = K == UnaryKind::Exp || K == UnaryKind::Tanh || K == UnaryKind::Sqrt ||
+                               K == UnaryKind::Sigmoid;
+    if constexpr (!std::is_lvalue_reference_v<XR>) {
+      // An expiring x that owns its buffer lends it to the result (the same arithmetic, in
+      // place), unless a rule would read x's value afterwards.
+      if (TensorAccess::reusable(x) && (by_output || !recording(x))) {
+        const bool rec = recording(x);
+        X shape = tape_shape(x);  // (no buffer: only the node goes with it)
+        X out = TensorAccess::taken(std::move(x));
+        unary_run<K, T>(out.data(), out.data(), out.padded_size());
+        if (rec) record(out, grad::Unary<K>{}, std::move(shape), tape_output(out));
+        return out;
+      }
+    }
+    X out(x.mesh(), x.global_shape());
+    unary_run<K, T>(x.data(), out.data(), x.padded_size());
+    if (recording(x)) {
+      if constexpr (by_output)
+        record(out, grad::Unary<K>{}, tape_shape(x), tape_output(out));
+      else
+        record(out, grad::Unary<K>{}, tape_value(x), tape_shape(out));
+    }
+    return out;
+  }
+}
+}  // namespace detail
+
+// ---- tensor (op) tensor ----
+template <class T, class M, class SA, class PA, class SB, class PB>
+auto operator+(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {
+  return detail::binary<detail::BinaryKind::Add>(a, b, "add");
+}
+template <class T, class M, class SA, class PA, class SB, class PB>
+auto operator-(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {
+  return detail::binary<detail::BinaryKind::Sub>(a, b, "subtract");
+}
+template <class T, class M, class SA, class PA, class SB, class PB>
+auto operator*(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {
+  return detail::binary<detail::BinaryKind::Mul>(a, b, "multiply");
+}
+template <class T, class M, class SA, class PA, class SB, class PB>
+auto operator/(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, PB>& b) {
+  return detail::binary<detail::BinaryKind::Div>(a, b, "divide");
+}
+// An expiring operand (a temporary, or std::move(x)) of the result's spec and shape that owns
+// its buffer lends it to the result, as the unary operators' do: y = f(x) + g(x) allocates once.
+#define TSHARD_EXPIRING_BINARY(op, kind, label)                                                           \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(ShardedTensor<T, M, SA, PA>&& a, const ShardedTensor<T, M, SB, PB>& b) {               \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, &a, nullptr);                            \
+  }                                                                                                       \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(const ShardedTensor<T, M, SA, PA>& a, ShardedTensor<T, M, SB, PB>&& b) {               \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, nullptr, &b);                            \
+  }                                                                                                       \
+  template <class T, class M, class SA, class PA, class SB, class PB>                                     \
+  auto operator op(ShardedTensor<T, M, SA, PA>&& a, ShardedTensor<T, M, SB, PB>&& b) {                    \
+    return detail::binary<detail::BinaryKind::kind>(a, b, label, &a, &b);                                 \
+  }
+TSHARD_EXPIRING_BINARY(+, Add, "add")
+TSHARD_EXPIRING_BINARY(-, Sub, "subtract")
+TSHARD_EXPIRING_BINARY(*, Mul, "multiply")
+TSHARD_EXPIRING_BINARY(/, Div, "divide")
+#undef TSHARD_EXPIRING_BINARY
+
+// ---- tensor (op) scalar and scalar (op) tensor ----
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator+(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Add, false>(x, s, "add"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator+(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Add, true>(x, s, "add"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator-(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Sub, false>(x, s, "subtract"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator-(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Sub, true>(x, s, "subtract"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator*(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Mul, false>(x, s, "multiply"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator*(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Mul, true>(x, s, "multiply"); }
+// An expiring tensor times a scalar keeps its buffer (nothing shared: it may be resolved in place).
+template <class X, class S>
+  requires(detail::ScalarFor<X, S> && !std::is_reference_v<X> && !std::is_const_v<X> &&
+           (!X::is_partial || detail::is_partial_sum_v<X>))
+auto operator*(S s, X&& x) {
+  static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  if (detail::recording(x)) return detail::with_scalar<detail::BinaryKind::Mul, true>(std::as_const(x), s, "multiply");
+  return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
+}
+template <class X, class S>
+  requires(detail::ScalarFor<X, S> && !std::is_reference_v<X> && !std::is_const_v<X> &&
+           (!X::is_partial || detail::is_partial_sum_v<X>))
+auto operator*(X&& x, S s) {
+  static_assert(detail::no_arithmetic_on_masks<typename X::Scalar>, "tshard: masks (bool tensors) take no arithmetic: use where(mask, a, b)");
+  if (detail::recording(x)) return detail::with_scalar<detail::BinaryKind::Mul, false>(std::as_const(x), s, "multiply");
+  return detail::TensorAccess::scaled(std::move(x), typename X::Scalar(s));
+}
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator/(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Div, false>(x, s, "divide"); }
+template <class X, class S> requires detail::ScalarFor<X, S>
+auto operator/(S s, const X& x) { return detail::with_scalar<detail::BinaryKind::Div, true>(x, s, "divide"); }
+
+
+// ---- unary ----
+template <ShardedTensorType X>
+auto operator-(const X& x) { return detail::unary<detail::UnaryKind::Neg>(x, "negate"); }
+// An expiring argument (a temporary, or std::move(x)) that owns its buffer lends it to the
+// result: exp(std::move(z)) allocates nothing.
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto exp(X&& x) { return detail::unary<detail::UnaryKind::Exp>(std::forward<X>(x), "exp"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto log(X&& x) { return detail::unary<detail::UnaryKind::Log>(std::forward<X>(x), "log"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto tanh(X&& x) { return detail::unary<detail::UnaryKind::Tanh>(std::forward<X>(x), "tanh"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto sqrt(X&& x) { return detail::unary<detail::UnaryKind::Sqrt>(std::forward<X>(x), "sqrt"); }
+template <class X>
+  requires detail::FloatingTensor<std::remove_cvref_t<X>>
+auto sigmoid(X&& x) { return detail::unary<detail::UnaryKind::Sigmoid>(std::forward<X>(x), "sigmoid"); }
+template <class X>
+  requires detail::RealTensor<std::remove_cvref_t<X>>
+auto relu(X&& x) { return detail::unary<detail::UnaryKind::Relu>(std::forward<X>(x), "relu"); }
+template <class X>
+  requires detail::RealTensor<std::remove_cvref_t<X>>
+auto abs(X&& x) { return detail::unary<detail::UnaryKind::Abs>(std::forward<X>(x), "abs"); }
+template <ShardedTensorType X>
+auto square(const X& x) { return detail::unary<detail::UnaryKind::Square>(x, "square"); }
+
+// x^p elementwise for a scalar exponent (std::pow; a partial is resolved first).
+template <detail::FloatingTensor X, class S> requires std::is_arithmetic_v<S>
+auto pow(const X& xin, S p) {
+  using T = typename X::Scalar;
+  detail::OperatorScope scope("pow");
+  const auto& x = detail::resolved(xin, "pow");
+  using Out = ShardedTensor<T, typename X::MeshT, typename X::SpecType>;
+  Out out(x.mesh(), x.global_shape());
+  const detail::Index n = x.padded_size();
+  Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(x.data(), n);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out.data(), n);
+  xo = xi.pow(T(p));
+  if (detail::recording(x)) detail::record(out, detail::grad::Pow<T>{T(p)}, detail::tape_value(x));
+  return out;
+}
+
+}  // namespace tshard
