@@ -68,8 +68,8 @@ ts::CostModel fit(const std::vector<Sample>& samples) {
     std::array<double, 3> b{};
     for (const auto& s : samples) {
       const double f[3] = {free[0] ? s.traffic.rounds / s.seconds : 0,
-                           free[1] ? double(std::max(s.traffic.sent, s.traffic.received)) / s.seconds : 0,
-                           free[2] ? double(s.traffic.reduced) / s.seconds : 0};
+                           free[1] ? double(std::max(s.traffic.bytes_sent, s.traffic.bytes_received)) / s.seconds : 0,
+                           free[2] ? double(s.traffic.bytes_reduced) / s.seconds : 0};
       for (int i = 0; i < 3; ++i) {
         for (int j = 0; j < 3; ++j) a[i][j] += f[i] * f[j];
         b[i] += f[i];

@@ -57,6 +57,16 @@ int main(int argc, char** argv) {
 #elif defined(CASE_grad_of_ints)  // a gradient with respect to an integer tensor
   auto w = ts::zeros<std::int32_t, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
   auto r = ts::ad::grad([](const auto& v) { return ts::sum<0, 1>(v); }, w);
+#elif defined(CASE_spec_conversion)  // a tensor initialised from one of another spec
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {4, 4});
+  ts::ShardedTensor<float, ts::Mesh<"x", "y">, ts::Spec<ts::S<"x">, ts::R>> b = a;
+#elif defined(CASE_spec_assignment)  // a loop whose body changes the spec of its variable
+  auto x = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  for (int i = 0; i < 2; ++i) x = ts::transpose<1, 0>(x);
+#elif defined(CASE_softmax_dim)  // softmax over a dim the tensor lacks, then used
+  auto x = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto p = ts::nn::softmax<2>(x);
+  auto q = ts::sum<0>(p * x);
 #elif defined(CASE_unknown_axis)  // a spec naming an axis the mesh lacks
   auto t = ts::distribute<ts::Spec<ts::S<"z">, ts::R>>(mesh, g);
 #elif defined(CASE_unknown_axis_size)  // asking a mesh for the size of an axis it lacks

@@ -258,3 +258,58 @@ TEST_CASE("one rank throws outside any test framework", "[.failure][terminate]")
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+TEST_CASE("host collectives combine a value or a span over the mesh or a line of it, and count their bytes",
+          "[mesh][host]") {
+  const int p = world_size(), me = world_rank();
+  for (auto sizes : mesh_shapes(p, 2)) {
+    ts::Mesh<"x", "y"> mesh({sizes[0], sizes[1]});
+    CHECK(mesh.shape()[0] == sizes[0]);
+    CHECK(mesh.shape()[1] == sizes[1]);
+    CHECK_THROWS(mesh.shape()[2]);
+    ts::reset_comm_stats();
+    CHECK(ts::all_reduce(mesh, me + 1) == p * (p + 1) / 2);
+    CHECK(ts::all_reduce(mesh, double(me), ts::ReduceOp::Max) == double(p - 1));
+    const int cy = mesh.coord<"y">(), cx = mesh.coord<"x">();
+    // Along "y": the ranks that share this rank's x coordinate.
+    CHECK(ts::all_reduce<"y">(mesh, std::int64_t(cy)) == std::int64_t(sizes[1] * (sizes[1] - 1) / 2));
+    std::vector<double> v{double(cx), 1.0, double(me)};
+    ts::all_reduce<"x">(mesh, std::span<double>(v));
+    CHECK(v[0] == double(sizes[0] * (sizes[0] - 1) / 2));
+    CHECK(v[1] == double(sizes[0]));
+    CHECK(ts::broadcast<"x">(mesh, cx * 10 + 7, 0) == 7);
+    std::vector<float> b{float(me), float(me) + 0.5f};
+    ts::broadcast(mesh, std::span<float>(b), p - 1);
+    CHECK(b == std::vector<float>{float(p - 1), float(p - 1) + 0.5f});
+    const auto all = ts::gather(mesh, me * 2);
+    REQUIRE(int(all.size()) == p);
+    for (int r = 0; r < p; ++r) CHECK(all[std::size_t(r)] == 2 * r);
+    const std::vector<double> mine{double(cy), double(cy) * 3};
+    const auto line = ts::gather<"y">(mesh, std::span<const double>(mine));  // two per rank, in line order
+    REQUIRE(int(line.size()) == 2 * sizes[1]);
+    for (int r = 0; r < sizes[1]; ++r) {
+      CHECK(line[std::size_t(2 * r)] == double(r));
+      CHECK(line[std::size_t(2 * r + 1)] == double(3 * r));
+    }
+    ts::barrier(mesh);
+    if (p > 1) CHECK(ts::comm_stats().op("user").total().calls >= 5);  // counted, under the user's scope (those over the whole mesh)
+  }
+}
+
+TEST_CASE("a span gather with unequal counts is an error on every rank, and a line's ranks exchange values",
+          "[mesh][host]") {
+  const int p = world_size(), me = world_rank();
+  ts::Mesh<"stage"> mesh({p});
+  const std::vector<int> mine(std::size_t(me == 0 ? 2 : 1), me);
+  if (p > 1)
+    CHECK_THROWS_WITH(ts::gather(mesh, std::span<const int>(mine)),
+                      Catch::Contains("tshard::gather: every rank must give as many values"));
+  // Each stage sends to the next one: what a pipeline's sampling does with a token.
+  std::vector<std::int64_t> got(3, -1);
+  const std::vector<std::int64_t> sent{me, 2 * me, 3 * me};
+  if (me + 1 < p) ts::send<"stage">(mesh, std::span<const std::int64_t>(sent), me + 1);
+  if (me > 0) {
+    ts::receive<"stage">(mesh, std::span<std::int64_t>(got), me - 1);
+    CHECK(got == std::vector<std::int64_t>{me - 1, 2 * (me - 1), 3 * (me - 1)});
+  }
+}

@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include <tshard/train/checkpoint.hpp>
+#include <tshard/train/train.hpp>
 
 namespace ts = tshard;
 using namespace tshard_test;
@@ -669,4 +669,133 @@ TEST_CASE("nn::checkpoint of transformer blocks gives the unchecked gradients, t
           TS_REQUIRE_ALL(compare(grads[std::size_t(mode)][i], grads[0][i], 1e-13) == "");
       }
     }
+}
+
+TEST_CASE("ts::scope names a block's collectives, and its backward's under the same path", "[module][scope]") {
+  const int p = world_size();
+  ts::Mesh<"x"> mesh({p});
+  // A softmax over a split dim: its max and sum are all-reduced in the forward, and its backward's
+  // sum too, inside the rule (under attention/softmax/backward).
+  auto x = ts::random<double, ts::Spec<ts::R, ts::S<"x">>>(mesh, {5, 7}, 1);
+  auto w = ts::random<double, ts::Spec<ts::R, ts::S<"x">>>(mesh, {5, 7}, 2);
+  ts::reset_comm_stats();
+  auto [gx] = ts::ad::grad(
+      [&](const auto& xv) {
+        auto s = ts::scope("attention");
+        return ts::sum<0, 1>(ts::nn::softmax<1>(xv) * w);
+      },
+      x);
+  (void)gx;
+  bool forward = false, backward = false;
+  for (const auto& [name, stats] : ts::comm_stats().operators()) {
+    INFO(name);
+    // Nothing escaped the scope, the backward included, but the loss: a partial sum the scope
+    // returned, resolved when grad reads it.
+    CHECK((name.rfind("attention/", 0) == 0 || name == "gather"));
+    CHECK(name.find("backward/backward") == std::string::npos);
+    (name.find("/backward") != std::string::npos ? backward : forward) = true;
+  }
+  if (p > 1) {
+    CHECK(forward);
+    CHECK(backward);
+  }
+}
+
+TEST_CASE("public initialisers: PyTorch's default and Kaiming bounds, the same values on every mesh", "[module][init]") {
+  const int p = world_size();
+  using Spec = ts::Spec<ts::R, ts::S<"model">>;
+  const auto one = [&] {
+    M mesh(MPI_COMM_SELF, {1, 1});
+    return ts::nn::init::pytorch_default<double, Spec>(mesh, {9, 5}, 9, 4).gather();
+  }();
+  for (auto sizes : mesh_shapes(p, 2)) {
+    M mesh({sizes[0], sizes[1]});
+    const auto w = ts::nn::init::pytorch_default<double, Spec>(mesh, {9, 5}, 9, 4).gather();
+    for (Eigen::Index i = 0; i < 45; ++i) CHECK(w.data()[i] == one.data()[i]);
+    const auto k = ts::nn::init::kaiming_uniform<float, Spec>(mesh, {9, 5}, 9, 4).gather();
+    const auto u = ts::nn::init::uniform<double, Spec>(mesh, {9, 5}, 4, 0.25).gather();
+    for (Eigen::Index i = 0; i < 45; ++i) {
+      CHECK(std::abs(one.data()[i]) < 1.0 / 3.0);
+      CHECK(std::abs(k.data()[i]) < std::sqrt(6.0f / 9.0f));
+      CHECK(std::abs(u.data()[i]) < 0.25);
+      CHECK(one.data()[i] == (2 * ts::random_value<double>(4, std::uint64_t(i)) - 1) * (1.0 / std::sqrt(9.0)));
+    }
+  }
+  CHECK(ts::nn::init::default_bound(16) == 0.25);
+  CHECK(ts::nn::init::kaiming_bound(6) == 1.0);
+  // The host form of ts::random: element i of random() is random_value(seed, i).
+  M mesh({1, -1});
+  const auto r = ts::random<float, Spec>(mesh, {4, 6}, 11).gather();
+  for (Eigen::Index i = 0; i < 24; ++i) CHECK(r.data()[i] == ts::random_value<float>(11, std::uint64_t(i)));
+  CHECK(ts::random_bits(11, 3) != ts::random_bits(11, 4));
+}
+
+TEST_CASE("train::Flags binds flags to variables and names the program in every error", "[train]") {
+  using M3 = ts::Mesh<"data", "stage", "model">;
+  auto parse = [](std::vector<std::string> words, long& steps, double& lr, bool& dbl, std::string& sched,
+                  ts::train::MeshSizes<M3>& mesh) {
+    std::vector<char*> argv{const_cast<char*>("prog")};
+    for (auto& w : words) argv.push_back(w.data());
+    ts::train::Flags f("prog", int(argv.size()), argv.data());
+    f.value("--steps", steps).value("--lr", lr).flag("--double", dbl).choice("--schedule", sched, {"gpipe", "1f1b"})
+        .mesh("--mesh", mesh, {"data", "model", "stage"});
+    f.parse();
+  };
+  long steps = 0;
+  double lr = 0;
+  bool dbl = false;
+  std::string sched = "gpipe";
+  ts::train::MeshSizes<M3> mesh;
+  parse({"--steps", "12", "--lr", "0.5", "--double", "--schedule", "1f1b", "--mesh", "model=2,stage=3"}, steps, lr, dbl,
+        sched, mesh);
+  CHECK(steps == 12);
+  CHECK(lr == 0.5);
+  CHECK(dbl);
+  CHECK(sched == "1f1b");
+  CHECK(mesh.given);
+  CHECK(mesh.resolve("prog", 6) == std::array<int, 3>{1, 3, 2});  // axes --mesh leaves out are 1
+  CHECK_THROWS_WITH(mesh.resolve("prog", 7), "prog: --mesh data=1,stage=3,model=2 does not match 7 ranks");
+  ts::train::MeshSizes<M3> none;
+  CHECK(none.resolve("prog", 5) == std::array<int, 3>{5, 1, 1});
+  const auto fails = [&](std::vector<std::string> words, const std::string& text) {
+    CHECK_THROWS_AS(parse(words, steps, lr, dbl, sched, mesh), ts::train::UsageError);
+    CHECK_THROWS_WITH(parse(words, steps, lr, dbl, sched, mesh), text);
+  };
+  fails({"--nonsense"}, "prog: unknown option --nonsense");
+  fails({"--steps"}, "prog: --steps needs a value");
+  fails({"--schedule", "zz"}, "prog: --schedule takes gpipe or 1f1b, not 'zz'");
+  fails({"--mesh", "bogus=2"}, "prog: --mesh: unknown axis 'bogus' (data, model or stage)");
+  fails({"--mesh", "data=0"}, "prog: --mesh: the size of data must be a positive integer");
+  fails({"--mesh", "data"}, "prog: --mesh takes axis=size items, e.g. data=2,model=2, not 'data'");
+}
+
+TEST_CASE("train: token windows, the reverse task's batches and sampling are the same on every mesh", "[train]") {
+  const int p = world_size();
+  std::vector<std::int32_t> tokens(230);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(i % 97);
+  const ts::train::TokenWindows w(tokens, 9);
+  CHECK(w.training_windows() == 20);  // 230 - 23 held out = 207 tokens, windows of 10
+  CHECK(w.held_out_windows() == 2);
+  CHECK_THROWS_AS(ts::train::TokenWindows(std::vector<std::int32_t>(99), 9), ts::IoError);
+  const ts::train::ReverseTask task{.seed = 3, .vocab = 11, .seq = 6, .batch = 5};
+  for (auto sizes : mesh_shapes(p, 2)) {
+    M mesh({sizes[0], sizes[1]});
+    using Rows = ts::Spec<ts::S<"data">, ts::R>;
+    const auto ids = w.batch_ids<Rows>(mesh, 3, 4, 1, 3, 1).gather();  // step 3, batch 4, rows 1..3, shifted by 1
+    for (Eigen::Index r = 0; r < 3; ++r)
+      for (Eigen::Index t = 0; t < 9; ++t) CHECK(ids(r, t) == tokens[std::size_t(((3 * 4 + 1 + r) % 20) * 10 + t + 1)]);
+    const auto held = w.held_out_ids<Rows>(mesh, 1, 1, 0).gather();
+    CHECK(held(0, 0) == tokens[207 + 10]);
+    const auto in = task.ids<Rows>(mesh, 2, 0, 5, 0).gather(), out = task.ids<Rows>(mesh, 2, 0, 5, 1).gather();
+    for (Eigen::Index b = 0; b < 5; ++b) {
+      for (Eigen::Index t = 0; t + 1 < 6; ++t) CHECK(out(b, t) == in(b, t + 1));  // targets are the inputs shifted
+      CHECK(task.token(2, b, 0) == task.token(2, b, 6));                         // the sequence reads back reversed
+    }
+  }
+  const std::vector<double> logits{0.1, 2.0, -1.0, 1.5, 0.3};
+  CHECK(ts::train::pick_token(logits, {.temperature = 0}, 0) == 1);
+  for (std::uint64_t d = 0; d < 200; ++d) {
+    const auto t = ts::train::pick_token(logits, {.temperature = 1.0, .top_k = 2, .seed = 5}, d);
+    CHECK((t == 1 || t == 3));  // only the two largest
+  }
 }

@@ -241,11 +241,11 @@ namespace {
 // uneven shards, at most that), else both.
 std::string traffic_matches(const ts::Traffic& want, bool even) {
   const auto got = ts::comm_stats().total();
-  const bool ok = even ? got.bytes_sent == want.sent && got.bytes_received == want.received
-                       : got.bytes_sent <= want.sent && got.bytes_received <= want.received;
+  const bool ok = even ? got.bytes_sent == want.bytes_sent && got.bytes_received == want.bytes_received
+                       : got.bytes_sent <= want.bytes_sent && got.bytes_received <= want.bytes_received;
   if (ok) return "";
   return "measured " + std::to_string(got.bytes_sent) + " sent, " + std::to_string(got.bytes_received) + " received; predicted " +
-         std::to_string(want.sent) + ", " + std::to_string(want.received);
+         std::to_string(want.bytes_sent) + ", " + std::to_string(want.bytes_received);
 }
 }  // namespace
 

@@ -82,7 +82,7 @@ template <class T>
 void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_gather_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_gather", tr.sent, tr.received);
+    CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received);
     if (c == n) {
       MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -97,7 +97,7 @@ template <class T>
 void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_reduce_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_reduce", tr.sent, tr.received);
+    CollectiveTimer t("all_reduce", tr.bytes_sent, tr.bytes_received);
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
                   mpi_datatype<T>(), mpi_op<T>(op), comm);
   });
@@ -199,7 +199,7 @@ template <class T>
 void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = reduce_scatter_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("reduce_scatter", tr.sent, tr.received);
+    CollectiveTimer t("reduce_scatter", tr.bytes_sent, tr.bytes_received);
     reduce_scatter_exchange(comm, send, recv, n, off, c, op);
   });
 }
@@ -209,7 +209,7 @@ template <class T>
 void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_to_all_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_to_all", tr.sent, tr.received);
+    CollectiveTimer t("all_to_all", tr.bytes_sent, tr.bytes_received);
     if (c == n) {
       MPI_Alltoall(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -228,7 +228,7 @@ void broadcast(MPI_Comm comm, T* data, Index n, int root) {
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
     const Traffic tr = broadcast_traffic(bytes_of<T>(c), p, is_root);
-    CollectiveTimer t("broadcast", tr.sent, tr.received);
+    CollectiveTimer t("broadcast", tr.bytes_sent, tr.bytes_received);
     MPI_Bcast(data + off, int(c), mpi_datatype<T>(), root, comm);
   }
 }
@@ -339,7 +339,7 @@ template <class T>
 void all_gather_placed(MPI_Comm comm, const T* send, Index n, T* recv, MPI_Datatype placed) {
   const int p = comm_size(comm);
   const Traffic tr = all_gather_traffic(bytes_of<T>(n), p);
-  CollectiveTimer t("all_gather", tr.sent, tr.received);
+  CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received);
   MPI_Allgather(send, int(n), mpi_datatype<T>(), recv, 1, placed, comm);
 }
 

@@ -44,19 +44,19 @@ inline void set_cost_model(const CostModel& m) { detail::cost_model_state() = m;
 
 // What one rank does in a collective (or a sequence of them, added up).
 struct Traffic {
-  std::uint64_t sent = 0, received = 0;  // bytes, as comm_stats() counts them
-  std::uint64_t reduced = 0;             // bytes combined with an operator
-  double rounds = 0;                     // message rounds on the critical path
+  std::uint64_t bytes_sent = 0, bytes_received = 0;  // bytes, as comm_stats() counts them
+  std::uint64_t bytes_reduced = 0;                    // bytes combined with an operator
+  double rounds = 0;                                  // message rounds on the critical path
 
   Traffic& operator+=(const Traffic& o) {
-    sent += o.sent;
-    received += o.received;
-    reduced += o.reduced;
+    bytes_sent += o.bytes_sent;
+    bytes_received += o.bytes_received;
+    bytes_reduced += o.bytes_reduced;
     rounds += o.rounds;
     return *this;
   }
   double seconds(const CostModel& m = cost_model()) const {
-    return m.alpha * rounds + m.beta * double(sent > received ? sent : received) + m.gamma * double(reduced);
+    return m.alpha * rounds + m.beta * double(bytes_sent > bytes_received ? bytes_sent : bytes_received) + m.gamma * double(bytes_reduced);
   }
 };
 

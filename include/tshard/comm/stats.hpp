@@ -160,11 +160,14 @@ class OperatorScope {
  public:
   explicit OperatorScope(std::string_view name) {
     auto& st = operator_stack();
-    pushed_ = st.open.empty() || st.open.back()->name() != name;
-    if (pushed_) {
-      if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
-      st.open.push_back(st.top().child(name));
-    }
+    if (st.open.empty() || st.open.back()->name() != name) enter(st.top().child(name));
+  }
+  // Enters an interned label itself (a backward rule runs under its forward's path + "/backward"),
+  // or `fallback` inside the current scope where there is none.
+  OperatorScope(OperatorLabel* label, std::string_view fallback) {
+    auto& st = operator_stack();
+    if (!label) label = st.open.empty() || st.open.back()->name() != fallback ? st.top().child(fallback) : nullptr;
+    if (label && (st.open.empty() || st.open.back() != label)) enter(label);
   }
   ~OperatorScope() {
     if (!pushed_) return;
@@ -177,6 +180,11 @@ class OperatorScope {
   OperatorScope& operator=(const OperatorScope&) = delete;
 
  private:
+  void enter(OperatorLabel* label) {
+    pushed_ = true;
+    if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
+    operator_stack().open.push_back(label);
+  }
   bool pushed_ = false;
   double start_us_ = -1;
 };
@@ -207,4 +215,17 @@ class CollectiveTimer {
 };
 
 }  // namespace detail
+
+// Names the communication of a block of code: the collectives inside it are counted (comm_stats(),
+// --trace) under "name/...", and those of its backward under the forward's path + "/backward".
+//   { auto s = ts::scope("attention"); y = attn(x); }
+class [[nodiscard]] Scope {
+ public:
+  explicit Scope(std::string_view name) : scope_(name) {}
+
+ private:
+  detail::OperatorScope scope_;
+};
+[[nodiscard]] inline Scope scope(std::string_view name) { return Scope(name); }
+
 }  // namespace tshard

@@ -19,6 +19,8 @@ struct MeshShape {
   std::vector<int> sizes;
 
   int axes() const { return int(sizes.size()); }
+  // The size of axis a (in the mesh's axis order): mesh.shape()[0].
+  int operator[](int a) const { return sizes.at(std::size_t(a)); }
   int size() const {
     int p = 1;
     for (int s : sizes) p *= s;

@@ -127,26 +127,31 @@ auto take(const Table& table_in, const Ids& ids_in) {
   static_assert(detail::dims_valid<Table::rank, Axis>(), "tshard: take's axis must be less than the table's rank");
   static_assert(Ids::rank == 1 && detail::is_id_tensor_v<Ids>, "tshard: take's ids are a rank-1 int32 or int64 tensor");
   static_assert(std::is_same_v<typename Table::MeshT, typename Ids::MeshT>, "tshard: take's tensors live on one mesh type");
-  using T = typename Table::Scalar;
-  using M = typename Table::MeshT;
-  using S = detail::take_specs<typename Table::SpecType, typename Ids::SpecType, Axis, M>;
-  using Out = ShardedTensor<T, M, typename S::out_spec, typename S::partial>;
-  detail::OperatorScope scope("take");
-  const auto& table = detail::resolved(table_in, "take");
-  const auto& ids = detail::resolved(ids_in, "take");
-  detail::require_same_mesh(table, ids, "take");
-  auto& mesh = *detail::state_of(table.mesh());
-  constexpr detail::SpecDesc want_ids = detail::make_desc<typename S::ids_spec, NoPartial>(M::axis_names);
-  const auto al = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, detail::extents_of(ids), ids.data(), "take");
-  const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
-  detail::check_ids(mesh, al.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(table)[Axis], "take",
-                    [&] { return table.describe(); }, [&] { return ids.describe(); });
-  auto shape = table.global_shape();
-  shape[Axis] = detail::extents_of(ids)[0];
-  Out out(table.mesh(), shape);
-  detail::take_kernel<T>(table.data(), detail::layout_of(table), Axis, al.data, il, out.data(), detail::layout_of(out));
-  if (detail::recording(table)) detail::record(out, detail::grad::Take<Axis>{}, detail::tape_shape(table), detail::tape_value(ids));
-  return out;
+  if constexpr (!detail::dims_valid<Table::rank, Axis>() || Ids::rank != 1 || !detail::is_id_tensor_v<Ids> ||
+                !std::is_same_v<typename Table::MeshT, typename Ids::MeshT>) {
+    return detail::refused<Table>();
+  } else {
+    using T = typename Table::Scalar;
+    using M = typename Table::MeshT;
+    using S = detail::take_specs<typename Table::SpecType, typename Ids::SpecType, Axis, M>;
+    using Out = ShardedTensor<T, M, typename S::out_spec, typename S::partial>;
+    detail::OperatorScope scope("take");
+    const auto& table = detail::resolved(table_in, "take");
+    const auto& ids = detail::resolved(ids_in, "take");
+    detail::require_same_mesh(table, ids, "take");
+    auto& mesh = *detail::state_of(table.mesh());
+    constexpr detail::SpecDesc want_ids = detail::make_desc<typename S::ids_spec, NoPartial>(M::axis_names);
+    const auto al = detail::implicit_reshard(mesh, ids.spec_desc, want_ids, detail::extents_of(ids), ids.data(), "take");
+    const auto il = detail::shard_layout(want_ids, detail::extents_of(ids), mesh.shape(), mesh.coords());
+    detail::check_ids(mesh, al.data, il.valid[0], want_ids.dims[0].count > 0, detail::extents_of(table)[Axis], "take",
+                      [&] { return table.describe(); }, [&] { return ids.describe(); });
+    auto shape = table.global_shape();
+    shape[Axis] = detail::extents_of(ids)[0];
+    Out out(table.mesh(), shape);
+    detail::take_kernel<T>(table.data(), detail::layout_of(table), Axis, al.data, il, out.data(), detail::layout_of(out));
+    if (detail::recording(table)) detail::record(out, detail::grad::Take<Axis>{}, detail::tape_shape(table), detail::tape_value(ids));
+    return out;
+  }
 }
 
 // The backward of take: grad(ids(n), :) += rows(n, :) (for Axis 0), with repeated ids adding

@@ -22,12 +22,16 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
   static_assert(detail::is_spec<NewSpec>::value, "tshard: reshard<Spec>(t) takes a tshard::Spec<...>");
   static_assert(NewSpec::rank == S::rank, "tshard: the spec's rank differs from the tensor's rank");
   using Out = ShardedTensor<T, M, NewSpec>;
-  detail::OperatorScope scope("reshard");
-  Out out(t.mesh(), t.global_shape());
-  detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
-                          out.data());
-  if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(t));
-  return out;
+  if constexpr (NewSpec::rank != S::rank) {
+    return detail::refused<Out>();
+  } else {
+    detail::OperatorScope scope("reshard");
+    Out out(t.mesh(), t.global_shape());
+    detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
+                            out.data());
+    if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(t));
+    return out;
+  }
 }
 
 // dst = t laid out as dst's spec, in dst's existing storage (no allocation of the result).

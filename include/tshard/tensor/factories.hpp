@@ -127,16 +127,20 @@ auto distribute(const M& mesh, const G& global) {
   static_assert(detail::is_spec<SpecT>::value, "tshard: distribute<Spec>(mesh, tensor) takes a tshard::Spec<...>");
   static_assert(SpecT::rank == Rank, "tshard: the spec's rank differs from the tensor's rank");
   using Out = ShardedTensor<T, M, SpecT>;
-  detail::OperatorScope scope("distribute");
-  std::array<Eigen::Index, Rank> shape{};
-  for (int d = 0; d < Rank; ++d) shape[d] = global.dimensions()[d];
-  detail::check_shape_agrees(mesh, shape, true, "distribute",
-                             Out::spec_desc.to_string(mesh.shape()));
-  Out out(mesh, shape);
-  const detail::ShardLayout& l = detail::layout_of(out);
-  const detail::Extents zero{};
-  detail::copy_box(global.data(), detail::extents_of(out), l.offset, out.data(), l.padded, zero, l.valid, Rank);
-  return out;
+  if constexpr (SpecT::rank != Rank || int(G::Layout) != int(Eigen::ColMajor)) {
+    return detail::refused<Out>();
+  } else {
+    detail::OperatorScope scope("distribute");
+    std::array<Eigen::Index, Rank> shape{};
+    for (int d = 0; d < Rank; ++d) shape[d] = global.dimensions()[d];
+    detail::check_shape_agrees(mesh, shape, true, "distribute",
+                               Out::spec_desc.to_string(mesh.shape()));
+    Out out(mesh, shape);
+    const detail::ShardLayout& l = detail::layout_of(out);
+    const detail::Extents zero{};
+    detail::copy_box(global.data(), detail::extents_of(out), l.offset, out.data(), l.padded, zero, l.valid, Rank);
+    return out;
+  }
 }
 
 // Wraps a shard this rank already has, without copying. `local` must hold the padded local

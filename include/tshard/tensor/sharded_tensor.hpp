@@ -45,6 +45,18 @@ Extents to_extents(const std::array<Eigen::Index, N>& a) {
 }
 }  // namespace detail
 
+namespace detail {
+// Always false: its arguments name the two types in a refused conversion's error.
+template <class Held, class Wanted>
+struct spec_mismatch : std::false_type {};
+// What a public entry point returns once one of its static_asserts has failed: never runs; it
+// lets the compiler stop at the sentence instead of reporting the body's follow-on errors.
+template <class Out>
+Out refused() {
+  return *static_cast<Out*>(nullptr);
+}
+}  // namespace detail
+
 template <class T, class M, class SpecT, class P = NoPartial>
 class ShardedTensor {
   static_assert(Element<T>, "tshard: element types are float, double, std::complex<float/double>, int32_t, int64_t and bool (masks)");
@@ -103,6 +115,16 @@ class ShardedTensor {
   }
   ShardedTensor(ShardedTensor&&) noexcept = default;
   ShardedTensor& operator=(ShardedTensor&&) noexcept = default;
+
+  // A tensor of another spec, element type or mesh is another type: converting or assigning one
+  // is a compile-time error that says so (and names ts::reshard), not a list of candidates.
+  template <class T2, class M2, class S2, class P2>
+  ShardedTensor(const ShardedTensor<T2, M2, S2, P2>&) : ShardedTensor(refuse_conversion<ShardedTensor<T2, M2, S2, P2>>()) {}
+  template <class T2, class M2, class S2, class P2>
+  ShardedTensor& operator=(const ShardedTensor<T2, M2, S2, P2>&) {
+    refuse_conversion<ShardedTensor<T2, M2, S2, P2>>();
+    return *this;
+  }
 
   const M& mesh() const { return mesh_; }
   Shape global_shape() const { return detail::to_array<rank>(shape_); }
@@ -205,6 +227,16 @@ class ShardedTensor {
         std::memcpy(fresh.get(), data_.get(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
       data_ = std::move(fresh);
     }
+  }
+
+  template <class Held>
+  static const ShardedTensor& refuse_conversion() {
+    static_assert(detail::spec_mismatch<Held, ShardedTensor>::value,
+                  "tshard: a tensor's spec is part of its type, and this converts or assigns a tensor of one "
+                  "ShardedTensor type to another (the two are spec_mismatch's arguments, held first, wanted second). "
+                  "Redistribute it explicitly: ts::reshard<WantedSpec>(x); a loop whose body changes the spec "
+                  "reshards at the end of each pass");
+    return *static_cast<const ShardedTensor*>(nullptr);  // never compiled to run: the assertion fails first
   }
 
   M mesh_;

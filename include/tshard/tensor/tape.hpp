@@ -38,7 +38,7 @@ class GradNode {
   // What a rule's collectives are counted under: the forward's operator path + "/backward"
   // ("transformer_block/moe/backward"), as a hand-written backward's are under its own name;
   // "backward" outside every operator. Interned (comm/stats.hpp): recording copies no string.
-  const OperatorLabel* label = nullptr;
+  OperatorLabel* label = nullptr;
 };
 
 // A node of a tensor of element type T. The cotangent is that of the *resolved* value (a partial
@@ -58,7 +58,7 @@ class TypedGradNode final : public GradNode {
     if (!cotangent || !rule) return;
     auto r = std::move(rule);
     rule = nullptr;
-    OperatorScope scope(label ? std::string_view(label->path()) : std::string_view("backward"));
+    OperatorScope scope(label, "backward");
     r(*this);
   }
 };
