@@ -33,11 +33,22 @@ echo "1. --save-safetensors then --init: the seed's curve, bitwise"
 steps=60
 for trial in 1 2 3; do
   rm -rf ckpt ckpt.tmp ckpt.old
-  mpi 2 "$exe" --mesh data=2 --zero 2 "${size[@]}" --steps $steps --save ckpt --save-every 1 > run.txt 2>&1 &
+  # mpirun itself (not a shell function) in the background, so that $! is mpirun's pid
+  mpirun -np 2 --oversubscribe "$exe" --mesh data=2 --zero 2 "${size[@]}" --steps $steps --save ckpt --save-every 1 > run.txt 2>&1 &
   runner=$!
-  sleep "0.$((RANDOM % 9 + 3))"
+  # Kill once training runs: Open MPI 4.1's mpirun can deadlock when a rank dies inside MPI_Init
+  # (a PMIx "UNREACHABLE" error, then mpirun waits forever), which says nothing about tshard.
+  for _ in $(seq 300); do { grep -q '^step' run.txt 2> /dev/null || ! kill -0 $runner 2> /dev/null; } && break; sleep 0.1; done
+  sleep "0.$((RANDOM % 10))"
   victim=$(pgrep -f -- "^$exe --mesh data=2 --zero 2" | shuf -n 1 || true)
   [[ -n "$victim" ]] && kill -KILL "$victim" 2> /dev/null || true
+  # The same runtime can also hang in its own clean-up: give it 60 s, then end what is left.
+  for _ in $(seq 600); do kill -0 $runner 2> /dev/null || break; sleep 0.1; done
+  if kill -0 $runner 2> /dev/null; then
+    echo "   (mpirun did not exit after its rank was killed: ended by this script)"
+    kill -KILL $runner 2> /dev/null || true
+    pkill -KILL -f -- "^$exe --mesh data=2 --zero 2" || true
+  fi
   wait $runner || true
   resume=()
   [[ -d ckpt || -d ckpt.old ]] && resume=(--resume ckpt)
