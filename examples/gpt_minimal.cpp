@@ -125,7 +125,12 @@ int main(int argc, char** argv) {
     else if (a == "--lr" && i + 1 < argc) o.lr = float(std::atof(argv[++i]));
     else if (a == "--double") o.use_double = true;
     else if (a == "--check") o.check = true;
-    else {
+    else if (a == "--help" || a == "-h") {
+      if (ts::Environment::world_rank() == 0)
+        std::printf("usage: gpt_minimal [--mesh data=N,model=N] [--steps N] [--batch N] [--seq N] [--dmodel N] [--heads N]\n"
+                    "                   [--layers N] [--vocab N] [--lr X] [--double] [--check]\n");
+      return 0;
+    } else {
       if (ts::Environment::world_rank() == 0) std::fprintf(stderr, "gpt_minimal: unknown argument %s\n", argv[i]);
       return 2;
     }

@@ -200,6 +200,68 @@ TEST_CASE("a gradient read while an owning optimizer defers the data-parallel su
   TS_REQUIRE_ALL(refused);
 }
 
+namespace {
+using DC = ts::Mesh<"data", "context">;
+// Replicated everywhere: with the batch split over both axes, each parameter's gradient is a
+// sum over both.
+struct Replicated : ts::nn::Module {
+  ts::nn::Linear<double, DC, ts::Spec<ts::R, ts::R>> up, down;
+  ts::nn::LayerNorm<double, DC> norm;
+  ts::ShardedTensor<double, DC, ts::Spec<ts::R>>& scale;
+  explicit Replicated(const DC& mesh)
+      : up(mesh, 12, 17, 1), down(mesh, 17, 12, 2), norm(mesh, 12),
+        scale(register_parameter("scale", ts::random<double, ts::Spec<ts::R>>(mesh, {12}, 3))) {
+    register_module("up", up);
+    register_module("down", down);
+    register_module("norm", norm);
+  }
+  auto operator()(const auto& x) { return norm(down(ts::nn::gelu(up(x))) * scale + x); }
+};
+}  // namespace
+
+TEST_CASE("data_axis names several axes: one bucket group sums over all of them and ZeRO shards over all, 0-3",
+          "[module]") {
+  const auto gx = inputs(11, 12);
+  auto run = [&](const DC& mesh, int zero, bool overlap, const char* axes) {
+    Replicated model(mesh);
+    ts::nn::SGD opt({.lr = 0.1f, .momentum = 0.5f, .zero_stage = zero, .data_axis = axes, .overlap = overlap});
+    opt.add(model);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data", "context">, ts::R>>(mesh, gx);
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      ts::ad::backward(model, [&] { return ts::sum<0, 1>(ts::square(model(x))) * 0.01; });
+      opt.step();
+    }
+    const auto state = opt.memory().state;
+    opt.gather_parameters();
+    std::vector<Eigen::Tensor<double, 2>> got{model.up.weight().gather(), model.down.weight().gather()};
+    for (const auto& v : {model.norm.gamma().gather(), model.scale.gather(), model.down.bias().gather()}) {
+      Eigen::Tensor<double, 2> flat(v.size(), 1);
+      for (Eigen::Index i = 0; i < v.size(); ++i) flat.data()[i] = v.data()[i];
+      got.push_back(flat);
+    }
+    return std::make_pair(got, state);
+  };
+  const DC single(MPI_COMM_SELF, {1, 1});
+  const auto want = run(single, 0, false, "data").first;
+  for (int zero = 0; zero <= 3; ++zero)
+    for (bool overlap : {false, true})
+      for (const auto& s : mesh_shapes(world_size(), 2)) {
+        const DC mesh({s[0], s[1]});
+        INFO("mesh " << s[0] << "x" << s[1] << ", ZeRO stage " << zero << (overlap ? ", overlapped" : ""));
+        const auto [both, both_state] = run(mesh, zero, overlap, "data,context");
+        const auto [one, one_state] = run(mesh, zero, overlap, "data");  // context's sum left to ts::ad
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          TS_REQUIRE_ALL(compare(both[i], want[i], 1e-12) == "");
+          TS_REQUIRE_ALL(compare(one[i], want[i], 1e-12) == "");
+        }
+        // ZeRO's state is partitioned over both axes: 1/(data x context) of it on each rank,
+        // against 1/data with the data axis alone.
+        if (zero >= 1 && s[1] > 1) TS_REQUIRE_ALL(both_state < one_state);
+        if (zero == 0) TS_REQUIRE_ALL(both_state == one_state);
+      }
+}
+
 TEST_CASE("an optimizer keeps updating a layer that moved after opt.add; moved layers keep their parameters",
           "[module]") {
   const M mesh({world_size(), 1});
@@ -385,6 +447,17 @@ TEST_CASE("state_dict names every parameter and buffer; load_state_dict copies b
     }
     INFO(said);
     TS_REQUIRE_ALL(said.find("missing fc.bias, bn.weight") != std::string::npos && said.find("unexpected extra") != std::string::npos);
+    // A tensor of another shape under a right name: the error names the entry.
+    ts::nn::StateDict misshapen;
+    for (const auto& [name, t] : sd) misshapen.add(name, name == "fc.bias" ? sd.begin()->second : t);
+    said.clear();
+    try {
+      ts::nn::load_state_dict(b, misshapen);
+    } catch (const ts::ShapeError& e) {
+      said = e.what();
+    }
+    INFO(said);
+    TS_REQUIRE_ALL(said.find("\"fc.bias\": the shapes differ") != std::string::npos);
   }
 }
 
@@ -767,6 +840,25 @@ TEST_CASE("train::Flags binds flags to variables and names the program in every 
   fails({"--mesh", "bogus=2"}, "prog: --mesh: unknown axis 'bogus' (data, model or stage)");
   fails({"--mesh", "data=0"}, "prog: --mesh: the size of data must be a positive integer");
   fails({"--mesh", "data"}, "prog: --mesh takes axis=size items, e.g. data=2,model=2, not 'data'");
+  // --help anywhere: the usage, each flag with the value its variable had when bound, and
+  // nothing applied.
+  steps = 100;
+  lr = 0.001;
+  sched = "gpipe";
+  std::string text;
+  try {
+    parse({"--steps", "3", "--nonsense", "--help"}, steps, lr, dbl, sched, mesh);
+  } catch (const ts::train::HelpRequested& h) {
+    text = h.what();
+  }
+  CHECK(text.rfind("usage: prog [options]\n", 0) == 0);
+  for (const char* line : {"  --steps N                       (default 100)\n", "  --lr X                          (default 0.001)\n",
+                           "  --double\n", "  --schedule gpipe|1f1b           (default gpipe)\n",
+                           "  --mesh data=N,model=N,stage=N   (default every rank on data)\n"}) {
+    INFO(line);
+    CHECK(text.find(line) != std::string::npos);
+  }
+  CHECK(steps == 100);
 }
 
 TEST_CASE("train: token windows, the reverse task's batches and sampling are the same on every mesh", "[train]") {

@@ -48,7 +48,7 @@ inline void load_state_dict(Module& model, const StateDict& sd, bool strict = tr
                     (missing.empty() || unexpected.empty() ? "" : "; ") +
                     (unexpected.empty() ? std::string() : "unexpected " + detail::name_list(unexpected)));
   for (const auto& [name, t] : mine)
-    if (sd.contains(name)) t->assign(sd.at(name));
+    if (sd.contains(name)) t->assign(sd.at(name), name);
 }
 
 // Every parameter and buffer of the model into the checkpoint directory `dir`, atomically

@@ -43,8 +43,9 @@ class StateTensor {
   // the element type (bfloat16 rounds).
   virtual std::vector<double> values() const = 0;
   virtual void set_values(const std::vector<double>& global) = 0;
-  // This tensor's value := from's (same element type and shape, same mesh, any spec).
-  virtual void assign(const StateTensor& from) = 0;
+  // This tensor's value := from's (same element type and shape, same mesh, any spec); `name`,
+  // where given, is named in the errors.
+  virtual void assign(const StateTensor& from, const std::string& name = "") = 0;
 
   // The tensor as its exact type (SpecError where X is another).
   template <class X>
@@ -147,19 +148,20 @@ class TypedStateTensor final : public StateTensor {
       block[at] = T(global[std::size_t(linear)]);
     });
   }
-  void assign(const StateTensor& from) override {
+  void assign(const StateTensor& from, const std::string& name = "") override {
+    const std::string what = "tshard::nn::load_state_dict: " + (name.empty() ? std::string() : "\"" + name + "\": ");
     if (from.element() != typeid(T))
-      throw SpecError("tshard::nn::load_state_dict: " + from.describe() + " " + from.dtype() + " into " + describe() +
-                      " " + dtype() + ": the element types differ");
+      throw SpecError(what + from.describe() + " " + from.dtype() + " into " + describe() + " " + dtype() +
+                      ": the element types differ");
     tshard::detail::SpecDesc desc{};
     tshard::detail::Extents extents{};
     const void* mesh = nullptr;
     const void* data = from.block(desc, extents, mesh);
     if (extents != tshard::detail::extents_of(*t_) || desc.rank != Tensor::rank)
-      throw ShapeError("tshard::nn::load_state_dict: the shapes differ: " + from.describe() + " into " + describe());
+      throw ShapeError(what + "the shapes differ: " + from.describe() + " into " + describe());
     auto& state = *tshard::detail::state_of(t_->mesh());
     if (mesh != &state)
-      throw MeshError("tshard::nn::load_state_dict: " + from.describe() + " lives on another mesh than " + describe());
+      throw MeshError(what + from.describe() + " lives on another mesh than " + describe());
     auto moved = tshard::detail::implicit_reshard(state, desc, Tensor::spec_desc, extents, static_cast<const T*>(data),
                                                   "load_state_dict");
     tshard::detail::TensorAccess::acquire_storage(*t_, false);

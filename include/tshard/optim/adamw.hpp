@@ -11,7 +11,10 @@
 namespace tshard::optim {
 
 // AdamW's settings: the first five in this order (designated initializers: {.lr = 1e-3f, ...}),
-// then weight-update sharding over the mesh axis named data_axis (absent: no data parallelism),
+// then weight-update sharding over the mesh axes named in data_axis, whose gradient sums the
+// buckets reduce ("data", or a list such as "data,context" where the batch is split over
+// several axes: one group, ZeRO's chunks partitioned over all of it; a name the mesh lacks adds
+// no axis, and none at all means no data parallelism),
 // whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
 // overlap), and whether ZeRO-3 prefetches (below). Overlap is off by default: with OpenMPI's
 // non-blocking collectives and no progress thread, the overlapped reduction of a transformer's

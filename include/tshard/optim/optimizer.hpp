@@ -7,7 +7,6 @@
 // weight-update sharding (ZeRO stages 1-3, parallel/slot.hpp) applies. The stage is an option,
 // not another program. State is kept by parameter name (state_dict()).
 #pragma once
-#include <bit>
 #include <cmath>
 #include <concepts>
 #include <memory>
@@ -204,7 +203,7 @@ class Optimizer {
     for_each_slot([&](BucketBase& b, int j, std::size_t i) {
       for (int k = 0; k < Rule::states; ++k) {
         auto [t, block] = state_like_[i]();
-        t->assign(sd.at(key(names_[i], k)));
+        t->assign(sd.at(key(names_[i], k)), key(names_[i], k));
         b.write_state(j, k, block);
       }
     });
@@ -288,11 +287,20 @@ class Optimizer {
   std::uint32_t data_mask(const M& mesh) const {
     return data_mask(*tshard::detail::state_of(mesh));
   }
+  // The mesh axes named in data_axis ("data", or several: "data,context"); a name the mesh
+  // lacks adds none.
   std::uint32_t data_mask(const tshard::detail::MeshState& mesh) const {
     const auto& names = mesh.shape().names;
-    for (std::size_t a = 0; a < names.size(); ++a)
-      if (names[a] == std::string_view(options_.data_axis)) return 1u << a;
-    return 0;
+    std::uint32_t mask = 0;
+    std::string_view list(options_.data_axis ? options_.data_axis : "");
+    while (!list.empty()) {
+      const auto comma = list.find(',');
+      const std::string_view name = list.substr(0, comma);
+      for (std::size_t a = 0; a < names.size(); ++a)
+        if (names[a] == name) mask |= 1u << a;
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    }
+    return mask;
   }
 
   template <class T, class M>
@@ -301,14 +309,16 @@ class Optimizer {
   }
   template <class T>
   Bucket<T>& new_bucket(tshard::detail::MeshState& state) {
+    // The data-parallel group: every data axis, its rank the mixed radix of their coordinates
+    // (the group's own rank order), so ZeRO's chunk j lives on the group's rank j.
     const std::uint32_t mask = data_mask(state);
-    int axis = -1;
+    int n = 1, c = 0;
     for (int a = 0; a < state.shape().axes(); ++a)
-      if (mask & (1u << a)) axis = a;
-    MPI_Comm data = axis >= 0 ? state.group(std::vector<int>{axis}) : MPI_COMM_SELF;
-    const int n = axis >= 0 ? state.shape().sizes[axis] : 1;
-    const int c = axis >= 0 ? state.coords()[axis] : 0;
-    auto b = std::make_unique<Bucket<T>>(data, n, c, options_.zero_stage);
+      if (mask & (1u << a)) {
+        n *= state.shape().sizes[a];
+        c = c * state.shape().sizes[a] + state.coords()[a];
+      }
+    auto b = std::make_unique<Bucket<T>>(state.group_of_mask(mask), n, c, options_.zero_stage);
     b->data_mask = mask;
     b->coords = state.coords();
     if (!norm_mesh_set_) world_ = state.comm();
@@ -394,7 +404,7 @@ class Optimizer {
   void register_slot(Bucket<T>& b, const ParameterView<T>& view, bool module_owned, bool streamable = true) {
     const std::uint32_t data = b.data_mask;
     const bool split_over_data = (view.spec.split_axes() & data) != 0;
-    const int n = data ? view.mesh->shape().sizes[std::countr_zero(data)] : 1;
+    const int n = b.data_ranks();
     Slot<T> s;
     s.keep = view.keep;
     s.param = view.param;

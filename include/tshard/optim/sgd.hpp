@@ -9,7 +9,7 @@ struct SGDOptions {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   int zero_stage = 0;
-  const char* data_axis = "data";
+  const char* data_axis = "data";  // the axes gradients are summed over, as AdamW's
   bool overlap = false;
   bool prefetch = false;  // ZeRO-3's, as AdamW's
 };

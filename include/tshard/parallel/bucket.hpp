@@ -1,5 +1,6 @@
 // A bucket: the parameters data parallelism reduces together (one module's own, or one bare
-// parameter), with the data axis' communicator. Their gradients' sum over the data axis (an
+// parameter), with the data axis' communicator (one group over all of them where the optimizer
+// names several data axes; "the data axis" below means that group). Their gradients' sum over the data axis (an
 // all-reduce, or a reduce-scatter under ZeRO-2 and -3), started non-blocking as soon as the
 // module's backward ends (PyTorch DDP's overlap) or blocking from step(); the all-gathers of
 // updated chunks (ZeRO-1 and -2 after the update, ZeRO-3 before each use, prefetched or not);
@@ -75,6 +76,7 @@ class Bucket : public BucketBase {
   std::vector<Slot<T>> slots;
 
   int data_coord() const { return c_; }
+  int data_ranks() const { return n_; }
   int stage() const { return stage_; }
 
   // Starts the data-parallel reduction of the gradients: non-blocking when a layer's backward
@@ -318,7 +320,7 @@ class Bucket : public BucketBase {
     for (auto& s : slots) {
       const std::uint64_t b = sizeof(T);
       m.model_elements += std::uint64_t(s.size);
-      if (n_ > 1 && !(s.replica_axes & data_mask)) m.data_split_elements += std::uint64_t(s.size);
+      if (n_ > 1 && (s.replica_axes & data_mask) != data_mask) m.data_split_elements += std::uint64_t(s.size);
       m.parameters += (s.param_present() ? std::uint64_t(s.size) * b : 0) + (s.master ? std::uint64_t(s.chunk) * b : 0);
       m.gradients += (s.grad_present() ? std::uint64_t(s.size) * b : 0) + (s.reduced ? std::uint64_t(s.chunk) * b : 0);
       m.state += (std::uint64_t(s.state.size()) + (s.master32 ? 1 : 0)) * std::uint64_t(s.state_size()) *

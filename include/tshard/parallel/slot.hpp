@@ -14,7 +14,8 @@
 //            parallel/prefetch.hpp), and a module used twice in a row stays present between
 //            the two uses
 //
-// A chunk is a 1/N slice of the flattened local block (N the data axis' size), the same
+// A chunk is a 1/N slice of the flattened local block (N the data axis' size, or the product
+// of the data axes' sizes where the optimizer names several), the same
 // slicing whatever the parameter's spec, as DeepSpeed flattens. A parameter already split over
 // the data axis has nothing to shard and takes the stage-0 path.
 #pragma once

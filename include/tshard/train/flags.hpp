@@ -2,6 +2,8 @@
 // switches bound to variables, `--mesh axis=size,...` for any mesh type, and the same errors
 // everywhere: "<program>: unknown option --x", "<program>: --steps needs a value". Every rank
 // parses the same line, so every rank throws the same UsageError; report() prints it once.
+// `--help` (or `-h`) anywhere lists every flag with its current value as the default (a
+// HelpRequested, which report() prints to standard output, returning 0).
 //
 //   ts::train::Flags flags("train_llama", argc, argv);
 //   flags.value("--steps", o.steps).value("--lr", o.lr).flag("--double", o.use_double)
@@ -25,6 +27,10 @@ namespace tshard::train {
 // A bad command line: the message says what and names the program.
 struct UsageError : Error {
   using Error::Error;
+};
+// --help: its message is the usage text (not an error: report() returns 0 for it).
+struct HelpRequested : UsageError {
+  using UsageError::UsageError;
 };
 
 // A mesh's sizes as --mesh gives them: axes it does not name are 1, except the first, which
@@ -71,7 +77,8 @@ class Flags {
   // `name value`: an integer, a real or a string (read as std::atol / std::atof read them).
   template <class V>
   Flags& value(const std::string& name, V& target) {
-    options_.push_back({name, true, [&target](const std::string& v) { assign(target, v); }});
+    options_.push_back({name, true, [&target](const std::string& v) { assign(target, v); }, placeholder<V>(),
+                        shown(target)});
     return *this;
   }
   // `name`: sets target to `to`.
@@ -82,13 +89,15 @@ class Flags {
   }
   Flags& flag(const std::string& name, bool& target) { return flag(name, target, true); }
   // `name value` handled by the caller (which may throw fail(...)).
-  Flags& custom(const std::string& name, std::function<void(const std::string&)> f) {
-    options_.push_back({name, true, std::move(f)});
+  Flags& custom(const std::string& name, std::function<void(const std::string&)> f, std::string placeholder = "VALUE") {
+    options_.push_back({name, true, std::move(f), std::move(placeholder)});
     return *this;
   }
   // `name value` where the value is one of `allowed`: else "<name> takes a or b, not 'c'".
   Flags& choice(const std::string& name, std::string& target, std::vector<std::string> allowed) {
-    return custom(name, [this, name, &target, allowed](const std::string& v) {
+    std::string alternatives;
+    for (const auto& a : allowed) alternatives += (alternatives.empty() ? "" : "|") + a;
+    custom(name, [this, name, &target, allowed](const std::string& v) {
       for (const auto& a : allowed)
         if (a == v) {
           target = v;
@@ -97,7 +106,9 @@ class Flags {
       std::string list;
       for (std::size_t i = 0; i < allowed.size(); ++i) list += (i ? (i + 1 == allowed.size() ? " or " : ", ") : "") + allowed[i];
       fail(name + " takes " + list + ", not '" + v + "'");
-    });
+    }, alternatives);
+    options_.back().default_value = target;
+    return *this;
   }
   // `--mesh axis=size,...` over the axes of M; `order` lists the axes in the error text (as
   // "(data, model or stage)"), M's order where empty.
@@ -105,11 +116,18 @@ class Flags {
   Flags& mesh(const std::string& name, MeshSizes<M>& target, std::vector<std::string> order = {}) {
     if (order.empty())
       for (auto a : M::axis_names) order.emplace_back(a);
-    return custom(name, [this, &target, order](const std::string& v) { parse_mesh(v, target, order); });
+    std::string axes;
+    for (const auto& a : order) axes += (axes.empty() ? "" : ",") + a + "=N";
+    custom(name, [this, &target, order](const std::string& v) { parse_mesh(v, target, order); }, axes);
+    options_.back().default_value = "every rank on " + std::string(M::axis_names[0]);
+    return *this;
   }
 
-  // Reads the command line; a UsageError on the first flag that does not parse.
+  // Reads the command line; a UsageError on the first flag that does not parse, a HelpRequested
+  // where it asks for --help.
   void parse() {
+    for (const auto& a : args_)
+      if (a == "--help" || a == "-h") throw HelpRequested(usage());
     for (std::size_t i = 0; i < args_.size(); ++i) {
       const std::string& a = args_[i];
       const Option* o = find(a);
@@ -126,11 +144,23 @@ class Flags {
   [[noreturn]] void fail(const std::string& what) const { throw UsageError(program_ + ": " + what); }
   const std::string& program() const { return program_; }
 
+  // "usage: <program> [options]" and a line per flag, in the order they were bound.
+  std::string usage() const {
+    std::string text = "usage: " + program_ + " [options]\n";
+    for (const auto& o : options_) {
+      std::string line = "  " + o.name + (o.takes_value ? " " + o.placeholder : "");
+      if (!o.default_value.empty()) line += std::string(line.size() < 34 ? 34 - line.size() : 1, ' ') + "(default " + o.default_value + ")";
+      text += line + "\n";
+    }
+    return text + "  --help, -h                      this list\n";
+  }
+
   // Prints an error every rank threw alike once (world rank 0) and returns `code` (2 for a
-  // UsageError, as command-line tools do).
+  // UsageError, as command-line tools do); --help's text goes to standard output, returning 0.
   static int report(const std::exception& e, int code = 2) {
-    if (Environment::world_size() == 1 || Environment::world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
-    return code;
+    const bool help = dynamic_cast<const HelpRequested*>(&e) != nullptr;
+    if (Environment::world_size() == 1 || Environment::world_rank() == 0) std::fprintf(help ? stdout : stderr, help ? "%s" : "%s\n", e.what());
+    return help ? 0 : code;
   }
 
  private:
@@ -138,7 +168,24 @@ class Flags {
     std::string name;
     bool takes_value;
     std::function<void(const std::string&)> apply;
+    std::string placeholder;    // in the usage text: N, X, TEXT, a|b, data=N,model=N
+    std::string default_value;  // the bound variable's value when bound (empty: none shown)
   };
+  template <class V>
+  static std::string placeholder() {
+    if constexpr (std::is_same_v<V, std::string>) return "TEXT";
+    else if constexpr (std::is_floating_point_v<V>) return "X";
+    else return "N";
+  }
+  template <class V>
+  static std::string shown(const V& v) {
+    if constexpr (std::is_same_v<V, std::string>) return v;
+    else if constexpr (std::is_floating_point_v<V>) {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "%g", double(v));
+      return buffer;
+    } else return std::to_string(v);
+  }
   const Option* find(const std::string& name) const {
     for (const auto& o : options_)
       if (o.name == name) return &o;
