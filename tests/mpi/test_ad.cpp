@@ -549,6 +549,134 @@ TEST_CASE("causal attention's custom VJP (the fused backward) equals finite diff
   });
 }
 
+namespace {
+using QS5 = ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R, ts::S<"y">>;  // [B, T, Dh, G, KV]: batch over x, heads over y
+using KS4 = ts::Spec<ts::S<"x">, ts::R, ts::R, ts::S<"y">>;         // [B, S, Dh, KV] (and [B, T, Dh, H])
+
+// The attention scaled_dot_product_attention replaces, written out: scores, an additive mask,
+// softmax over the keys, values. Its own statement of the mask.
+template <class Q, class K, class V>
+auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::AttentionOptions& o) {
+  const Eigen::Index T = q.global_shape()[1], S = k.global_shape()[1];
+  const double scale = o.scale > 0 ? o.scale : 1 / std::sqrt(double(q.global_shape()[2]));
+  auto visible = [o, shift = o.causal ? S - T : 0](Eigen::Index t, Eigen::Index s) {
+    t += shift;  // causal: the queries are the last T of S positions
+    if (o.causal && s > t) return false;
+    const Eigen::Index distance = o.causal ? t - s : std::abs(t - s);
+    return o.window == 0 || distance < o.window;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  if constexpr (Q::rank == 5) {
+    auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {1, T, S, 1, 1},
+                                                             [&](const auto& i) { return visible(i[1], i[2]) ? 0.0 : -inf; });
+    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask);
+    return ts::einsum<"btsgv,bskv->btkgv">(p, v);
+  } else {
+    auto mask = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {1, T, S, 1},
+                                                             [&](const auto& i) { return visible(i[1], i[2]) ? 0.0 : -inf; });
+    auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask);
+    return ts::einsum<"btsh,bskh->btkh">(p, v);
+  }
+}
+
+// On every mesh: the fused attention's value is the written-out one's, its gradients equal
+// finite differences, the written-out gradients and one rank's.
+template <class QSpec, int QRank, class KSpec = KS4>
+void check_attention(const std::string& what, const std::array<Eigen::Index, QRank>& qshape,
+                     const std::array<Eigen::Index, 4>& kshape, const ts::nn::AttentionOptions& o) {
+  const auto gq = global_random<QRank>(qshape, 40), gk = global_random<4>(kshape, 41), gv = global_random<4>(kshape, 42);
+  on_every_mesh(what, [&](const M& mesh) {
+    auto q = ts::distribute<QSpec>(mesh, gq);
+    auto k = ts::distribute<KSpec>(mesh, gk);
+    auto v = ts::distribute<KSpec>(mesh, gv);
+    const auto fused = ts::nn::scaled_dot_product_attention(q, k, v, o);
+    static_assert(std::is_same_v<std::remove_cvref_t<decltype(fused)>, decltype(q)>, "the output is laid out as the queries");
+    INFO(what << ": forward against the written-out attention");
+    TS_REQUIRE_ALL(compare(fused.gather(), written_out_attention(q, k, v, o).gather(), 1e-12) == "");
+    auto loss = [&](auto attend) {
+      return [attend](const auto& q, const auto& k, const auto& v) {
+        if constexpr (QRank == 5) return ts::sum<0, 1, 2, 3, 4>(ts::square(attend(q, k, v)));
+        else return ts::sum<0, 1, 2, 3>(ts::square(attend(q, k, v)));
+      };
+    };
+    const auto got = checked_gradients(what, loss([o](const auto& q, const auto& k, const auto& v) {
+                                         return ts::nn::scaled_dot_product_attention(q, k, v, o);
+                                       }),
+                                       q, k, v);
+    const auto want = ts::ad::value_and_grad(loss([o](const auto& q, const auto& k, const auto& v) {
+                                               return written_out_attention(q, k, v, o);
+                                             }),
+                                             q, k, v);
+    INFO(what << ": gradients against the written-out attention's");
+    TS_REQUIRE_ALL(compare(std::get<0>(got), std::get<1>(want).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(std::get<1>(got), std::get<2>(want).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(std::get<2>(got), std::get<3>(want).gather(), 1e-12) == "");
+    return got;
+  });
+}
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite differences and one rank: causal, "
+          "bidirectional, cross, sliding windows, grouped-query and multi-head, uneven splits",
+          "[ad][attention]") {
+  // [B, T, Dh, G, KV] = [3, 7, 4, 2, 3]: 3 rows over x and 3 key-value heads over y split unevenly.
+  check_attention<QS5, 5>("causal", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {});
+  check_attention<QS5, 5>("bidirectional cross-attention", {3, 7, 4, 2, 3}, {3, 5, 4, 3}, {.causal = false});
+  check_attention<QS5, 5>("causal, 3 queries after 4 cached keys", {3, 3, 4, 2, 3}, {3, 7, 4, 3}, {});
+  check_attention<QS5, 5>("causal, window 3, 3 queries after 4 cached keys", {3, 3, 4, 2, 3}, {3, 7, 4, 3}, {.window = 3});
+  check_attention<QS5, 5>("causal, window 3", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.window = 3});
+  check_attention<QS5, 5>("bidirectional, window 2", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.causal = false, .window = 2});
+  check_attention<QS5, 5>("scale 0.3", {2, 6, 3, 3, 2}, {2, 6, 3, 2}, {.scale = 0.3});
+  check_attention<KS4, 4>("multi-head", {3, 7, 4, 5}, {3, 7, 4, 5}, {});
+  // Longer than a block (64 queries, 128 keys): blocks skipped, masked on the diagonal and whole.
+  check_attention<QS5, 5>("causal, 150 positions", {1, 150, 2, 2, 2}, {1, 150, 2, 2}, {});
+  check_attention<QS5, 5>("causal, window 70 of 150", {1, 150, 2, 1, 2}, {1, 150, 2, 2}, {.window = 70});
+  // The sequence split (context parallelism's layout): resharded to whole sequences, the heads
+  // split over its axis too, and back; 7 positions over up to 6 ranks, 3 heads.
+  using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;
+  using TK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+  check_attention<TQ, 5, TK>("sequence over x, heads over y", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {});
+  check_attention<ts::Spec<ts::S<"y">, ts::S<"x">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
+      "sequence over x, batch over y; keys' sequence over both", {3, 9, 4, 2, 1}, {3, 9, 4, 1}, {.window = 4});
+  check_attention<ts::Spec<ts::R, ts::S<"y", "x">, ts::R, ts::R>, 4, ts::Spec<ts::R, ts::S<"y", "x">, ts::R, ts::R>>(
+      "multi-head, sequence over both axes, 2 heads", {2, 13, 4, 2}, {2, 13, 4, 2}, {});
+}
+
+TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad options on every rank", "[attention]") {
+  const M mesh({world_size(), 1});
+  const Eigen::Index T = 256;
+  auto q = ts::distribute<QS5>(mesh, global_random<5>({2, T, 4, 1, 1}, 50));
+  auto k = ts::distribute<KS4>(mesh, global_random<4>({2, T, 4, 1}, 51));
+  auto v = ts::distribute<KS4>(mesh, global_random<4>({2, T, 4, 1}, 54));
+  ts::reset_pool_peak();
+  const auto before = ts::pool_stats().bytes_in_use;
+  auto [loss, dq, dk, dv] = ts::ad::value_and_grad(
+      [](const auto& q, const auto& k, const auto& v) {
+        return ts::sum<0, 1, 2, 3, 4>(ts::square(ts::nn::scaled_dot_product_attention(q, k, v)));
+      },
+      q, k, v);
+  const auto peak = ts::pool_stats().peak_bytes_in_use - before;
+  INFO("pool peak " << peak << " bytes; one T x T score matrix is " << T * T * 8);
+  TS_REQUIRE_ALL(peak < std::uint64_t(T * T * 8 / 4));
+
+  auto says = [&](auto&& f, const std::string& text) {
+    std::string what;
+    try {
+      f();
+    } catch (const ts::Error& e) {
+      what = e.what();
+    }
+    INFO(what);
+    TS_REQUIRE_ALL(what.find(text) != std::string::npos);
+  };
+  auto k5 = ts::distribute<KS4>(mesh, global_random<4>({2, 5, 4, 1}, 52));
+  auto k3 = ts::distribute<KS4>(mesh, global_random<4>({2, T, 3, 1}, 53));
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.window = T + 1}); }, "a window of 257 keys");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k5, k5); }, "at least as many keys as queries");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); }, "with the queries' B, Dh and KV");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); }, "the scale must be finite and positive");
+}
+
 TEST_CASE("an in-place update of a parameter under a gradient is refused; of a copy it is differentiated", "[ad]") {
   const M mesh({world_size(), 1});
   struct Scaled : ts::nn::Module {

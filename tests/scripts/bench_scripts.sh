@@ -18,6 +18,7 @@ declare -A args=(
   [run_heat2d]="--n 64 --iters 2 --rounds 1"
   [run_io]="--n 64 --reps 1 --dir $scratch"
   [run_llama]=""
+  [run_long_context]=""
   [run_matmul]="--n 64 --reps 1"
   [run_mlp_step]="--B 8 --D 16 --H 32 --reps 1 --steps 1 --peak-n 64"
   [run_overhead]="--n 8 --calls 10 --reps 1"

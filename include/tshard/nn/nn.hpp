@@ -14,6 +14,7 @@
 #include "tshard/nn/functional/layer_norm.hpp"
 #include "tshard/nn/functional/pooling.hpp"
 #include "tshard/nn/functional/rotary.hpp"
+#include "tshard/nn/functional/scaled_dot_product_attention.hpp"
 #include "tshard/nn/functional/softmax.hpp"
 #include "tshard/nn/init.hpp"
 #include "tshard/nn/layers/attention.hpp"

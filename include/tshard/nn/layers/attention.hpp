@@ -1,13 +1,16 @@
 // The Attention layer: q, k, v projections [D, Dh, H] with the heads split like the QKV spec, an
 // output projection [Dh, H, D] whose product is a partial over the heads' axes (one all-reduce in
-// forward and one in backward, as Megatron), causal attention between them (its fused backward a
-// custom VJP: nn/functional/attention.hpp).
+// forward and one in backward, as Megatron), causal attention between them: the fused blockwise
+// kernel (nn/functional/scaled_dot_product_attention.hpp: no T x T scores) where the sequence and
+// head dims are whole on each rank, else the written-out one whose dims may all be split
+// (nn/functional/attention.hpp). Both are custom VJPs.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "tshard/nn/functional/attention.hpp"
+#include "tshard/nn/functional/scaled_dot_product_attention.hpp"
 #include "tshard/nn/init.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/einsum.hpp"
@@ -56,10 +59,18 @@ class Attention : public Module {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
-    auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
-    auto k = einsum<"btd,dkh->tbkh">(x, wk_);
-    auto v = einsum<"btd,dkh->tbkh">(x, wv_);
-    return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
+    using Q = decltype(einsum<"btd,dkh->btkh">(x, wq_));
+    if constexpr (!Q::is_partial && Q::spec_desc.dims[1].count == 0 && Q::spec_desc.dims[2].count == 0) {
+      auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]: T and Dh whole here
+      auto k = einsum<"btd,dkh->btkh">(x, wk_);
+      auto v = einsum<"btd,dkh->btkh">(x, wv_);
+      return einsum<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v), wo_) + bo_;
+    } else {
+      auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
+      auto k = einsum<"btd,dkh->tbkh">(x, wk_);
+      auto v = einsum<"btd,dkh->tbkh">(x, wv_);
+      return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
+    }
   }
 
  private:

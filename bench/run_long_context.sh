@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Long sequences on one rank (float):
+#  1. bench/attention_bench.cpp: attention forward + backward, ts::nn::scaled_dot_product_attention
+#     (fused, blockwise) against the same attention written out (T x T scores), per sequence
+#     length, B 2, 4 heads, Dh 16, with its FLOP rate against an sgemm's in the same run;
+#  2. train_llama --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps 2 at
+#     each --seq, --attention fused against --attention einsum (skipped above --written-max, as
+#     it needs T^2 memory): tokens/s, the buffer pool's peak and the resident memory's.
+#   bash bench/run_long_context.sh [--seq 1024,2048,4096,8192,16384] [--written-max 4096] [--reps 3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/prepare.sh
+bench_build "libopenblas-dev" tshard_bench_attention train_llama
+seqs=1024,2048,4096,8192,16384 written_max=4096 reps=3 steps=2
+[[ -n $bench_tiny ]] && seqs=64,160 written_max=64 reps=1 steps=1
+while (($#)); do
+  case $1 in
+    --seq) seqs=$2; shift 2 ;;
+    --written-max) written_max=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    *) echo "run_long_context.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+attention_seqs=$seqs
+[[ -z $bench_tiny ]] && attention_seqs=$(echo "$seqs" | tr , '\n' | awk '$1 <= 8192' | paste -sd,)
+echo "== attention alone"
+mpirun -np 1 "$bench_dir"/bench/tshard_bench_attention --seq "$attention_seqs" --written-max "$written_max" --reps "$reps"
+echo "== train_llama, one rank, float: --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps $steps"
+printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
+for t in ${seqs//,/ }; do
+  for attention in fused einsum; do
+    if [[ $attention == einsum ]] && ((t > written_max)); then
+      printf "%7s %-8s %12s\n" "$t" "$attention" "not run (T^2 memory; --written-max $written_max)"
+      continue
+    fi
+    out=$(mpirun -np 1 "$bench_dir"/examples/train_llama --seq "$t" --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 \
+      --vocab 256 --steps "$steps" --attention "$attention")
+    echo "$out" | awk -v t="$t" -v a="$attention" '
+      /^mesh/ { for (i = 1; i <= NF; i++) if ($i == "tokens/s,") s = $(i - 1) }
+      /^buffer pool/ { for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i + 1) / 1024 }
+      /^resident memory/ { for (i = 1; i <= NF; i++) if ($i == "model") r = $(i + 1) }
+      END { printf "%7s %-8s %12s %18.1f %22s\n", t, a, s, p, r }'
+  done
+done
+echo "reproduce: bash bench/run_long_context.sh --seq $seqs --written-max $written_max --reps $reps"
