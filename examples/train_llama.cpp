@@ -1,8 +1,8 @@
 // A Llama written as a user of tshard writes one: modules, forward only (the gradients are
-// derived), Hugging Face's parameter names and shapes, sharded over any {data, stage, model} mesh:
-// batch over "data"; heads (a query head beside the key-value head it reads), the MLP's hidden dim
-// and the vocabulary over "model" (Megatron's layout, by annotation); "stage" cuts the layers into
-// a pipeline. RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP, an untied lm_head.
+// derived), HF's names and shapes, over any {data, stage, context, model} mesh: batch over "data";
+// positions over "context" (attention reshards them to heads and back); heads (a query head beside
+// its key-value head), the MLP's hidden dim and the vocabulary over "model" (Megatron's layout, by
+// annotation); "stage" cuts the layers into a pipeline. RMSNorm, rotary, GQA, SwiGLU, untied head.
 //
 //   mpirun -np 4 ./train_llama --mesh data=2,model=2 --text README.md --steps 200 --generate 80 --prompt "The "
 //   mpirun -np 4 ./train_llama --mesh data=2,model=2 --double --check          # = the one-rank curve
@@ -24,8 +24,8 @@
 #include <vector>
 
 namespace ts = tshard;
-using M = ts::Mesh<"data", "stage", "model">;
-using Sub = ts::Mesh<"data", "model">;  // one pipeline stage
+using M = ts::Mesh<"data", "stage", "context", "model">;
+using Sub = ts::Mesh<"data", "context", "model">;  // one pipeline stage
 using Index = Eigen::Index;
 using ts::R, ts::S;
 
@@ -38,27 +38,28 @@ struct Options {
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1, temperature = 0;
   int top_k = 0, generate = 0, eval_every = 0, save_every = 0;
   bool vocab_given = false, show_sharding = false;
-  std::string schedule = "gpipe", prompt, text, data_file, save, resume, init, save_safetensors;
+  std::string schedule = "gpipe", attention = "fused", prompt, text, data_file, save, resume, init, save_safetensors;
   Index head_dim() const { return dmodel / heads; }
 };
 template <class T, class SpecT>
 using Weight = ts::train::HfWeight<T, Sub, SpecT>;  // one parameter "weight" in HF's layout
 
 
-using Activation = ts::Spec<S<"data">, R, R>;  // [B, T, D]: batch over data
+using Activation = ts::Spec<S<"data">, S<"context">, R>;  // [B, T, D]: batch over data, positions over context
 
 // Rotary tables of positions [offset, offset + t) (HF's rotate_half, theta 10000) for q and k
-// [B, T, Dh, ...], and the causal mask of those queries over keys [0, offset + t).
+// [B, T, Dh, ...]; for --attention einsum, the causal mask of those queries over keys [0, offset + t).
 template <class T>
 struct Positions {
   std::pair<ts::ShardedTensor<T, Sub, ts::Replicated<5>>, ts::ShardedTensor<T, Sub, ts::Replicated<5>>> q;  // [1, t, Dh, 1, 1]
   std::pair<ts::ShardedTensor<T, Sub, ts::Replicated<4>>, ts::ShardedTensor<T, Sub, ts::Replicated<4>>> k;  // [1, t, Dh, 1]
-  ts::ShardedTensor<T, Sub, ts::Replicated<5>> mask;  // [1, t, S, 1, 1]
-  Positions(const Sub& mesh, Index t, Index dh, Index offset)
-      : q(ts::nn::rotary_tables<T, 5, 1, 2>(mesh, t, dh, offset)), k(ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, dh, offset)),
-        mask(ts::from_function<T, ts::Replicated<5>>(mesh, {1, t, offset + t, 1, 1}, [=](const auto& i) {
-          return i[2] > offset + i[1] ? -std::numeric_limits<T>::infinity() : T(0);
-        })) {}
+  std::optional<ts::ShardedTensor<T, Sub, ts::Replicated<5>>> mask;  // [1, t, S, 1, 1]
+  Positions(const Sub& mesh, const Options& c, Index t, Index offset)
+      : q(ts::nn::rotary_tables<T, 5, 1, 2>(mesh, t, c.head_dim(), offset)), k(ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, c.head_dim(), offset)) {
+    if (c.attention == "einsum")
+      mask.emplace(ts::from_function<T, ts::Replicated<5>>(
+          mesh, {1, t, offset + t, 1, 1}, [=](const auto& i) { return i[2] > offset + i[1] ? -std::numeric_limits<T>::infinity() : T(0); }));
+  }
   template <class X>
   auto rope(const X& x) const {
     if constexpr (X::rank == 5) return ts::nn::rotary<2>(x, q.first, q.second);
@@ -67,8 +68,8 @@ struct Positions {
 };
 
 template <class T>
-struct KvCache {  // [B, S, Dh, KV] per layer: batch over data, key-value heads over model
-  std::optional<ts::ShardedTensor<T, Sub, ts::Spec<S<"data">, R, R, S<"model">>>> k, v;
+struct KvCache {  // [B, S, Dh, KV] per layer: batch over data, positions over context, key-value heads over model
+  std::optional<ts::ShardedTensor<T, Sub, ts::Spec<S<"data">, S<"context">, R, S<"model">>>> k, v;
 };
 
 template <class T>
@@ -109,7 +110,9 @@ struct Attention : ts::nn::Module {  // grouped-query: query head g of group v r
   }
   template <class Q, class K, class V>
   auto attend(const Q& q, const K& k, const V& v, const Positions<T>& pos) {
-    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + pos.mask);
+    if (!pos.mask)  // fused, blockwise: no T x S scores (the queries are the last positions of the keys')
+      return ts::einsum<"btkgv,dkgv->btd">(ts::nn::scaled_dot_product_attention(q, k, v, {.scale = double(scale)}), o_proj.weight);
+    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + *pos.mask);
     return ts::einsum<"btkgv,dkgv->btd">(ts::einsum<"btsgv,bskv->btkgv">(p, v), o_proj.weight);
   }
 };
@@ -166,8 +169,7 @@ struct LlamaModel : ts::nn::Module {
     if (embeds) register_module("embed_tokens", embed_tokens.emplace(mesh, "model.embed_tokens.weight", std::array<Index, 2>{c.vocab, c.dmodel}, std::vector<Index>{c.vocab, c.dmodel}, c.seed));
     register_module("layers", layers);
     for (int l = first; l < last; ++l)
-      layers.register_module(std::to_string(l), *list.emplace_back(
-          std::make_unique<DecoderLayer<T>>(mesh, c, "model.layers." + std::to_string(l) + ".")));
+      layers.register_module(std::to_string(l), *list.emplace_back(std::make_unique<DecoderLayer<T>>(mesh, c, "model.layers." + std::to_string(l) + ".")));
     if (norms) register_module("norm", norm.emplace(mesh, c, "model.norm.weight"));
   }
 };
@@ -175,7 +177,7 @@ struct LlamaModel : ts::nn::Module {
 
 template <class T>
 class LlamaStage : public ts::nn::Module {
-  using Rows = ts::Spec<S<"data">, R>;  // [B, T] ids
+  using Rows = ts::Spec<S<"data">, S<"context">>;  // [B, T] ids
   M mesh_;  // (declared first: the modules below are built from them)
   Sub sub_;
   Options c_;
@@ -190,11 +192,10 @@ class LlamaStage : public ts::nn::Module {
   Index eval_first = 0;  // the evaluated batch's first held-out window
 
   LlamaStage(const M& mesh, const Options& o, const ts::nn::Pipeline<M>& pipe, const ts::train::TokenWindows* text)
-      : mesh_(mesh), sub_(mesh.submesh<"data", "model">()), c_(o), first_(pipe.first()), last_(pipe.last()), text_(text),
+      : mesh_(mesh), sub_(mesh.submesh<"data", "context", "model">()), c_(o), first_(pipe.first()), last_(pipe.last()), text_(text),
         model(sub_, o, pipe.partition(o.layers).first, pipe.partition(o.layers).second, first_, last_) {
     register_module("model", model);
-    if (last_) register_module("lm_head", lm_head.emplace(sub_, "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel},
-                                                          std::vector<Index>{o.vocab, o.dmodel}, o.seed));
+    if (last_) register_module("lm_head", lm_head.emplace(sub_, "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
     if (!o.data_file.empty() && (first_ || last_)) data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_llama: --data");
   }
 
@@ -204,7 +205,7 @@ class LlamaStage : public ts::nn::Module {
   // ---- the stage's forward (first: ids -> embeddings; each: its layers) and loss (last) ----
   Activation boundary(const ts::nn::MicroBatch& mb) const { return Activation(sub_, {rows(mb), c_.seq, c_.dmodel}); }
   Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
-    const Positions<T> pos(sub_, c_.seq, c_.head_dim(), 0);
+    const Positions<T> pos(sub_, c_, c_.seq, 0);
     Activation x = first_ ? ts::reshard<::Activation>(ts::nn::embedding(model.embed_tokens->weight, ids(mb, 0))) : *in;
     for (auto& layer : model.list) x = (*layer)(x, pos);
     return x;
@@ -221,7 +222,7 @@ class LlamaStage : public ts::nn::Module {
   // activations on to the next stage; the last stage returns the last position's logits.
   std::vector<double> cached_logits(const std::vector<std::int32_t>& seq, Index offset, std::vector<KvCache<T>>& caches) {
     const Index t = Index(seq.size()) - offset;
-    const Positions<T> pos(sub_, t, c_.head_dim(), offset);
+    const Positions<T> pos(sub_, c_, t, offset);
     const int s = mesh_.coord<"stage">();
     Activation x(sub_, {1, t, c_.dmodel});
     if (first_)
@@ -254,7 +255,7 @@ class LlamaStage : public ts::nn::Module {
 Options parse(int argc, char** argv) {
   Options o;
   ts::train::Flags f("train_llama", argc, argv);
-  f.mesh<M>("--mesh", o.mesh, {"data", "model", "stage"})
+  f.mesh<M>("--mesh", o.mesh, {"data", "model", "stage", "context"})
       .value("--steps", o.steps).value("--layers", o.layers).value("--seed", o.seed).value("--zero", o.zero)
       .flag("--double", o.use_double).value("--batch", o.batch).value("--seq", o.seq).value("--dmodel", o.dmodel)
       .value("--heads", o.heads).value("--kv-heads", o.kv_heads).value("--hidden", o.hidden).value("--lr", o.lr)
@@ -265,7 +266,7 @@ Options parse(int argc, char** argv) {
       .value("--resume", o.resume).value("--init", o.init).value("--save-safetensors", o.save_safetensors)
       .value("--generate", o.generate).value("--prompt", o.prompt).value("--temperature", o.temperature)
       .value("--top-k", o.top_k).flag("--no-kv-cache", o.kv_cache, false).flag("--show-sharding", o.show_sharding)
-      .choice("--schedule", o.schedule, {"gpipe", "1f1b"})
+      .choice("--schedule", o.schedule, {"gpipe", "1f1b"}).choice("--attention", o.attention, {"fused", "einsum"})
       .parse();
   if (!o.text.empty() && o.vocab_given && o.vocab != 256)
     f.fail("--text trains on bytes: the vocabulary is 256, not --vocab " + std::to_string(o.vocab));
@@ -299,7 +300,7 @@ std::vector<std::int32_t> generate(const M& mesh, const Options& o, LlamaStage<T
   for (unsigned char ch : o.prompt) prompt.push_back(std::int32_t(ch % o.vocab));
   if (prompt.empty()) prompt.push_back(0);
   std::vector<KvCache<T>> caches(stage.model.list.size());
-  const int root = (mesh.size<"stage">() - 1) * mesh.size<"model">();  // coordinates (0, K-1, 0)
+  const int root = (mesh.size<"stage">() - 1) * mesh.size<"context">() * mesh.size<"model">();  // coordinates (0, K-1, 0, 0)
   return ts::train::generate(mesh, prompt, o.generate, {o.temperature, o.top_k, std::uint64_t(o.seed)}, root,
                              [&](const std::vector<std::int32_t>& seq, int n) {
     if (!o.kv_cache) caches.assign(caches.size(), {});  // the whole sequence every time
@@ -324,9 +325,9 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches, const ts:
                                   .schedule = o.schedule == "1f1b" ? ts::nn::Schedule::OneFOneB : ts::nn::Schedule::GPipe,
                                   .remat = o.remat});
   LlamaStage<T> stage(mesh, o, pipe, text);
-  if (!o.init.empty()) ts::train::load_hf_weights(mesh.submesh<"data", "model">().comm(), o.init, stage);  // each stage its own
+  if (!o.init.empty()) ts::train::load_hf_weights(mesh.submesh<"data", "context", "model">().comm(), o.init, stage);  // each stage its own
   ts::nn::AdamW opt({.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay,
-                     .zero_stage = zero, .overlap = o.overlap});
+                     .zero_stage = zero, .data_axis = "data,context", .overlap = o.overlap});
   opt.add(stage, ts::nn::decay_matrices_only(o.weight_decay));
   opt.set_norm_mesh(mesh);
   if (files && o.show_sharding && pipe.first() && pipe.last()) {  // how a few weights lie on the {data, model} ranks
@@ -382,7 +383,7 @@ int run_all(const M& mesh, const Options& o, const ts::train::TokenWindows* text
   bool ok = true, same_sample = true;
   double worst = 0;
   if (o.check) {  // the one-rank curve (and sample), unpipelined, on every rank alone
-    const Run serial = train<T>(M(MPI_COMM_SELF, {1, 1, 1}), o, 0, 1, text, false);
+    const Run serial = train<T>(M(MPI_COMM_SELF, {1, 1, 1, 1}), o, 0, 1, text, false);
     worst = ts::train::largest_relative_difference(run.losses, serial.losses, std::size_t(run.first_step));
     for (std::size_t e = 0; e < run.evals.size() && e < serial.evals.size(); ++e)
       worst = std::max(worst, std::abs(run.evals[e].second - serial.evals[e].second) / serial.evals[e].second);
@@ -400,10 +401,10 @@ int run_all(const M& mesh, const Options& o, const ts::train::TokenWindows* text
     const double n = double(o.layers) * (2 + 2 * kv) * double(o.dmodel * o.dmodel) + 3.0 * o.layers * o.dmodel * o.hidden +
                      double(o.vocab * o.dmodel);  // the weights a token multiplies (not the embedding)
     const double flops = tokens * (6 * n + 12.0 * o.layers * double(o.seq) * double(o.dmodel));
-    if (o.steps > run.first_step)
-      std::printf("mesh {data, stage, model} = {%d, %d, %d}, zero %d, %s: %.0f tokens/s, %.2f GFLOP/s\n", mesh.size<"data">(),
-                  mesh.size<"stage">(), mesh.size<"model">(), o.zero, sizeof(T) == 8 ? "double" : "float", tokens / per_step,
-                  flops / per_step / 1e9);
+    const std::string cp = mesh.size<"context">() > 1 ? "context, " : "", cs = cp.empty() ? "" : std::to_string(mesh.size<"context">()) + ", ";
+    if (o.steps > run.first_step)  // (context named where it is used)
+      std::printf("mesh {data, stage, %smodel} = {%d, %d, %s%d}, zero %d, %s: %.0f tokens/s, %.2f GFLOP/s\n", cp.c_str(), mesh.size<"data">(),
+                  mesh.size<"stage">(), cs.c_str(), mesh.size<"model">(), o.zero, sizeof(T) == 8 ? "double" : "float", tokens / per_step, flops / per_step / 1e9);
   }
   run.memory.print(mesh);
   if (o.check && mesh.rank() == 0)

@@ -2,14 +2,18 @@
 # The md5 of every example's "step N loss L" lines on the layouts a change must leave bitwise as
 # they were (or, where an order of summation changes, explain): run it with the binaries before and
 # after a change and compare the two listings line by line.
-#   bash scripts/curve_digests.sh BUILD_DIR [name-filter]
+#   bash scripts/curve_digests.sh BUILD_DIR [name-filter] [--against OTHER_BUILD_DIR]
 # BUILD_DIR holds examples/train_transformer, train_llama, train_unet and train_mlp (a build tree).
 # Prints "<layout> <md5> <last step line>" per layout; a run that fails prints FAILED instead.
+# With --against, each layout also runs OTHER_BUILD_DIR's binaries and prints the largest relative
+# difference of their losses from BUILD_DIR's (0 where the curves are bitwise equal).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-build=${1:?usage: curve_digests.sh BUILD_DIR [filter]}
-filter=${2:-}
+build=${1:?usage: curve_digests.sh BUILD_DIR [filter] [--against OTHER_BUILD_DIR]}
+filter=${2:-} other=
+[[ $filter == --against ]] && filter= other=${3:?--against needs a build directory}
+[[ ${3:-} == --against ]] && other=${4:?--against needs a build directory}
 bin="$build/examples"
 tt=(--steps 6 --layers 2 --dmodel 32 --heads 4 --seq 16 --batch 8 --vocab 64)
 llama=(--steps 6 --layers 2 --dmodel 32 --heads 4 --kv-heads 2 --seq 16 --batch 8 --vocab 64)
@@ -38,7 +42,13 @@ for run in "${runs[@]}"; do
   read -r -a argv <<<"$cmd"
   if out=$(mpirun -np "$np" --oversubscribe "$bin/${argv[0]}" "${argv[@]:1}" 2>&1); then
     steps=$(grep '^step ' <<<"$out")
-    printf '%-36s %s %s\n' "$name" "$(md5sum <<<"$steps" | cut -c1-12)" "$(tail -n 1 <<<"$steps")"
+    printf '%-36s %s %s' "$name" "$(md5sum <<<"$steps" | cut -c1-12)" "$(tail -n 1 <<<"$steps")"
+    if [[ -n $other ]]; then
+      theirs=$(mpirun -np "$np" --oversubscribe "$other/examples/${argv[0]}" "${argv[@]:1}" 2>&1 | grep '^step ')
+      paste <(awk '{print $4}' <<<"$steps") <(awk '{print $4}' <<<"$theirs") |
+        awk 'BEGIN { w = 0 } { d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > w) w = d } END { printf "   against: %.2e", w }'
+    fi
+    echo
   else
     printf '%-36s FAILED\n' "$name"
     tail -n 3 <<<"$out" | sed 's/^/    /'
