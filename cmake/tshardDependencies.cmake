@@ -50,6 +50,22 @@ macro(tshard_find_hdf5)
   endif()
 endmacro()
 
+# PCRE2 (8-bit) for the Unicode patterns of train/tokenizer.hpp (Debian: libpcre2-dev; elsewhere
+# PCRE2_ROOT). Sets TSHARD_PCRE2_FOUND and, where found, the imported target tshard_pcre2::pcre2.
+macro(tshard_find_pcre2)
+  set(TSHARD_PCRE2_FOUND FALSE)
+  find_path(TSHARD_PCRE2_INCLUDE_DIR pcre2.h HINTS ${PCRE2_ROOT} ENV PCRE2_ROOT PATH_SUFFIXES include)
+  find_library(TSHARD_PCRE2_LIBRARY NAMES pcre2-8 HINTS ${PCRE2_ROOT} ENV PCRE2_ROOT PATH_SUFFIXES lib)
+  if(TSHARD_PCRE2_INCLUDE_DIR AND TSHARD_PCRE2_LIBRARY)
+    if(NOT TARGET tshard_pcre2::pcre2)
+      add_library(tshard_pcre2::pcre2 INTERFACE IMPORTED)
+      set_target_properties(tshard_pcre2::pcre2 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TSHARD_PCRE2_INCLUDE_DIR}"
+                                                           INTERFACE_LINK_LIBRARIES "${TSHARD_PCRE2_LIBRARY}")
+    endif()
+    set(TSHARD_PCRE2_FOUND TRUE)
+  endif()
+endmacro()
+
 # tshard_precompile_headers(target): precompiles <tshard/tshard.hpp> (with Eigen, MPI and the
 # standard headers it pulls in) for target. It saves the parse, about 7 s a file on a 2-core
 # machine: most of what an -O2 model file costs is code generation of its instantiations, which

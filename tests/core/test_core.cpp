@@ -1,5 +1,6 @@
 // Core arithmetic without MPI: rank <-> coordinates, size inference, shard arithmetic,
-// descriptors, the box iterator, halo geometry and the reshard planner's choices.
+// descriptors, the box iterator, halo geometry, the reshard planner's choices, and a tokenizer built
+// without PCRE2.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -14,6 +15,7 @@
 #include "tshard/io/npy_format.hpp"
 #include "tshard/io/safetensors_format.hpp"
 #include "tshard/reshard/plan.hpp"
+#include "tshard/train/tokenizer.hpp"
 
 using namespace tshard::detail;
 namespace ts = tshard;
@@ -458,4 +460,14 @@ TEST_CASE("halo geometry: every window element comes from its owner once, and bo
       }
     }
   }
+}
+
+// (This file is built without PCRE2: the component tshard::tokenizer is what brings it.)
+TEST_CASE("without a Unicode regex engine, a tokenizer.json with a pattern is one error saying how to get one", "[tokenizer]") {
+  STATIC_REQUIRE(!ts::train::has_unicode_regex);
+  const std::string bpe = R"("model": {"type": "BPE", "vocab": {"a": 0}, "merges": []})";
+  CHECK_THROWS_WITH(ts::train::Tokenizer("{" + bpe + R"(, "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})", "t.json"),
+                    Catch::Contains("needs a Unicode regex engine: this build of tshard has none (install libpcre2-dev"));
+  // A file without patterns needs none.
+  CHECK(ts::train::Tokenizer("{" + bpe + "}", "t.json").encode("aa") == std::vector<std::int32_t>{0, 0});
 }

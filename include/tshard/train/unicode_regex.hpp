@@ -1,0 +1,99 @@
+// A Unicode regular expression over UTF-8 text (PCRE2, Perl semantics: leftmost-first), for the
+// pre-tokenizer patterns of tokenizer.json files (\p{L}, \p{N}, lookahead, (?i:...)). PCRE2 is an
+// optional dependency: the component tshard::tokenizer defines TSHARD_WITH_PCRE2 and links it;
+// without it, making a UnicodeRegex is an IoError that says how to get it, never a fall-back.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tshard/core/error.hpp"
+#include "tshard/train/byte_level.hpp"
+
+#if defined(TSHARD_WITH_PCRE2)
+#ifndef PCRE2_CODE_UNIT_WIDTH
+#define PCRE2_CODE_UNIT_WIDTH 8
+#endif
+#include <pcre2.h>
+#endif
+
+namespace tshard::train {
+
+// Whether this build has a Unicode regex engine (and so byte-level BPE tokenizers).
+inline constexpr bool has_unicode_regex =
+#if defined(TSHARD_WITH_PCRE2)
+    true;
+#else
+    false;
+#endif
+
+
+class UnicodeRegex {
+ public:
+  // Compiles `pattern` (UTF-8, Unicode properties and classes; JIT where PCRE2 has it). `what`
+  // names the pattern in errors.
+  UnicodeRegex(const std::string& pattern, const std::string& what) : what_(what) {
+#if defined(TSHARD_WITH_PCRE2)
+    int code = 0;
+    PCRE2_SIZE at = 0;
+    pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &code, &at, nullptr);
+    if (!re) throw IoError(what_ + ": the pattern does not compile at byte " + std::to_string(at) + ": " + message(code));
+    code_.reset(re, [](pcre2_code* c) { pcre2_code_free(c); });
+    jit_ = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0;
+#else
+    (void)pattern;
+    throw IoError(what_ + " needs a Unicode regex engine: this build of tshard has none (install libpcre2-dev, "
+                  "reconfigure, and link tshard::tokenizer)");
+#endif
+  }
+
+  // Every non-overlapping match of the pattern in `text`, left to right, as [begin, end) byte
+  // offsets (an empty match is skipped, and the search goes on one character later). `text` must
+  // be well-formed UTF-8 (checked once here, not per match).
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+#if defined(TSHARD_WITH_PCRE2)
+    if (const std::size_t bad = detail::first_invalid_utf8(text); bad != std::string_view::npos)
+      throw IoError(what_ + ": the text is not valid UTF-8 at byte " + std::to_string(bad));
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
+        pcre2_match_data_create_from_pattern(code_.get(), nullptr), [](pcre2_match_data* d) { pcre2_match_data_free(d); });
+    std::size_t start = 0;
+    while (start <= text.size()) {
+      const int rc = jit_ ? pcre2_jit_match(code_.get(), subject, text.size(), start, 0, data.get(), nullptr)
+                          : pcre2_match(code_.get(), subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) throw IoError(what_ + ": matching failed: " + message(rc));
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data.get());
+      if (v[1] > v[0]) {
+        out.emplace_back(v[0], v[1]);
+        start = v[1];
+      } else {  // an empty match: on to the next character
+        start = v[0] + 1;
+        while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xc0) == 0x80) ++start;
+      }
+    }
+#else
+    (void)text;
+#endif
+    return out;
+  }
+
+ private:
+#if defined(TSHARD_WITH_PCRE2)
+  static std::string message(int code) {
+    PCRE2_UCHAR buffer[256];
+    pcre2_get_error_message(code, buffer, sizeof buffer);
+    return reinterpret_cast<const char*>(buffer);
+  }
+  std::shared_ptr<pcre2_code> code_;  // (shared: copies match with it; matching does not change it)
+  bool jit_ = false;
+#endif
+  std::string what_;
+};
+
+}  // namespace tshard::train
