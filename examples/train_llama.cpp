@@ -2,16 +2,16 @@
 // derived), HF's names and shapes, over any {data, stage, context, model} mesh: batch over "data";
 // positions over "context" (attention reshards them to heads and back); heads (a query head beside
 // its key-value head), the MLP's hidden dim and the vocabulary over "model" (Megatron's layout, by
-// annotation); "stage" cuts the layers into a pipeline. RMSNorm, rotary, GQA, SwiGLU, untied head.
+// annotation); "stage" cuts the layers into a pipeline. RMSNorm, rotary, GQA, SwiGLU.
 //
 //   mpirun -np 4 ./train_llama --mesh data=2,model=2 --text README.md --steps 200 --generate 80 --prompt "The "
 //   mpirun -np 4 ./train_llama --mesh data=2,model=2 --double --check          # = the one-rank curve
-//   mpirun -np 2 ./train_llama --init model.safetensors --steps 0 --generate 40 --prompt "Once"
+//   mpirun -np 2 ./train_llama --hf SmolLM-135M --text notes.txt --steps 100 --save-hf tuned --generate 40 --prompt "Once"
 //
-// Data: train_transformer's synthetic task, --text FILE (bytes; the last tenth held out for
-// --eval-every K) or --data FILE (int32 .npy [N, seq + 1]). Files: --init, --save-safetensors (HF's
-// layout), --save DIR [--save-every K], --resume DIR (any mesh). Output: "step <n> loss <l>" per
-// step, the sample ("sample: <bytes>" with vocab 256, else "tokens: <ids>"), throughput, memory.
+// Data: a synthetic task, --text FILE (bytes, or a tokenizer's ids; the last tenth held out for
+// --eval-every K) or --data FILE (int32 .npy [N, seq + 1]). Files: --init and --save-safetensors (HF's
+// layout), --hf DIR and --save-hf DIR (transformers' directories: config, weights, tokenizer), --save DIR
+// [--save-every K], --resume DIR (any mesh). Output: "step <n> loss <l>" per step, the sample, throughput, memory.
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -37,9 +37,17 @@ struct Options {
   Index batch = 8, seq = 16, dmodel = 32, heads = 4, kv_heads = 0, vocab = 64, hidden = 0;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1, temperature = 0;
   int top_k = 0, generate = 0, eval_every = 0, save_every = 0;
-  bool vocab_given = false, show_sharding = false;
-  std::string schedule = "gpipe", attention = "fused", prompt, text, data_file, save, resume, init, save_safetensors;
-  Index head_dim() const { return dmodel / heads; }
+  bool show_sharding = false;
+  std::string schedule = "gpipe", attention = "fused", prompt, text, data_file, save, resume, init, save_safetensors, hf, save_hf;
+  ts::train::LlamaConfig llama{.rms_norm_eps = 1e-5};  // the head dim, norm eps, rotary and tying (--hf's config.json)
+  std::shared_ptr<const ts::train::HfDirectory> dir;   // --hf's
+  Index head_dim() const { return llama.head_dim ? llama.head_dim : dmodel / heads; }
+  const ts::train::Tokenizer* tokenizer() const { return dir && dir->tokenizer ? &*dir->tokenizer : nullptr; }
+  ts::train::LlamaConfig config() const {  // HF's config of these sizes
+    ts::train::LlamaConfig c = llama;
+    c.hidden_size = dmodel, c.intermediate_size = hidden, c.num_hidden_layers = layers, c.num_attention_heads = heads, c.num_key_value_heads = kv_heads;
+    return c.vocab_size = vocab, c.head_dim = head_dim(), c;
+  }
 };
 template <class T, class SpecT>
 using Weight = ts::train::HfWeight<T, Sub, SpecT>;  // one parameter "weight" in HF's layout
@@ -55,7 +63,7 @@ struct Positions {
   std::pair<ts::ShardedTensor<T, Sub, ts::Replicated<4>>, ts::ShardedTensor<T, Sub, ts::Replicated<4>>> k;  // [1, t, Dh, 1]
   std::optional<ts::ShardedTensor<T, Sub, ts::Replicated<5>>> mask;  // [1, t, S, 1, 1]
   Positions(const Sub& mesh, const Options& c, Index t, Index offset)
-      : q(ts::nn::rotary_tables<T, 5, 1, 2>(mesh, t, c.head_dim(), offset)), k(ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, c.head_dim(), offset)) {
+      : q(ts::nn::rotary_tables<T, 5, 1, 2>(mesh, t, c.head_dim(), offset, c.llama.rope)), k(ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, c.head_dim(), offset, c.llama.rope)) {
     if (c.attention == "einsum")
       mask.emplace(ts::from_function<T, ts::Replicated<5>>(
           mesh, {1, t, offset + t, 1, 1}, [=](const auto& i) { return i[2] > offset + i[1] ? -std::numeric_limits<T>::infinity() : T(0); }));
@@ -74,10 +82,11 @@ struct KvCache {  // [B, S, Dh, KV] per layer: batch over data, positions over c
 
 template <class T>
 struct RmsNorm : Weight<T, ts::Spec<R>> {
-  RmsNorm(const Sub& mesh, const Options& c, const std::string& name) : Weight<T, ts::Spec<R>>(mesh, name, {c.dmodel}, {c.dmodel}, c.seed, 0.02, true) {}
+  T eps;
+  RmsNorm(const Sub& mesh, const Options& c, const std::string& name) : Weight<T, ts::Spec<R>>(mesh, name, {c.dmodel}, {c.dmodel}, c.seed, 0.02, true), eps(T(c.llama.rms_norm_eps)) {}
   template <class X>
   auto operator()(const X& x) {
-    return x * (T(1) / ts::sqrt(ts::mean<2>(x * x, ts::keep_dims) + T(1e-5))) * this->weight;
+    return x * (T(1) / ts::sqrt(ts::mean<2>(x * x, ts::keep_dims) + eps)) * this->weight;
   }
 };
 
@@ -195,7 +204,7 @@ class LlamaStage : public ts::nn::Module {
       : mesh_(mesh), sub_(mesh.submesh<"data", "context", "model">()), c_(o), first_(pipe.first()), last_(pipe.last()), text_(text),
         model(sub_, o, pipe.partition(o.layers).first, pipe.partition(o.layers).second, first_, last_) {
     register_module("model", model);
-    if (last_) register_module("lm_head", lm_head.emplace(sub_, "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
+    if (last_ && !o.llama.tie_word_embeddings) register_module("lm_head", lm_head.emplace(sub_, "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
     if (!o.data_file.empty() && (first_ || last_)) data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_llama: --data");
   }
 
@@ -210,7 +219,7 @@ class LlamaStage : public ts::nn::Module {
     for (auto& layer : model.list) x = (*layer)(x, pos);
     return x;
   }
-  auto logits(const Activation& x) { return ts::einsum<"btd,vd->btv">((*model.norm)(x), lm_head->weight); }
+  auto logits(const Activation& x) { return ts::einsum<"btd,vd->btv">((*model.norm)(x), c_.llama.tie_word_embeddings ? model.embed_tokens->weight : lm_head->weight); }
   auto loss(const ts::nn::MicroBatch& mb, const Activation* in) {
     auto z = logits(forward(mb, in));
     auto loss = ts::nn::cross_entropy(z, ids(mb, 1));
@@ -259,7 +268,7 @@ Options parse(int argc, char** argv) {
       .value("--steps", o.steps).value("--layers", o.layers).value("--seed", o.seed).value("--zero", o.zero)
       .flag("--double", o.use_double).value("--batch", o.batch).value("--seq", o.seq).value("--dmodel", o.dmodel)
       .value("--heads", o.heads).value("--kv-heads", o.kv_heads).value("--hidden", o.hidden).value("--lr", o.lr)
-      .custom("--vocab", [&](const std::string& v) { o.vocab = std::atol(v.c_str()), o.vocab_given = true; })
+      .value("--vocab", o.vocab)
       .value("--clip", o.clip).value("--weight-decay", o.weight_decay).value("--microbatches", o.microbatches)
       .flag("--remat", o.remat).flag("--overlap", o.overlap).flag("--check", o.check).value("--data", o.data_file)
       .value("--text", o.text).value("--eval-every", o.eval_every).value("--save", o.save).value("--save-every", o.save_every)
@@ -267,16 +276,26 @@ Options parse(int argc, char** argv) {
       .value("--generate", o.generate).value("--prompt", o.prompt).value("--temperature", o.temperature)
       .value("--top-k", o.top_k).flag("--no-kv-cache", o.kv_cache, false).flag("--show-sharding", o.show_sharding)
       .choice("--schedule", o.schedule, {"gpipe", "1f1b"}).choice("--attention", o.attention, {"fused", "einsum"})
-      .parse();
-  if (!o.text.empty() && o.vocab_given && o.vocab != 256)
+      .value("--hf", o.hf).value("--save-hf", o.save_hf).parse();
+  if (!o.hf.empty()) {  // the sizes, norm, rotary, tying, weights and tokenizer of a transformers directory
+    for (const char* size : {"--dmodel", "--heads", "--kv-heads", "--hidden", "--layers", "--vocab", "--init"})
+      if (f.given(size)) f.fail(std::string(size) + " comes from " + o.hf + " with --hf");
+    o.dir = std::make_shared<const ts::train::HfDirectory>(ts::train::HfDirectory::open(MPI_COMM_WORLD, o.hf));
+    const auto& c = o.llama = o.dir->config;
+    o.dmodel = c.hidden_size, o.hidden = c.intermediate_size, o.layers = int(c.num_hidden_layers), o.heads = c.num_attention_heads, o.init = o.hf;
+    o.kv_heads = c.kv_heads(), o.vocab = c.vocab_size;
+    if (c.tie_word_embeddings && o.mesh.sizes[1] > 1) f.fail("a tied head (tie_word_embeddings) and --mesh stage>1: the embedding and the head sit on two stages");
+    if (!o.text.empty() && !o.tokenizer()) f.fail("--text with --hf needs " + o.hf + "/tokenizer.json");
+    if (o.tokenizer() && Index(o.tokenizer()->vocab_size()) > o.vocab) f.fail("tokenizer.json's ids reach past config.json's vocab_size");
+  } else if (!o.text.empty() && f.given("--vocab") && o.vocab != 256)
     f.fail("--text trains on bytes: the vocabulary is 256, not --vocab " + std::to_string(o.vocab));
-  o.vocab = o.text.empty() ? o.vocab : 256, o.kv_heads = o.kv_heads ? o.kv_heads : o.heads, o.hidden = o.hidden ? o.hidden : 4 * o.dmodel;
+  o.vocab = o.text.empty() || o.dir ? o.vocab : 256, o.kv_heads = o.kv_heads ? o.kv_heads : o.heads, o.hidden = o.hidden ? o.hidden : 4 * o.dmodel;
   if (o.zero < 0 || o.zero > 3) f.fail("--zero takes 0, 1, 2 or 3");
   if (o.batch < 1 || o.seq < 1 || o.dmodel < 1 || o.heads < 1 || o.kv_heads < 1 || o.hidden < 1 || o.vocab < 2 || o.layers < 0 ||
       o.steps < 0 || o.generate < 0 || o.top_k < 0 || o.temperature < 0)
     f.fail("sizes must be positive (and --vocab at least 2)");
   if (o.heads % o.kv_heads != 0) f.fail("--kv-heads " + std::to_string(o.kv_heads) + " must divide --heads " + std::to_string(o.heads));
-  if (o.dmodel % o.heads != 0 || (o.dmodel / o.heads) % 2 != 0)
+  if (!o.dir && (o.dmodel % o.heads != 0 || (o.dmodel / o.heads) % 2 != 0))
     f.fail("--heads must divide --dmodel into an even head dim (rotary pairs i with i + Dh/2)");
   if (o.microbatches < 1 || o.batch % o.microbatches != 0) f.fail("--microbatches must divide --batch");
   if (o.save_every < 0 || (o.save_every > 0 && o.save.empty())) f.fail("--save-every K needs --save DIR");
@@ -296,30 +315,21 @@ ts::train::RunSettings checkpoint_settings(const Options& o) {
 // --no-kv-cache by a forward of the whole sequence through the stages for each token.
 template <class T>
 std::vector<std::int32_t> generate(const M& mesh, const Options& o, LlamaStage<T>& stage) {
-  std::vector<std::int32_t> prompt;
-  for (unsigned char ch : o.prompt) prompt.push_back(std::int32_t(ch % o.vocab));
+  std::vector<std::int32_t> prompt = ts::train::prompt_ids(o.prompt, o.tokenizer(), o.vocab);
   if (prompt.empty()) prompt.push_back(0);
   std::vector<KvCache<T>> caches(stage.model.list.size());
   const int root = (mesh.size<"stage">() - 1) * mesh.size<"context">() * mesh.size<"model">();  // coordinates (0, K-1, 0, 0)
-  return ts::train::generate(mesh, prompt, o.generate, {o.temperature, o.top_k, std::uint64_t(o.seed)}, root,
+  const std::vector<std::int32_t> eos = o.dir ? o.dir->config.eos_token_ids : std::vector<std::int32_t>();
+  return ts::train::generate(mesh, prompt, o.generate, {o.temperature, o.top_k, std::uint64_t(o.seed), eos}, root,
                              [&](const std::vector<std::int32_t>& seq, int n) {
     if (!o.kv_cache) caches.assign(caches.size(), {});  // the whole sequence every time
     return stage.cached_logits(seq, o.kv_cache && n > 0 ? Index(seq.size()) - 1 : 0, caches);  // (the last stage's)
   });
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<std::pair<int, double>> evals;  // (after step, held-out loss)
-  std::vector<std::int32_t> sample;
-  double seconds = 0, sampling_seconds = 0;
-  int first_step = 0;
-  ts::train::MemoryMeter memory;
-};
-
 template <class T>
-Run train(const M& mesh, const Options& o, int zero, int microbatches, const ts::train::TokenWindows* text, bool files) {
-  Run run;
+ts::train::RunLog train(const M& mesh, const Options& o, int zero, int microbatches, const ts::train::TokenWindows* text, bool files) {
+  ts::train::RunLog run;
   run.memory.start();
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches,
                                   .schedule = o.schedule == "1f1b" ? ts::nn::Schedule::OneFOneB : ts::nn::Schedule::GPipe,
@@ -364,10 +374,9 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches, const ts:
   }
   run.memory.measure(mesh);
   if (files && !o.save.empty()) save(std::max(run.first_step, o.steps));
-  if (files && !o.save_safetensors.empty()) {
-    opt.gather_parameters();  // (ZeRO-3: reshaped into HF's layout, they must be present)
-    ts::train::save_hf_weights(mesh.comm(), o.save_safetensors, stage);
-  }
+  if (files && (!o.save_safetensors.empty() || !o.save_hf.empty())) opt.gather_parameters();  // (ZeRO-3: reshaped into HF's layout)
+  if (files && !o.save_safetensors.empty()) ts::train::save_hf_weights(mesh.comm(), o.save_safetensors, stage);
+  if (files && !o.save_hf.empty()) ts::train::save_hf_directory(mesh.comm(), o.save_hf, stage, o.config(), o.dir.get(), o.dir ? o.dir->dtype : "F32");
   if (o.generate > 0) {
     opt.gather_parameters();
     const auto t0 = ts::train::synchronized_now(mesh);
@@ -379,37 +388,22 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches, const ts:
 
 template <class T>
 int run_all(const M& mesh, const Options& o, const ts::train::TokenWindows* text) {
-  const Run run = train<T>(mesh, o, o.zero, o.microbatches, text, true);
-  bool ok = true, same_sample = true;
-  double worst = 0;
-  if (o.check) {  // the one-rank curve (and sample), unpipelined, on every rank alone
-    const Run serial = train<T>(M(MPI_COMM_SELF, {1, 1, 1, 1}), o, 0, 1, text, false);
-    worst = ts::train::largest_relative_difference(run.losses, serial.losses, std::size_t(run.first_step));
-    for (std::size_t e = 0; e < run.evals.size() && e < serial.evals.size(); ++e)
-      worst = std::max(worst, std::abs(run.evals[e].second - serial.evals[e].second) / serial.evals[e].second);
-    same_sample = o.temperature > 0 || run.sample == serial.sample;
-    ok = worst < (sizeof(T) == 8 ? 1e-9 : 1e-4) && same_sample;
-  }
-  ok = ts::agree(ok);
+  const ts::train::RunLog run = train<T>(mesh, o, o.zero, o.microbatches, text, true);
+  std::optional<ts::train::CurveCheck> check;  // the one-rank curve (and sample), unpipelined, on every rank alone
+  if (o.check) check.emplace(run, train<T>(M(MPI_COMM_SELF, {1, 1, 1, 1}), o, 0, 1, text, false), sizeof(T) == 8 ? 1e-9 : 1e-4, o.temperature == 0);
+  const bool ok = ts::agree(!check || check->ok);
   if (mesh.rank() == 0) {
     for (const auto& [after, loss] : run.evals) std::printf("eval after step %d: loss %.17g\n", after, loss);
     if (!run.sample.empty())
-      ts::train::print_generation(run.sample, o.vocab == 256, run.sampling_seconds, o.kv_cache ? "KV cache" : "a whole forward per token");
+      ts::train::print_generation(run.sample, o.tokenizer(), o.vocab == 256, run.sampling_seconds, o.kv_cache ? "KV cache" : "a whole forward per token");
     const int timed = std::max(1, o.steps - run.first_step - 1);
-    const double tokens = double(o.batch * o.seq), per_step = run.seconds / timed;
-    const double kv = double(o.kv_heads) / double(o.heads);
-    const double n = double(o.layers) * (2 + 2 * kv) * double(o.dmodel * o.dmodel) + 3.0 * o.layers * o.dmodel * o.hidden +
-                     double(o.vocab * o.dmodel);  // the weights a token multiplies (not the embedding)
-    const double flops = tokens * (6 * n + 12.0 * o.layers * double(o.seq) * double(o.dmodel));
-    const std::string cp = mesh.size<"context">() > 1 ? "context, " : "", cs = cp.empty() ? "" : std::to_string(mesh.size<"context">()) + ", ";
+    const double tokens = double(o.batch * o.seq), per_step = run.seconds / timed, flops = tokens * o.config().training_flops_per_token(o.seq);
     if (o.steps > run.first_step)  // (context named where it is used)
-      std::printf("mesh {data, stage, %smodel} = {%d, %d, %s%d}, zero %d, %s: %.0f tokens/s, %.2f GFLOP/s\n", cp.c_str(), mesh.size<"data">(),
-                  mesh.size<"stage">(), cs.c_str(), mesh.size<"model">(), o.zero, sizeof(T) == 8 ? "double" : "float", tokens / per_step, flops / per_step / 1e9);
+      std::printf("mesh %s, zero %d, %s: %.0f tokens/s, %.2f GFLOP/s\n", ts::train::mesh_sizes_text(mesh, {"context"}).c_str(), o.zero,
+                  sizeof(T) == 8 ? "double" : "float", tokens / per_step, flops / per_step / 1e9);
   }
   run.memory.print(mesh);
-  if (o.check && mesh.rank() == 0)
-    std::printf("largest relative difference from the single-rank curve %.2e%s%s\n", worst, same_sample ? "" : "; the sample differs",
-                ok ? "" : " (FAILED)");
+  if (check && mesh.rank() == 0) check->print(ok);
   return ok ? 0 : 1;
 }
 
@@ -419,7 +413,8 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_llama");
     std::optional<ts::train::TokenWindows> text;  // every rank holds the text: its windows are read by index
-    if (!o.text.empty()) text.emplace(ts::train::TokenWindows::bytes_of("train_llama", o.text, o.seq));
+    if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", o.tokenizer()->encode(o.prompt));
+    if (!o.text.empty()) text.emplace(ts::train::TokenWindows::text_of("train_llama", o.text, o.seq, o.tokenizer()));
     ts::nn::flush_denormals();
     return o.use_double ? run_all<double>(mesh, o, text ? &*text : nullptr) : run_all<float>(mesh, o, text ? &*text : nullptr);
   } catch (const ts::train::UsageError& e) {  // every rank parses the same line: all report and leave

@@ -5,6 +5,12 @@ file read here with json + numpy), the same bytes of text, AdamW and clipping fr
 
     python3 llama_reference.py --init w.safetensors --text README.md --steps 5 --layers 2 \
         --dmodel 32 --heads 4 --kv-heads 2 --hidden 128 --seq 16 --batch 5 [--lr 3e-3 --clip 1]
+    python3 llama_reference.py --hf DIR --data ids.npy --steps 3 --seq 12 --batch 4
+
+--hf DIR takes the sizes, rms_norm_eps, rotary (rope_theta / rope_parameters, "llama3" scaling),
+head_dim and tie_word_embeddings from DIR/config.json (transformers' keys) and the weights from
+DIR/model.safetensors; --data reads int32 windows [N, seq + 1], batch s being rows
+[(s mod N/batch) * batch, + batch).
 
 Prints "step <n> loss <%.17g>" per step (double precision, or --float), and with --time the
 tokens/s of the steps after the first (--threads N sets torch's threads).
@@ -41,7 +47,7 @@ def load_safetensors(path, dtype=np.float64):
     return out
 
 
-def rms_norm(x, w, eps=1e-5):
+def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -52,9 +58,17 @@ def rotate_half(x):
 
 def forward(p, ids, a):
     B, T = ids.shape
-    H, KV, D = a.heads, a.kv_heads, a.dmodel
-    Dh = D // H
-    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.float64) / Dh))
+    H, KV, D, eps = a.heads, a.kv_heads, a.dmodel, a.eps
+    Dh = a.head_dim or D // H
+    inv_freq = 1.0 / (a.theta ** (torch.arange(0, Dh, 2, dtype=torch.float64) / Dh))
+    if a.llama3:  # transformers' _compute_llama3_parameters
+        factor, low, high, old = a.llama3["factor"], a.llama3["low_freq_factor"], a.llama3["high_freq_factor"], \
+            a.llama3["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv_freq = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(a.dtype), emb.sin().to(a.dtype)
@@ -62,7 +76,7 @@ def forward(p, ids, a):
     x = p["model.embed_tokens.weight"][ids]
     for l in range(a.layers):
         at = "model.layers.%d." % l
-        h = rms_norm(x, p[at + "input_layernorm.weight"])
+        h = rms_norm(x, p[at + "input_layernorm.weight"], eps)
         q = (h @ p[at + "self_attn.q_proj.weight"].T).view(B, T, H, Dh).transpose(1, 2)
         k = (h @ p[at + "self_attn.k_proj.weight"].T).view(B, T, KV, Dh).transpose(1, 2)
         v = (h @ p[at + "self_attn.v_proj.weight"].T).view(B, T, KV, Dh).transpose(1, 2)
@@ -73,17 +87,18 @@ def forward(p, ids, a):
         s = q @ k.transpose(-1, -2) / math.sqrt(Dh) + mask
         o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * Dh)
         x = x + o @ p[at + "self_attn.o_proj.weight"].T
-        h = rms_norm(x, p[at + "post_attention_layernorm.weight"])
+        h = rms_norm(x, p[at + "post_attention_layernorm.weight"], eps)
         g = h @ p[at + "mlp.gate_proj.weight"].T
         u = h @ p[at + "mlp.up_proj.weight"].T
         x = x + (torch.nn.functional.silu(g) * u) @ p[at + "mlp.down_proj.weight"].T
-    logits = rms_norm(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+    head = p["model.embed_tokens.weight"] if a.tie else p["lm_head.weight"]
+    logits = rms_norm(x, p["model.norm.weight"], eps) @ head.T
     return logits
 
 
 def main():
     ap = argparse.ArgumentParser()
-    for flag, kind, default in [("--init", str, None), ("--text", str, None), ("--steps", int, 5), ("--layers", int, 2),
+    for flag, kind, default in [("--init", str, None), ("--text", str, None), ("--hf", str, None), ("--data", str, None), ("--steps", int, 5), ("--layers", int, 2),
                                 ("--dmodel", int, 32), ("--heads", int, 4), ("--kv-heads", int, 0), ("--hidden", int, 0),
                                 ("--seq", int, 16), ("--batch", int, 8), ("--lr", float, 3e-3), ("--clip", float, 1.0),
                                 ("--weight-decay", float, 0.1)]:
@@ -95,15 +110,30 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     a.dtype = torch.float32 if a.float else torch.float64
+    a.eps, a.theta, a.llama3, a.head_dim, a.tie = 1e-5, 10000.0, None, 0, False
+    if a.hf:
+        with open(a.hf + "/config.json") as f:
+            c = json.load(f)
+        a.dmodel, a.heads, a.hidden, a.layers = c["hidden_size"], c["num_attention_heads"], c["intermediate_size"], c["num_hidden_layers"]
+        a.kv_heads, a.head_dim, a.eps = c.get("num_key_value_heads"), c.get("head_dim") or 0, c.get("rms_norm_eps", 1e-6)
+        a.tie = c.get("tie_word_embeddings", False)
+        rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+        a.theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+        if rope.get("rope_type", rope.get("type")) == "llama3":
+            a.llama3 = rope
+        a.init = a.hf + "/model.safetensors"
     a.kv_heads = a.kv_heads or a.heads
     a.hidden = a.hidden or 4 * a.dmodel
     p = load_safetensors(a.init, np.float32 if a.float else np.float64)
     for t in p.values():
         t.requires_grad_(True)
-    text = open(a.text, "rb").read()
-    train = len(text) - len(text) // 10
-    length = a.seq + 1
-    windows = train // length
+    if a.data:
+        data = np.load(a.data).astype(np.int64)
+    else:
+        text = open(a.text, "rb").read()
+        train = len(text) - len(text) // 10
+        length = a.seq + 1
+        windows = train // length
     decay = [t for t in p.values() if t.dim() >= 2]
     rest = [t for t in p.values() if t.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
@@ -112,8 +142,12 @@ def main():
     for step in range(a.steps):
         if step == 1:
             start = time.perf_counter()
-        rows = [text[((step * a.batch + b) % windows) * length:][:length] for b in range(a.batch)]
-        batch = torch.tensor([list(r) for r in rows], dtype=torch.long)
+        if a.data:
+            first = (step % (len(data) // a.batch)) * a.batch
+            batch = torch.from_numpy(data[first:first + a.batch].copy())
+        else:
+            rows = [text[((step * a.batch + b) % windows) * length:][:length] for b in range(a.batch)]
+            batch = torch.tensor([list(r) for r in rows], dtype=torch.long)
         logits = forward(p, batch[:, :-1], a)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
         opt.zero_grad()

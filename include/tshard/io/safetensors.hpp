@@ -13,6 +13,7 @@
 // convert or a malformed or truncated file is an IoError on every rank naming the file and
 // tensor. A save is atomic: written to PATH.tmp and renamed once every rank has written.
 #pragma once
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -56,25 +57,30 @@ void read_converted(tshard::detail::ParallelFile& file, MPI_Offset at, const tsh
 }  // namespace detail
 
 // A tensor to save under a name: any ShardedTensor (a partial is resolved), referenced until the
-// save returns.
+// save returns; stored as its own dtype, or a real one as `stored` ("F64", "F32", "BF16" or "F16",
+// rounded to nearest even as PyTorch converts).
 class NamedTensor {
  public:
   template <ShardedTensorType X>
-  NamedTensor(std::string name, const X& x_in) : name_(std::move(name)) {
+  NamedTensor(std::string name, const X& x_in, std::string stored = "") : name_(std::move(name)) {
     using T = typename X::Scalar;
     static_assert(X::rank >= 1, "tshard: safetensors holds tensors of rank 1 or more here");
+    dtype_ = stored.empty() ? std::string(io::detail::safetensors_dtype<T>()) : stored;
+    if (dtype_ != io::detail::safetensors_dtype<T>() &&
+        !(is_real_floating_v<T> && (dtype_ == "F64" || dtype_ == "F32" || dtype_ == "BF16" || dtype_ == "F16")))
+      throw IoError("tshard::io::NamedTensor: \"" + name_ + "\" cannot be stored as " + dtype_ + " (its elements are " +
+                    io::detail::safetensors_dtype<T>() + ")");
     const X* x = &x_in;
     if constexpr (X::is_partial) {
       auto resolved = std::make_shared<decltype(tshard::detail::resolved(x_in, "io::save_safetensors"))>(
           tshard::detail::resolved(x_in, "io::save_safetensors"));
       keep_ = resolved;
       x = nullptr;
-      write_ = [resolved](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*resolved, file, at); };
+      write_ = [resolved, d = dtype_](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*resolved, file, at, d); };
     }
     comm_ = x_in.mesh().comm();
-    dtype_ = io::detail::safetensors_dtype<T>();
     for (int d = 0; d < X::rank; ++d) shape_.push_back(tshard::detail::extents_of(x_in)[d]);
-    if (x) write_ = [x](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*x, file, at); };
+    if (x) write_ = [x, d = dtype_](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*x, file, at, d); };
   }
 
   const std::string& name() const { return name_; }
@@ -86,7 +92,7 @@ class NamedTensor {
 
  private:
   template <class X>
-  static void write_block(const X& x_in, tshard::detail::ParallelFile& file, MPI_Offset at) {
+  static void write_block(const X& x_in, tshard::detail::ParallelFile& file, MPI_Offset at, const std::string& stored) {
     using T = typename X::Scalar;
     const tshard::detail::Readable values(x_in, "io::save_safetensors");  // a released ZeRO-3 parameter: gathered back
     const X& x = *values;
@@ -95,7 +101,27 @@ class NamedTensor {
     const bool mine = io::detail::first_replica(mesh, X::spec_desc, layout);
     tshard::detail::Scratch<T> c_order(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
     if (mine) io::detail::pack_c_order(x.data(), layout, c_order.data());
-    file.write_box(at, io::detail::c_order_box(X::rank, tshard::detail::extents_of(x), layout), c_order.data(), mine);
+    const auto box = io::detail::c_order_box(X::rank, tshard::detail::extents_of(x), layout);
+    if constexpr (is_real_floating_v<T>) {
+      if (stored != io::detail::safetensors_dtype<T>())
+        return write_converted(file, at, box, c_order.data(), std::size_t(std::max<tshard::detail::Index>(layout.valid_size(), 1)), mine, stored);
+    }
+    file.write_box(at, box, c_order.data(), mine);
+  }
+  // Elements converted to `stored` and written (16-bit dtypes move as their bits).
+  template <class T>
+  static void write_converted(tshard::detail::ParallelFile& file, MPI_Offset at, const tshard::detail::FileBox& box, const T* v,
+                              std::size_t n, bool mine, const std::string& stored) {
+    auto write_as = [&](auto convert) {
+      using E = decltype(convert(T()));
+      tshard::detail::Scratch<E> out(n);
+      if (mine) std::transform(v, v + n, out.data(), convert);
+      file.write_box(at, box, out.data(), mine);
+    };
+    if (stored == "F64") write_as([](T e) { return double(e); });
+    else if (stored == "F32") write_as([](T e) { return float(e); });
+    else if (stored == "BF16") write_as([](T e) { return Eigen::numext::bit_cast<bfloat16>(io::detail::float_to_bfloat16(float(e))); });
+    else write_as([](T e) { return Eigen::numext::bit_cast<bfloat16>(io::detail::float_to_float16(float(e))); });  // F16's bits
   }
 
   std::string name_, dtype_;
@@ -151,6 +177,12 @@ inline void save_safetensors(MPI_Comm comm, const std::string& path, const std::
     if (problem.empty()) problem = "another rank lists a tensor twice";
     throw IoError("tshard::io::save_safetensors: '" + path + "': " + problem);
   }
+  // Laid out as the safetensors library lays a file out (and so byte for byte as transformers'
+  // save_pretrained writes the same tensors): by dtype, widest first, then by name.
+  std::stable_sort(entries.begin(), entries.end(), [](const detail::SafetensorsEntry& a, const detail::SafetensorsEntry& b) {
+    const int ra = detail::safetensors_dtype_order(a.dtype), rb = detail::safetensors_dtype_order(b.dtype);
+    return ra != rb ? ra > rb : a.name < b.name;
+  });
   std::int64_t offset = 0;
   for (auto& e : entries) {
     e.begin = offset;

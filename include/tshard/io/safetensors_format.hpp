@@ -71,6 +71,15 @@ constexpr const char* safetensors_dtype() {
   else static_assert(!sizeof(T), "tshard: safetensors files hold float, double, bfloat16, int32_t or int64_t tensors here");
 }
 
+// A dtype's place in the safetensors library's Dtype enumeration (by alignment, then declaration):
+// files list tensors by it, widest first.
+inline int safetensors_dtype_order(const std::string& dtype) {
+  static const char* order[] = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"};
+  for (int i = 0; i < int(sizeof order / sizeof *order); ++i)
+    if (dtype == order[i]) return i;
+  return -1;
+}
+
 // IEEE binary16 and bfloat16 bits to float (exact: every value of both is a float).
 inline float bfloat16_to_float(std::uint16_t bits) {
   const std::uint32_t u = std::uint32_t(bits) << 16;
@@ -106,6 +115,29 @@ inline std::uint16_t float_to_bfloat16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return std::uint16_t(u >> 16);
+}
+
+// float to IEEE binary16 bits, rounded to nearest even (overflow to inf, tiny values to subnormals
+// or zero, nan stays nan): how PyTorch converts.
+inline std::uint16_t float_to_float16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const auto sign = std::uint16_t((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return std::uint16_t(sign | 0x7e00u | ((u >> 13) & 0x3ffu));  // nan, quiet
+  if (u >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);                       // 65520 and up: inf
+  if (u >= 0x38800000u) {                                                           // a normal half
+    std::uint32_t r = u - (112u << 23);                                             // exponent rebiased 127 -> 15
+    r += 0xfffu + ((r >> 13) & 1u);
+    return std::uint16_t(sign | (r >> 13));
+  }
+  if (u <= 0x33000000u) return sign;  // 2^-25 and below: zero (2^-25 ties to the even zero)
+  const std::uint32_t exponent = u >> 23, mantissa = (u & 0x7fffffu) | 0x800000u;
+  const int shift = int(126 - exponent);  // a subnormal half: mantissa * 2^(exponent - 126) units of 2^-24
+  std::uint32_t r = mantissa >> shift;
+  const std::uint32_t rest = mantissa & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (r & 1u))) ++r;
+  return std::uint16_t(sign | r);
 }
 
 class SafetensorsParser {

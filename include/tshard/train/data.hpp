@@ -23,6 +23,7 @@
 #include "tshard/io/npy.hpp"
 #include "tshard/tensor/factories.hpp"
 #include "tshard/train/flags.hpp"
+#include "tshard/train/tokenizer.hpp"
 
 namespace tshard::train {
 
@@ -73,6 +74,24 @@ class TokenWindows {
     return TokenWindows(std::move(tokens), seq);
   }
 
+  // A text file encoded by a tokenizer, whole and once (nothing inserted: no BOS), as windows of
+  // seq + 1 ids; read and encoded by every rank. A UsageError as bytes_of's, an IoError where the
+  // text is not UTF-8.
+  static TokenWindows encoded(const std::string& program, const std::string& path, Index seq, const Tokenizer& tokenizer) {
+    std::ifstream f(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::int32_t> tokens = agree(bool(f.good() || f.eof())) ? tokenizer.encode(text, false) : std::vector<std::int32_t>();
+    if (!agree(Index(tokens.size()) >= 10 * (seq + 1)))
+      throw UsageError(program + ": --text '" + path + "' cannot be read or holds fewer than " + std::to_string(10 * (seq + 1)) +
+                       " tokens (10 windows of seq + 1)");
+    return TokenWindows(std::move(tokens), seq);
+  }
+
+  // The file's tokens: the tokenizer's where there is one, else its bytes.
+  static TokenWindows text_of(const std::string& program, const std::string& path, Index seq, const Tokenizer* tokenizer) {
+    return tokenizer ? encoded(program, path, seq, *tokenizer) : bytes_of(program, path, seq);
+  }
+
   Index seq() const { return seq_; }
   Index training_windows() const { return train_ / (seq_ + 1); }
   Index held_out_windows() const { return held_ / (seq_ + 1); }
@@ -102,6 +121,15 @@ class TokenWindows {
   Index seq_;
   Index train_ = 0, held_ = 0;
 };
+
+// A prompt's ids: the tokenizer's (with what its post-processor adds, a BOS say), or its bytes
+// modulo `vocab` where there is no tokenizer.
+inline std::vector<std::int32_t> prompt_ids(const std::string& prompt, const Tokenizer* tokenizer, Index vocab) {
+  if (tokenizer) return tokenizer->encode(prompt);
+  std::vector<std::int32_t> ids;
+  for (const unsigned char ch : prompt) ids.push_back(std::int32_t(ch % vocab));
+  return ids;
+}
 
 class TokenFile {
  public:

@@ -9,6 +9,7 @@
 //   flags.value("--steps", o.steps).value("--lr", o.lr).flag("--double", o.use_double)
 //        .mesh<M>("--mesh", o.mesh).parse();
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -138,10 +139,13 @@ class Flags {
       } else {
         o->apply("");
       }
+      given_.push_back(a);
     }
   }
 
   [[noreturn]] void fail(const std::string& what) const { throw UsageError(program_ + ": " + what); }
+  // Whether the command line gave the flag `name` (after parse()).
+  bool given(const std::string& name) const { return std::find(given_.begin(), given_.end(), name) != given_.end(); }
   const std::string& program() const { return program_; }
 
   // "usage: <program> [options]" and a line per flag, in the order they were bound.
@@ -225,7 +229,7 @@ class Flags {
   }
 
   std::string program_;
-  std::vector<std::string> args_;
+  std::vector<std::string> args_, given_;
   std::vector<Option> options_;
 };
 

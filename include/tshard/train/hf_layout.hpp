@@ -33,9 +33,10 @@ struct HfParameter {
   virtual ~HfParameter() = default;
   // Reads the tensor `name` of a file in HF's layout into the parameter (collective over its mesh).
   virtual void load(io::SafetensorsReader& in, const std::string& name) = 0;
-  // Adds the parameter, in HF's layout, to a list for save_safetensors; the returned handle keeps
-  // a reshaped copy alive until the file is written.
-  virtual std::shared_ptr<void> add_to(std::vector<io::NamedTensor>& out, const std::string& name) = 0;
+  // Adds the parameter, in HF's layout, to a list for save_safetensors (stored as its own dtype or
+  // as `stored`, io::NamedTensor's); the returned handle keeps a reshaped copy alive until the file
+  // is written.
+  virtual std::shared_ptr<void> add_to(std::vector<io::NamedTensor>& out, const std::string& name, const std::string& stored = "") = 0;
 };
 
 namespace detail {
@@ -85,11 +86,11 @@ class HfLayout : public HfParameter {
     const auto flat = in.template load<T, Replicated<2>>(p_->mesh(), name, hf);
     *p_ = reshard<typename P::SpecType>(reshaped<Replicated<N>>(flat, ours()));
   }
-  std::shared_ptr<void> add_to(std::vector<io::NamedTensor>& out, const std::string& name) override {
-    if (int(hf_.size()) == N) return out.emplace_back(name, *p_), nullptr;
+  std::shared_ptr<void> add_to(std::vector<io::NamedTensor>& out, const std::string& name, const std::string& stored = "") override {
+    if (int(hf_.size()) == N) return out.emplace_back(name, *p_, stored), nullptr;
     using Flat = decltype(reshaped<Replicated<2>>(reshard<Replicated<N>>(*p_), std::array<Eigen::Index, 2>{}));
     auto flat = std::make_shared<Flat>(reshaped<Replicated<2>>(reshard<Replicated<N>>(*p_), std::array<Eigen::Index, 2>{hf_[0], hf_[1]}));
-    out.emplace_back(name, *flat);
+    out.emplace_back(name, *flat, stored);
     return flat;
   }
 

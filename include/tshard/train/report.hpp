@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -22,6 +25,20 @@
 #include "tshard/ops/gemm.hpp"
 
 namespace tshard::train {
+
+// "{data, stage, model} = {2, 1, 2}": the mesh's axes and sizes, those named in `optional` left
+// out where their size is 1 (named only where they are used).
+template <MeshType M>
+std::string mesh_sizes_text(const M& mesh, const std::vector<std::string>& optional = {}) {
+  std::string names, sizes;
+  for (std::size_t a = 0; a < M::axis_names.size(); ++a) {
+    const std::string name(M::axis_names[a]);
+    const int size = mesh.shape().sizes[a];
+    if (size == 1 && std::find(optional.begin(), optional.end(), name) != optional.end()) continue;
+    names += (names.empty() ? "" : ", ") + name, sizes += (sizes.empty() ? "" : ", ") + std::to_string(size);
+  }
+  return "{" + names + "} = {" + sizes + "}";
+}
 
 // The time of a moment every rank of the mesh reached (an uncounted barrier first), to time a
 // step as its slowest rank sees it.
@@ -117,5 +134,35 @@ inline double largest_relative_difference(const std::vector<double>& got, const 
     worst = std::max(worst, std::abs(got[s] - want[s + first]) / std::abs(want[s + first]));
   return worst;
 }
+
+// What a training run produced: its report, and --check's comparison with the one-rank run.
+struct RunLog {
+  std::vector<double> losses;                 // one per step run
+  std::vector<std::pair<int, double>> evals;  // (after step, held-out loss)
+  std::vector<std::int32_t> sample;           // the generated tokens
+  double seconds = 0, sampling_seconds = 0;   // the timed steps', the generation's
+  int first_step = 0;                         // (a resumed run's)
+  MemoryMeter memory;
+};
+
+// --check: a run against the same program's one-rank run: the largest relative difference of the
+// losses and held-out losses, and (compare_sample: greedy) whether the samples are the same.
+struct CurveCheck {
+  double worst = 0;
+  bool same_sample = true, ok = true;
+  CurveCheck(const RunLog& run, const RunLog& serial, double tolerance, bool compare_sample) {
+    worst = largest_relative_difference(run.losses, serial.losses, std::size_t(run.first_step));
+    for (std::size_t e = 0; e < run.evals.size() && e < serial.evals.size(); ++e)
+      worst = std::max(worst, std::abs(run.evals[e].second - serial.evals[e].second) / serial.evals[e].second);
+    same_sample = !compare_sample || run.sample == serial.sample;
+    ok = worst < tolerance && same_sample;
+  }
+  // "largest relative difference from the single-rank curve 1.2e-16", and what failed (`ok`: as
+  // every rank agreed).
+  void print(bool agreed_ok) const {
+    std::printf("largest relative difference from the single-rank curve %.2e%s%s\n", worst, same_sample ? "" : "; the sample differs",
+                agreed_ok ? "" : " (FAILED)");
+  }
+};
 
 }  // namespace tshard::train

@@ -13,6 +13,7 @@
 
 #include "tshard/comm/host_collectives.hpp"
 #include "tshard/tensor/factories.hpp"
+#include "tshard/train/tokenizer.hpp"
 
 namespace tshard::train {
 
@@ -20,6 +21,7 @@ struct Sampling {
   double temperature = 0;  // 0: greedy
   int top_k = 0;           // 0: every token
   std::uint64_t seed = 1;
+  std::vector<std::int32_t> stop = {};  // ids that end a generation once made (EOS, as HF's generate)
 };
 
 // A uniform draw in (0, 1) from (seed, i).
@@ -46,7 +48,8 @@ inline std::int32_t pick_token(const std::vector<double>& logits, const Sampling
 
 // `n` tokens after `sequence` (the prompt's ids): next_logits(sequence so far, i) returns the
 // last position's logits where they are computed (empty elsewhere), mesh rank `root` picks the
-// token (pick_token, draw i) and every rank gets it. Returns the new tokens.
+// token (pick_token, draw i) and every rank gets it. Returns the new tokens (a stop id ends them,
+// included).
 template <MeshType M, class NextLogits>
 std::vector<std::int32_t> generate(const M& mesh, std::vector<std::int32_t> sequence, int n, const Sampling& s, int root,
                                    NextLogits&& next_logits) {
@@ -55,6 +58,7 @@ std::vector<std::int32_t> generate(const M& mesh, std::vector<std::int32_t> sequ
     const std::vector<double> logits = next_logits(std::as_const(sequence), i);
     const std::int32_t next = mesh.rank() == root ? pick_token(logits, s, std::uint64_t(i)) : 0;
     sequence.push_back(broadcast(mesh, next, root));
+    if (std::find(s.stop.begin(), s.stop.end(), sequence.back()) != s.stop.end()) break;
   }
   return {sequence.begin() + std::ptrdiff_t(prompt), sequence.end()};
 }
@@ -76,15 +80,37 @@ inline std::string printable(const std::vector<std::int32_t>& bytes) {
   return out;
 }
 
-// What a generation made, on the rank that prints: "sample: <text>" for bytes (escaped to one
-// line), else "tokens: <ids>"; then "sampling: N tokens in S s, R tokens/s (<how>)".
-inline void print_generation(const std::vector<std::int32_t>& sample, bool bytes, double seconds, const char* how) {
-  if (bytes) {
+// Text as one printable line: \n, \\ and other control bytes escaped, UTF-8 kept.
+inline std::string printable_text(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x80 || (c >= 32 && c < 127 && c != '\\')) out += ch;
+    else out += printable({std::int32_t(c)});
+  }
+  return out;
+}
+
+// "<label>: <id> <id> ..." on one line.
+inline void print_ids(const char* label, const std::vector<std::int32_t>& ids) {
+  std::printf("%s:", label);
+  for (auto t : ids) std::printf(" %d", t);
+  std::printf("\n");
+}
+
+
+// What a generation made, on the rank that prints: with a tokenizer "tokens: <ids>" and "sample:
+// <their text>", else "sample: <text>" for bytes or "tokens: <ids>" (text escaped to one line);
+// then "sampling: N tokens in S s, R tokens/s (<how>)".
+inline void print_generation(const std::vector<std::int32_t>& sample, const Tokenizer* tokenizer, bool bytes, double seconds,
+                             const char* how) {
+  if (tokenizer) {
+    print_ids("tokens", sample);
+    std::printf("sample: %s\n", printable_text(tokenizer->decode(sample)).c_str());
+  } else if (bytes) {
     std::printf("sample: %s\n", printable(sample).c_str());
   } else {
-    std::printf("tokens:");
-    for (auto t : sample) std::printf(" %d", t);
-    std::printf("\n");
+    print_ids("tokens", sample);
   }
   std::printf("sampling: %zu tokens in %.3f s, %.1f tokens/s (%s)\n", sample.size(), seconds,
               double(sample.size()) / std::max(seconds, 1e-9), how);

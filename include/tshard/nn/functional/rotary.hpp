@@ -1,5 +1,6 @@
 // Rotary position embeddings (Su et al. 2021, RoFormer) in Hugging Face's rotate_half form: a
-// head's features i and i + Dh/2 turn together by the angle p * theta^(-2i/Dh) of position p.
+// head's features i and i + Dh/2 turn together by the angle p * theta^(-2i/Dh) of position p (or
+// by Llama 3's rescaled frequencies).
 //
 //   auto [cos, sin] = ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, head_dim, offset);  // [1, t, Dh, 1]
 //   auto q = ts::nn::rotary<2>(q_raw, cos, sin);   // q_raw [B, T, Dh, H]: Dh at dim 2
@@ -17,11 +18,31 @@
 
 namespace tshard::nn {
 
+// The frequencies: theta^(-2i/Dh) for pair i, and, where `llama3` is set, Llama 3.1's long-context
+// rescaling of them (HF's "rope_type": "llama3": wavelengths past the original context divided by
+// `factor`, short ones kept, those between interpolated smoothly).
+struct Rope {
+  double theta = 10000.0;
+  bool llama3 = false;
+  double factor = 8, low_freq_factor = 1, high_freq_factor = 4, original_max_position_embeddings = 8192;
+
+  double inverse_frequency(Eigen::Index pair, Eigen::Index head_dim) const {
+    const double f = std::pow(theta, -2.0 * double(pair) / double(head_dim));
+    if (!llama3) return f;
+    const double wavelength = 2 * M_PI / f, low = original_max_position_embeddings / low_freq_factor,
+                 high = original_max_position_embeddings / high_freq_factor;
+    if (wavelength < high) return f;
+    if (wavelength > low) return f / factor;
+    const double smooth = (original_max_position_embeddings / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor);
+    return (1 - smooth) * f / factor + smooth * f;
+  }
+};
+
 // cos and (signed) sin of positions [offset, offset + t) for a head dim of `head_dim` (even), as
 // rank-Rank replicated tensors with t at TDim and head_dim at DhDim.
 template <class T, int Rank, int TDim, int DhDim, MeshType M>
 std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<Rank>>> rotary_tables(
-    const M& mesh, Eigen::Index t, Eigen::Index head_dim, Eigen::Index offset = 0, double theta = 10000.0) {
+    const M& mesh, Eigen::Index t, Eigen::Index head_dim, Eigen::Index offset = 0, const Rope& rope = {}) {
   static_assert(TDim != DhDim && TDim < Rank && DhDim < Rank, "tshard: rotary_tables' TDim and DhDim are two dims of the tables");
   Eigen::Index dims[Rank];
   std::fill(dims, dims + Rank, 1);
@@ -29,7 +50,7 @@ std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<
   auto table = [&](bool sine) {
     return from_function<T, Replicated<Rank>>(mesh, dims, [=](const auto& i) {
       const Eigen::Index d = i[DhDim], half = head_dim / 2;
-      const double angle = double(offset + i[TDim]) * std::pow(theta, -2.0 * double(d % half) / double(head_dim));
+      const double angle = double(offset + i[TDim]) * rope.inverse_frequency(d % half, head_dim);
       return T(sine ? (d < half ? -std::sin(angle) : std::sin(angle)) : std::cos(angle));
     });
   };
