@@ -29,6 +29,14 @@ macro(tshard_find_blas)
   endif()
 endmacro()
 
+# An imported target for a library found by its headers and its file (made once).
+macro(tshard_import_library target include_dir library)
+  if(NOT TARGET ${target})
+    add_library(${target} INTERFACE IMPORTED)
+    set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${include_dir}" INTERFACE_LINK_LIBRARIES "${library}")
+  endif()
+endmacro()
+
 # Parallel HDF5 for io/hdf5.hpp (Debian: libhdf5-openmpi-dev; elsewhere HDF5_ROOT). Sets
 # TSHARD_HDF5_FOUND and, where found, the imported target tshard_hdf5::hdf5. Found by its
 # headers and library (FindHDF5 would need the C language enabled) and checked to be parallel.
@@ -40,11 +48,7 @@ macro(tshard_find_hdf5)
   if(TSHARD_HDF5_INCLUDE_DIR AND TSHARD_HDF5_LIBRARY AND EXISTS "${TSHARD_HDF5_INCLUDE_DIR}/H5pubconf.h")
     file(STRINGS "${TSHARD_HDF5_INCLUDE_DIR}/H5pubconf.h" _tshard_hdf5_parallel REGEX "#define H5_HAVE_PARALLEL 1")
     if(_tshard_hdf5_parallel)
-      if(NOT TARGET tshard_hdf5::hdf5)
-        add_library(tshard_hdf5::hdf5 INTERFACE IMPORTED)
-        set_target_properties(tshard_hdf5::hdf5 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TSHARD_HDF5_INCLUDE_DIR}"
-                                                           INTERFACE_LINK_LIBRARIES "${TSHARD_HDF5_LIBRARY}")
-      endif()
+      tshard_import_library(tshard_hdf5::hdf5 "${TSHARD_HDF5_INCLUDE_DIR}" "${TSHARD_HDF5_LIBRARY}")
       set(TSHARD_HDF5_FOUND TRUE)
     endif()
   endif()
@@ -57,11 +61,7 @@ macro(tshard_find_pcre2)
   find_path(TSHARD_PCRE2_INCLUDE_DIR pcre2.h HINTS ${PCRE2_ROOT} ENV PCRE2_ROOT PATH_SUFFIXES include)
   find_library(TSHARD_PCRE2_LIBRARY NAMES pcre2-8 HINTS ${PCRE2_ROOT} ENV PCRE2_ROOT PATH_SUFFIXES lib)
   if(TSHARD_PCRE2_INCLUDE_DIR AND TSHARD_PCRE2_LIBRARY)
-    if(NOT TARGET tshard_pcre2::pcre2)
-      add_library(tshard_pcre2::pcre2 INTERFACE IMPORTED)
-      set_target_properties(tshard_pcre2::pcre2 PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TSHARD_PCRE2_INCLUDE_DIR}"
-                                                           INTERFACE_LINK_LIBRARIES "${TSHARD_PCRE2_LIBRARY}")
-    endif()
+    tshard_import_library(tshard_pcre2::pcre2 "${TSHARD_PCRE2_INCLUDE_DIR}" "${TSHARD_PCRE2_LIBRARY}")
     set(TSHARD_PCRE2_FOUND TRUE)
   endif()
 endmacro()

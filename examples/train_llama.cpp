@@ -35,8 +35,8 @@ struct Options {
   long seed = 1;
   bool use_double = false, check = false, overlap = false, remat = false, kv_cache = true;
   Index batch = 8, seq = 16, dmodel = 32, heads = 4, kv_heads = 0, vocab = 64, hidden = 0;
-  double lr = 3e-3, clip = 1.0, weight_decay = 0.1, temperature = 0;
-  int top_k = 0, generate = 0, eval_every = 0, save_every = 0;
+  double lr = 3e-3, clip = 1.0, weight_decay = 0.1, temperature = 0, min_lr = -1;  // min_lr >= 0: cosine decay to it
+  int top_k = 0, generate = 0, eval_every = 0, save_every = 0, warmup = 0;
   bool show_sharding = false;
   std::string schedule = "gpipe", attention = "fused", prompt, text, data_file, save, resume, init, save_safetensors, hf, save_hf;
   ts::train::LlamaConfig llama{.rms_norm_eps = 1e-5};  // the head dim, norm eps, rotary and tying (--hf's config.json)
@@ -276,7 +276,7 @@ Options parse(int argc, char** argv) {
       .value("--generate", o.generate).value("--prompt", o.prompt).value("--temperature", o.temperature)
       .value("--top-k", o.top_k).flag("--no-kv-cache", o.kv_cache, false).flag("--show-sharding", o.show_sharding)
       .choice("--schedule", o.schedule, {"gpipe", "1f1b"}).choice("--attention", o.attention, {"fused", "einsum"})
-      .value("--hf", o.hf).value("--save-hf", o.save_hf).parse();
+      .value("--hf", o.hf).value("--save-hf", o.save_hf).value("--warmup", o.warmup).value("--min-lr", o.min_lr).parse();
   if (!o.hf.empty()) {  // the sizes, norm, rotary, tying, weights and tokenizer of a transformers directory
     for (const char* size : {"--dmodel", "--heads", "--kv-heads", "--hidden", "--layers", "--vocab", "--init"})
       if (f.given(size)) f.fail(std::string(size) + " comes from " + o.hf + " with --hf");
@@ -298,7 +298,8 @@ Options parse(int argc, char** argv) {
   if (!o.dir && (o.dmodel % o.heads != 0 || (o.dmodel / o.heads) % 2 != 0))
     f.fail("--heads must divide --dmodel into an even head dim (rotary pairs i with i + Dh/2)");
   if (o.microbatches < 1 || o.batch % o.microbatches != 0) f.fail("--microbatches must divide --batch");
-  if (o.save_every < 0 || (o.save_every > 0 && o.save.empty())) f.fail("--save-every K needs --save DIR");
+  if (o.warmup < 0 || (o.min_lr > o.lr)) f.fail("--warmup takes N >= 0 steps and --min-lr a rate up to --lr");
+  if (o.save_every < 0 || (o.save_every > 0 && o.save.empty() && o.save_hf.empty())) f.fail("--save-every K needs --save DIR or --save-hf DIR");
   if (o.eval_every < 0 || (o.eval_every > 0 && o.text.empty())) f.fail("--eval-every K needs --text FILE (its held-out tail)");
   if (!o.data_file.empty() && !o.text.empty()) f.fail("--data and --text are two sources: give one");
   return o;
@@ -348,7 +349,10 @@ ts::train::RunLog train(const M& mesh, const Options& o, int zero, int microbatc
       std::printf("model.layers.0.self_attn.q_proj.weight %s (held as [Dh, G, KV, D]: key-value groups over model)\n",
                   stage.model.list.at(0)->self_attn.q_proj.weight.describe().c_str());
   }
-  auto save = [&](long step) { ts::train::save_checkpoint(mesh, o.save, stage, opt, step, checkpoint_settings(o)); };
+  auto save = [&](long step) {  // a checkpoint (--save) and a directory transformers loads (--save-hf)
+    if (!o.save.empty()) ts::train::save_checkpoint(mesh, o.save, stage, opt, step, checkpoint_settings(o));
+    if (!o.save_hf.empty()) opt.gather_parameters(), ts::train::save_hf_directory(mesh.comm(), o.save_hf, stage, o.config(), o.dir.get(), o.dir ? o.dir->dtype : "F32");
+  };
   if (files && !o.resume.empty())
     run.first_step = int(ts::train::load_checkpoint(mesh, o.resume, stage, opt, checkpoint_settings(o), "train_llama"));
   auto evaluate = [&](int after) {
@@ -359,6 +363,7 @@ ts::train::RunLog train(const M& mesh, const Options& o, int zero, int microbatc
   };
   for (int step = run.first_step; step < o.steps; ++step) {
     const auto t0 = ts::train::synchronized_now(mesh);
+    if (o.warmup > 0 || o.min_lr >= 0) ts::optim::set_lr(opt, ts::optim::WarmupCosine{o.lr, o.warmup, o.steps, o.min_lr < 0 ? o.lr : o.min_lr}, step);
     opt.zero_grad();
     opt.no_sync(microbatches > 1);
     stage.step = step;
@@ -373,10 +378,8 @@ ts::train::RunLog train(const M& mesh, const Options& o, int zero, int microbatc
     if (files && o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 < o.steps) save(step + 1);
   }
   run.memory.measure(mesh);
-  if (files && !o.save.empty()) save(std::max(run.first_step, o.steps));
-  if (files && (!o.save_safetensors.empty() || !o.save_hf.empty())) opt.gather_parameters();  // (ZeRO-3: reshaped into HF's layout)
-  if (files && !o.save_safetensors.empty()) ts::train::save_hf_weights(mesh.comm(), o.save_safetensors, stage);
-  if (files && !o.save_hf.empty()) ts::train::save_hf_directory(mesh.comm(), o.save_hf, stage, o.config(), o.dir.get(), o.dir ? o.dir->dtype : "F32");
+  if (files && (!o.save.empty() || !o.save_hf.empty())) save(std::max(run.first_step, o.steps));
+  if (files && !o.save_safetensors.empty()) opt.gather_parameters(), ts::train::save_hf_weights(mesh.comm(), o.save_safetensors, stage);  // (ZeRO-3: present)
   if (o.generate > 0) {
     opt.gather_parameters();
     const auto t0 = ts::train::synchronized_now(mesh);

@@ -471,3 +471,22 @@ TEST_CASE("without a Unicode regex engine, a tokenizer.json with a pattern is on
   // A file without patterns needs none.
   CHECK(ts::train::Tokenizer("{" + bpe + "}", "t.json").encode("aa") == std::vector<std::int32_t>{0, 0});
 }
+
+TEST_CASE("float to IEEE half rounds to nearest even: every half reads back as itself, ties go to even", "[safetensors]") {
+  using ts::io::detail::float16_to_float;
+  using ts::io::detail::float_to_float16;
+  int wrong = 0;
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = float16_to_float(std::uint16_t(h));
+    if (f == f && float_to_float16(f) != h) ++wrong;  // (nan aside)
+  }
+  CHECK(wrong == 0);
+  CHECK(float_to_float16(1.0f + 0x1p-11f) == 0x3c00);          // halfway between 1 and its successor: the even one
+  CHECK(float_to_float16(1.0f + 3 * 0x1p-11f) == 0x3c02);      // halfway between two: the even one, up
+  CHECK(float_to_float16(65504.0f) == 0x7bff);                 // the largest half
+  CHECK(float_to_float16(65520.0f) == 0x7c00);                 // halfway past it: infinity
+  CHECK(float_to_float16(0x1p-25f) == 0x0000);                 // half the smallest subnormal: ties to zero
+  CHECK(float_to_float16(0x1.8p-25f) == 0x0001);               // above half: the smallest subnormal
+  CHECK(float_to_float16(-0x1p-24f) == 0x8001);
+  CHECK((float_to_float16(std::numeric_limits<float>::quiet_NaN()) & 0x7e00) == 0x7e00);
+}

@@ -4,11 +4,17 @@
 // IoError on every rank. Shapes do not divide the mesh (7 x 5, dims smaller than an axis).
 #include "io_support.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <complex>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+
+#include "tshard/io/safetensors_shards.hpp"
+#include "tshard/train/hf_config.hpp"
 
 namespace ts = tshard;
 using namespace tshard_test;
@@ -523,4 +529,108 @@ TEST_CASE("a safetensors file numpy writes (C order, float16 and float64) reads 
   TS_REQUIRE_ALL(ok == 1);
   remove_on_rank0(theirs);
   remove_on_rank0(ours);
+}
+
+TEST_CASE("tensors are stored as F16, BF16 or F32 rounded to nearest even, listed by dtype then name", "[io][safetensors]") {
+  const std::string path = scratch_file("stored.safetensors");
+  M2 world({world_size(), 1});
+  Eigen::Tensor<double, 2> x(7, 5);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = std::ldexp(1.0 + double(i) / 37.0, int(i % 23) - 11) * (i % 2 ? -1 : 1);
+  const auto d = ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(world, x);
+  ts::io::save_safetensors(path, {{"z.half", d, "F16"}, {"b.brain", d, "BF16"}, {"a.single", d, "F32"}, {"c.same", d}});
+  ts::io::SafetensorsReader in(MPI_COMM_WORLD, path);
+  TS_REQUIRE_ALL(in.dtype("z.half") == "F16" && in.dtype("b.brain") == "BF16" && in.dtype("a.single") == "F32" && in.dtype("c.same") == "F64");
+  const Eigen::Tensor<float, 2> half = in.load<float, ts::Spec<ts::R, ts::R>>(world, "z.half").gather();
+  const Eigen::Tensor<float, 2> brain = in.load<float, ts::Spec<ts::R, ts::R>>(world, "b.brain").gather();
+  const Eigen::Tensor<float, 2> single = in.load<float, ts::Spec<ts::R, ts::R>>(world, "a.single").gather();
+  bool ok = true;
+  for (Eigen::Index i = 0; i < x.size(); ++i) {  // (float to half by hand: the nearest, ties to even)
+    const float f = float(x.data()[i]);
+    ok &= single.data()[i] == f;
+    ok &= brain.data()[i] == ts::io::detail::bfloat16_to_float(ts::io::detail::float_to_bfloat16(f));
+    ok &= half.data()[i] == ts::io::detail::float16_to_float(ts::io::detail::float_to_float16(f));
+  }
+  TS_REQUIRE_ALL(ok);
+  // The safetensors library's layout: widest dtype first, then by name (F64, F32, BF16, F16).
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> whole((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto h = ts::io::detail::parse_safetensors_header(whole.data(), whole.size(), path);
+  std::vector<std::pair<std::int64_t, std::string>> by_offset;
+  for (const auto& e : h.tensors) by_offset.emplace_back(e.begin, e.name);
+  std::sort(by_offset.begin(), by_offset.end());
+  TS_REQUIRE_ALL(by_offset.size() == 4 && by_offset[0].second == "c.same" && by_offset[1].second == "a.single" &&
+                 by_offset[2].second == "b.brain" && by_offset[3].second == "z.half");
+  TS_REQUIRE_ALL(io_error([&] { ts::io::NamedTensor("ids", ts::distribute<ts::Spec<ts::R, ts::R>>(world, Eigen::Tensor<std::int32_t, 2>(2, 2)), "F16"); },
+                          "\"ids\" cannot be stored as F16 (its elements are I32)"));
+  remove_on_rank0(path);
+}
+
+TEST_CASE("save_safetensors_shards writes shards and an index past the size, one file below it; the reader reads both", "[io][safetensors]") {
+  const std::string dir = scratch_file("shards");
+  M2 world({1, world_size()});
+  std::vector<Eigen::Tensor<double, 2>> want;
+  std::vector<ts::ShardedTensor<double, M2, ts::Spec<ts::R, ts::S<"y">>>> held;
+  for (int k = 0; k < 5; ++k) want.push_back(values(3 + k, 4, k)), held.push_back(ts::distribute<ts::Spec<ts::R, ts::S<"y">>>(world, want.back()));
+  std::vector<ts::io::NamedTensor> named;
+  for (int k = 0; k < 5; ++k) named.emplace_back("t" + std::to_string(k), held[std::size_t(k)]);
+  for (const std::int64_t max : {std::int64_t(1) << 30, std::int64_t(250)}) {  // one file; then shards of <= 250 bytes (or one tensor)
+    const auto files = ts::io::save_safetensors_shards(MPI_COMM_WORLD, dir, named, max);
+    const bool sharded = max < 1000;
+    TS_REQUIRE_ALL(files.size() == (sharded ? 5u : 1u));  // 96+128 | 160 | 192 | 224 bytes, and the index
+    TS_REQUIRE_ALL(std::filesystem::exists(dir + "/model.safetensors") == !sharded);
+    TS_REQUIRE_ALL(std::filesystem::exists(dir + "/model.safetensors.index.json") == sharded);
+    if (sharded) TS_REQUIRE_ALL(files[0] == "model-00001-of-00004.safetensors" && files[3] == "model-00004-of-00004.safetensors");
+    ts::io::SafetensorsReader in(MPI_COMM_WORLD, dir);
+    for (int k = 0; k < 5; ++k)
+      TS_REQUIRE_ALL(compare(in.load<double, ts::Spec<ts::S<"y">, ts::R>>(world, "t" + std::to_string(k)).gather(), want[std::size_t(k)]) == "");
+  }
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("LlamaConfig reads transformers 4 and 5 configs and names a field it does not implement", "[io][hf]") {
+  using C = ts::train::LlamaConfig;
+  const C v5 = C::parse(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 24, "intermediate_size": 100, "num_hidden_layers": 3, "vocab_size": 300, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": true, "dtype": "bfloat16", "eos_token_id": [7, 9], "bos_token_id": 1,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})", "v5");
+  CHECK(v5.hidden_size == 64);
+  CHECK(v5.kv_heads() == 1);
+  CHECK(v5.head_size() == 24);
+  CHECK(v5.rms_norm_eps == 1e-6);
+  CHECK(v5.tie_word_embeddings);
+  CHECK(v5.dtype == "bfloat16");
+  CHECK(v5.eos_token_ids == std::vector<std::int32_t>{7, 9});
+  CHECK(v5.bos_token_ids == std::vector<std::int32_t>{1});
+  CHECK((v5.rope.llama3 && v5.rope.theta == 500000.0 && v5.rope.factor == 32.0));
+  const C v4 = C::parse(R"({"hidden_size": 32, "num_attention_heads": 4, "rope_theta": 1000.0, "torch_dtype": "float16",
+    "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 64}, "eos_token_id": 2})", "v4");
+  CHECK((v4.rope.theta == 1000.0 && v4.rope.llama3 && v4.rope.original_max_position_embeddings == 64));
+  CHECK((v4.kv_heads() == 4 && v4.head_size() == 8 && v4.dtype == "float16" && v4.rms_norm_eps == 1e-6));  // transformers' defaults
+  // Llama 3.1's rescaled frequencies: long wavelengths / factor, short ones kept, a smooth blend between.
+  const ts::nn::Rope& r = v5.rope;
+  const double f0 = r.inverse_frequency(0, 128), f_last = r.inverse_frequency(63, 128);
+  CHECK(f0 == 1.0);                                                             // wavelength 2 pi: kept
+  CHECK(f_last == Approx(std::pow(500000.0, -126.0 / 128) / 32).epsilon(1e-15));  // past 8192: divided
+  // A config written back reads as itself.
+  const C back = C::parse(v5.to_json("bfloat16"), "back");
+  CHECK((back.hidden_size == 64 && back.head_size() == 24 && back.kv_heads() == 1 && back.rope.llama3 && back.rope.factor == 32.0 &&
+         back.tie_word_embeddings && back.eos_token_ids == v5.eos_token_ids && back.rms_norm_eps == 1e-6));
+  auto error = [](const std::string& json) {
+    try {
+      C::parse(json, "c.json");
+    } catch (const ts::IoError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(error(R"({"model_type": "qwen2"})"), Catch::Contains("c.json: \"model_type\" is \"qwen2\""));
+  CHECK_THAT(error(R"({"rope_scaling": {"rope_type": "yarn"}})"), Catch::Contains("\"rope_scaling\" has rope type \"yarn\""));
+  CHECK_THAT(error(R"({"mlp_bias": true})"), Catch::Contains("\"mlp_bias\" is true"));
+  CHECK_THAT(error(R"({"hidden_act": "gelu"})"), Catch::Contains("\"hidden_act\" is \"gelu\""));
+  CHECK_THAT(error(R"({"hidden_size": -3})"), Catch::Contains("\"hidden_size\" is not a positive integer"));
+  CHECK_THAT(error(R"({"num_attention_heads": 32, "num_key_value_heads": 5})"), Catch::Contains("does not divide"));
+  CHECK_THAT(error(R"({"torch_dtype": "float64"})"), Catch::Contains("the dtype \"float64\""));
+  CHECK_THAT(error("{"), Catch::Contains("c.json is not valid JSON"));
 }

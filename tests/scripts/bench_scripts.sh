@@ -25,6 +25,7 @@ declare -A args=(
   [run_pipeline]=""
   [run_reduce_scatter]="--max 65536 --reps 1"
   [run_reshard]="--n 64 --reps 1 --warmup 0"
+  [run_tokenizer]=""
   [run_transformer_step]=""
   [run_vs_pytorch]="--steps 2"
 )

@@ -7,7 +7,8 @@
 #  2. --save-hf without training writes the directory back bitwise (F32 and BF16), and a model
 #     of flags alone writes one that --hf reads into the same curve;
 #  3. --text through the tokenizer gives the one-rank curve on model, data (ZeRO-3), stage and
-#     context meshes (--check, double, 1e-9);
+#     context meshes (--check, double, 1e-9), and so does fine-tuning with a warm-up and cosine
+#     schedule, accumulation and a directory saved every 2 steps under ZeRO-3;
 #  4. config variants (tied head, eps and theta, "llama3" rope in transformers 4 and 5 forms, a
 #     head dim apart from hidden/heads, MQA, BF16 and F16 weights) give the losses of an
 #     independent PyTorch Llama (tests/reference/llama_reference.py) to 1e-9, where torch is;
@@ -65,7 +66,12 @@ for m in "model=2" "data=2 --zero 3" "stage=2 --microbatches 2" "context=2"; do
   mpi 2 "$exe" --hf base --mesh $m --text "$here/README.md" --seq 12 --batch 4 --steps 3 --double --check --eval-every 3 > t.txt ||
     { echo "FAILED: --text on $m"; cat t.txt; exit 1; }
 done
-echo "3. --text with the tokenizer: $(grep largest t.txt) (and on model, data, stage)"
+# fine-tuning: warm-up and cosine decay, accumulation over micro-steps, a directory saved every 2
+# steps under ZeRO-3 (the parameters gathered for it mid-run), the curve still the one-rank curve
+mpi 2 "$exe" --hf base --mesh data=2 --zero 3 --text "$here/README.md" --seq 12 --batch 4 --steps 5 --double --check \
+  --lr 1e-2 --warmup 2 --min-lr 1e-3 --microbatches 2 --save-hf tuned --save-every 2 > ft.txt || { echo "FAILED: fine-tuning"; cat ft.txt; exit 1; }
+mpi 2 "$exe" --hf tuned --mesh model=2 --steps 0 --prompt "$prompt" --generate 4 | grep -q '^sample: ' || { echo "FAILED: tuned/ does not load"; exit 1; }
+echo "3. --text with the tokenizer: $(grep largest t.txt) (and on model, data, stage); fine-tuning with a schedule: $(grep largest ft.txt)"
 
 # 4. config variants against PyTorch
 if "$py" -c 'import torch, numpy' 2> /dev/null; then
