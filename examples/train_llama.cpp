@@ -298,7 +298,7 @@ Options parse(int argc, char** argv) {
   if (!o.dir && (o.dmodel % o.heads != 0 || (o.dmodel / o.heads) % 2 != 0))
     f.fail("--heads must divide --dmodel into an even head dim (rotary pairs i with i + Dh/2)");
   if (o.microbatches < 1 || o.batch % o.microbatches != 0) f.fail("--microbatches must divide --batch");
-  if (o.warmup < 0 || (o.min_lr > o.lr)) f.fail("--warmup takes N >= 0 steps and --min-lr a rate up to --lr");
+  if (o.warmup < 0 || (f.given("--min-lr") && (o.min_lr < 0 || o.min_lr > o.lr))) f.fail("--warmup takes N >= 0 steps and --min-lr a rate from 0 to --lr");
   if (o.save_every < 0 || (o.save_every > 0 && o.save.empty() && o.save_hf.empty())) f.fail("--save-every K needs --save DIR or --save-hf DIR");
   if (o.eval_every < 0 || (o.eval_every > 0 && o.text.empty())) f.fail("--eval-every K needs --text FILE (its held-out tail)");
   if (!o.data_file.empty() && !o.text.empty()) f.fail("--data and --text are two sources: give one");
@@ -416,7 +416,8 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_llama");
     std::optional<ts::train::TokenWindows> text;  // every rank holds the text: its windows are read by index
-    if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", o.tokenizer()->encode(o.prompt));
+    const auto prompt = ts::train::prompt_ids(o.prompt, o.tokenizer(), o.vocab);  // (on every rank: an error is every rank's)
+    if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", prompt);
     if (!o.text.empty()) text.emplace(ts::train::TokenWindows::text_of("train_llama", o.text, o.seq, o.tokenizer()));
     ts::nn::flush_denormals();
     return o.use_double ? run_all<double>(mesh, o, text ? &*text : nullptr) : run_all<float>(mesh, o, text ? &*text : nullptr);

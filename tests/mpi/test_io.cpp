@@ -608,6 +608,7 @@ TEST_CASE("LlamaConfig reads transformers 4 and 5 configs and names a field it d
                      "original_max_position_embeddings": 64}, "eos_token_id": 2})", "v4");
   CHECK((v4.rope.theta == 1000.0 && v4.rope.llama3 && v4.rope.original_max_position_embeddings == 64));
   CHECK((v4.kv_heads() == 4 && v4.head_size() == 8 && v4.dtype == "float16" && v4.rms_norm_eps == 1e-6));  // transformers' defaults
+  CHECK((v4.bos_token_ids == std::vector<std::int32_t>{1} && v4.eos_token_ids == std::vector<std::int32_t>{2}));
   // Llama 3.1's rescaled frequencies: long wavelengths / factor, short ones kept, a smooth blend between.
   const ts::nn::Rope& r = v5.rope;
   const double f0 = r.inverse_frequency(0, 128), f_last = r.inverse_frequency(63, 128);
@@ -628,6 +629,8 @@ TEST_CASE("LlamaConfig reads transformers 4 and 5 configs and names a field it d
   CHECK_THAT(error(R"({"model_type": "qwen2"})"), Catch::Contains("c.json: \"model_type\" is \"qwen2\""));
   CHECK_THAT(error(R"({"rope_scaling": {"rope_type": "yarn"}})"), Catch::Contains("\"rope_scaling\" has rope type \"yarn\""));
   CHECK_THAT(error(R"({"mlp_bias": true})"), Catch::Contains("\"mlp_bias\" is true"));
+  CHECK_THAT(error(R"({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})"),
+             Catch::Contains("\"rope_scaling\" with rope type \"llama3\" needs a positive \"low_freq_factor\""));
   CHECK_THAT(error(R"({"hidden_act": "gelu"})"), Catch::Contains("\"hidden_act\" is \"gelu\""));
   CHECK_THAT(error(R"({"hidden_size": -3})"), Catch::Contains("\"hidden_size\" is not a positive integer"));
   CHECK_THAT(error(R"({"num_attention_heads": 32, "num_key_value_heads": 5})"), Catch::Contains("does not divide"));

@@ -51,14 +51,25 @@ inline std::vector<std::string> save_safetensors_shards(MPI_Comm comm, const std
     if (!shard_of.count(name)) shard_of[name] = 0, order.emplace_back(name, std::stoll(all.substr(tab + 1, end - tab - 1)));
     at = end + 1;
   }
-  std::vector<std::int64_t> shard_bytes{0};  // greedy, in order, as transformers' split_torch_state_dict_into_shards
-  std::int64_t total = 0;
+  // Greedy, in order, as huggingface_hub's split_state_dict_into_shards: a tensor past the size
+  // has a shard of its own (numbered when it comes), the others fill the current one until the
+  // next would tip it over.
+  std::vector<std::vector<std::string>> shard_list;
+  std::vector<std::string> current;
+  std::int64_t current_bytes = 0, total = 0;
   for (const auto& [name, bytes] : order) {
-    if (shard_bytes.back() > 0 && shard_bytes.back() + bytes > max_shard_bytes) shard_bytes.push_back(0);
-    shard_bytes.back() += bytes, total += bytes;
-    shard_of[name] = shard_bytes.size() - 1;
+    total += bytes;
+    if (bytes > max_shard_bytes) {
+      shard_list.push_back({name});
+      continue;
+    }
+    if (current_bytes + bytes > max_shard_bytes) shard_list.push_back(std::move(current)), current.clear(), current_bytes = 0;
+    current.push_back(name), current_bytes += bytes;
   }
-  const std::size_t shards = shard_bytes.size();
+  if (!current.empty() || shard_list.empty()) shard_list.push_back(std::move(current));
+  for (std::size_t s = 0; s < shard_list.size(); ++s)
+    for (const auto& name : shard_list[s]) shard_of[name] = s;
+  const std::size_t shards = shard_list.size();
   auto file_of = [&](std::size_t s) {
     if (shards == 1) return std::string("model.safetensors");
     char name[64];

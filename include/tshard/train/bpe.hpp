@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <queue>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -41,7 +43,7 @@ class BpeModel {
       const auto ia = vocab_.find(a), ib = vocab_.find(b), ic = vocab_.find(a + b);
       if (ia == vocab_.end() || ib == vocab_.end() || ic == vocab_.end())
         throw IoError(what + ": merge " + std::to_string(r) + " (\"" + a + "\" \"" + b + "\") names a token the vocabulary lacks");
-      merges_.emplace(pair_key(ia->second, ib->second), Merge{std::int32_t(r), ic->second});
+      merges_.insert_or_assign(pair_key(ia->second, ib->second), Merge{std::int32_t(r), ic->second});  // (a pair twice: the last rank, as HF)
     }
     if (options_.unk_token && !vocab_.count(*options_.unk_token))
       throw IoError(what + ": the unknown token \"" + *options_.unk_token + "\" is not in the vocabulary");
@@ -92,20 +94,53 @@ class BpeModel {
       }
       i += n;
     }
-    // The lowest-ranked pair, leftmost among equals, merges first (HF orders its queue so).
-    while (symbols.size() > 1) {
-      std::size_t best = 0;
-      Merge best_merge{std::numeric_limits<std::int32_t>::max(), -1};
-      for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
-        const auto it = merges_.find(pair_key(symbols[i], symbols[i + 1]));
-        if (it != merges_.end() && it->second.rank < best_merge.rank) best = i, best_merge = it->second;
+    // The lowest-ranked pair, leftmost among equals, merges first (HF orders its queue so): a heap
+    // of candidate pairs over linked symbols, each checked when popped, so a long word (a run of
+    // spaces, base64) costs O(n log n), not O(n^2).
+    const std::size_t n = symbols.size();
+    if (n < 2) return symbols;
+    if (n <= 24) {  // a short word (most): scanning its pairs is cheaper than a heap
+      while (symbols.size() > 1) {
+        std::size_t best = 0;
+        Merge best_merge{std::numeric_limits<std::int32_t>::max(), -1};
+        for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+          const auto it = merges_.find(pair_key(symbols[i], symbols[i + 1]));
+          if (it != merges_.end() && it->second.rank < best_merge.rank) best = i, best_merge = it->second;
+        }
+        if (best_merge.id < 0) break;
+        symbols[best] = best_merge.id;
+        symbols.erase(symbols.begin() + std::ptrdiff_t(best) + 1);
       }
-      if (best_merge.id < 0) break;
-      symbols[best] = best_merge.id;
-      symbols.erase(symbols.begin() + std::ptrdiff_t(best) + 1);
+      return symbols;
     }
-    return symbols;
+    std::vector<std::size_t> next(n), previous(n);
+    std::vector<bool> alive(n, true);
+    for (std::size_t i = 0; i < n; ++i) next[i] = i + 1, previous[i] = i - 1;  // (n and size_t(-1): none)
+    using Candidate = std::tuple<std::int32_t, std::size_t, std::int32_t, std::int32_t>;  // rank, left position, left id, right id
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    auto offer = [&](std::size_t left) {
+      if (left >= n || next[left] >= n) return;
+      const auto it = merges_.find(pair_key(symbols[left], symbols[next[left]]));
+      if (it != merges_.end()) heap.emplace(it->second.rank, left, symbols[left], symbols[next[left]]);
+    };
+    for (std::size_t i = 0; i + 1 < n; ++i) offer(i);
+    while (!heap.empty()) {
+      const auto [rank, left, a, b] = heap.top();
+      heap.pop();
+      const std::size_t right = next[left];
+      if (!alive[left] || right >= n || symbols[left] != a || symbols[right] != b) continue;  // changed since offered
+      symbols[left] = merges_.at(pair_key(a, b)).id;
+      alive[right] = false;
+      next[left] = next[right];
+      if (next[right] < n) previous[next[right]] = left;
+      if (previous[left] < n) offer(previous[left]);
+      offer(left);
+    }
+    std::vector<std::int32_t> merged;
+    for (std::size_t i = 0; i < n; i = next[i]) merged.push_back(symbols[i]);
+    return merged;
   }
+
   static std::string byte_token(unsigned char b) {
     static const char* hex = "0123456789ABCDEF";
     return std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">";

@@ -3,6 +3,7 @@
 // the UTF-8 helpers the tokenizer needs (a character's length, lossy decoding as Rust's
 // String::from_utf8_lossy, which HF's decoders use).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -27,6 +28,21 @@ inline void append_utf8(std::string& out, std::uint32_t cp) {
 
 // The length in bytes of the UTF-8 character starting with lead byte c (1 for a stray byte).
 inline std::size_t utf8_length(unsigned char c) { return c < 0xc0 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4; }
+
+// The code point of the UTF-8 character at bytes[i] (well formed), and where the one before
+// byte i starts.
+inline std::uint32_t code_point_at(std::string_view bytes, std::size_t i) {
+  const auto c = static_cast<unsigned char>(bytes[i]);
+  const std::size_t n = std::min(utf8_length(c), bytes.size() - i);
+  std::uint32_t cp = n == 1 ? c : c & (0x7fu >> n);
+  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(bytes[i + k]) & 0x3fu);
+  return cp;
+}
+inline std::size_t character_before(std::string_view bytes, std::size_t i) {
+  do --i;
+  while (i > 0 && (static_cast<unsigned char>(bytes[i]) & 0xc0) == 0x80);
+  return i;
+}
 
 // The byte-level alphabet: byte b as a character (printable bytes as themselves, the others as
 // U+0100 onwards in byte order), in UTF-8, and the inverse.
@@ -58,14 +74,10 @@ struct ByteAlphabet {
   std::string decode(std::string_view token) const {
     std::string out;
     for (std::size_t i = 0; i < token.size();) {
-      const auto c = static_cast<unsigned char>(token[i]);
-      const std::size_t n = utf8_length(c);
-      std::uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-      for (std::size_t k = 1; k < n && i + k < token.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(token[i + k]) & 0x3f);
-      const auto it = byte_of.find(cp);
+      const auto it = byte_of.find(code_point_at(token, i));
       if (it == byte_of.end()) return std::string(token);
       out += char(it->second);
-      i += n;
+      i += utf8_length(static_cast<unsigned char>(token[i]));
     }
     return out;
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tshard/comm/failure.hpp"
+#include "tshard/comm/text.hpp"
 #include "tshard/core/error.hpp"
 #include "tshard/io/npy.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -75,13 +76,27 @@ class TokenWindows {
   }
 
   // A text file encoded by a tokenizer, whole and once (nothing inserted: no BOS), as windows of
-  // seq + 1 ids; read and encoded by every rank. A UsageError as bytes_of's, an IoError where the
-  // text is not UTF-8.
+  // seq + 1 ids: read and encoded on world rank 0, the ids broadcast. A UsageError as bytes_of's,
+  // an IoError (the text is not UTF-8, say) on every rank alike.
   static TokenWindows encoded(const std::string& program, const std::string& path, Index seq, const Tokenizer& tokenizer) {
-    std::ifstream f(path, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    std::vector<std::int32_t> tokens = agree(bool(f.good() || f.eof())) ? tokenizer.encode(text, false) : std::vector<std::int32_t>();
-    if (!agree(Index(tokens.size()) >= 10 * (seq + 1)))
+    std::vector<std::int32_t> tokens;
+    std::string error;
+    std::int64_t n = 0;
+    if (tshard::detail::comm_rank(MPI_COMM_WORLD) == 0) {
+      std::ifstream f(path, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      try {
+        if (f.good() || f.eof()) tokens = tokenizer.encode(text, false);
+      } catch (const IoError& e) {
+        error = e.what();
+      }
+      n = std::int64_t(tokens.size());
+    }
+    if (!(error = tshard::detail::broadcast_text(MPI_COMM_WORLD, error)).empty()) throw IoError(error);
+    tshard::detail::broadcast(MPI_COMM_WORLD, &n, 1, 0);
+    tokens.resize(std::size_t(n));
+    if (n > 0) tshard::detail::broadcast(MPI_COMM_WORLD, tokens.data(), Index(n), 0);
+    if (Index(tokens.size()) < 10 * (seq + 1))
       throw UsageError(program + ": --text '" + path + "' cannot be read or holds fewer than " + std::to_string(10 * (seq + 1)) +
                        " tokens (10 windows of seq + 1)");
     return TokenWindows(std::move(tokens), seq);

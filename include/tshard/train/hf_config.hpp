@@ -126,19 +126,25 @@ struct LlamaConfig {
     if (scaling) {
       const std::string field = params ? "rope_parameters" : "rope_scaling";
       const std::string type = string_of(*scaling, "rope_type", string_of(*scaling, "type", "default"));
-      if (type == "llama3") {
+      if (type == "llama3") {  // (transformers requires all four)
+        auto required = [&](const char* key) {
+          const double v = number_of(*scaling, key, -1);
+          if (!(v > 0)) throw IoError(at + "\"" + field + "\" with rope type \"llama3\" needs a positive \"" + key + "\"");
+          return v;
+        };
         c.rope.llama3 = true;
-        c.rope.factor = number_of(*scaling, "factor", c.rope.factor);
-        c.rope.low_freq_factor = number_of(*scaling, "low_freq_factor", c.rope.low_freq_factor);
-        c.rope.high_freq_factor = number_of(*scaling, "high_freq_factor", c.rope.high_freq_factor);
-        c.rope.original_max_position_embeddings =
-            number_of(*scaling, "original_max_position_embeddings", c.rope.original_max_position_embeddings);
+        c.rope.factor = required("factor"), c.rope.low_freq_factor = required("low_freq_factor");
+        c.rope.high_freq_factor = required("high_freq_factor");
+        c.rope.original_max_position_embeddings = required("original_max_position_embeddings");
+        if (c.rope.high_freq_factor <= c.rope.low_freq_factor)
+          throw IoError(at + "\"" + field + "\": \"high_freq_factor\" must exceed \"low_freq_factor\"");
       } else if (type != "default") {
         throw IoError(at + "\"" + field + "\" has rope type \"" + type + "\": tshard implements \"default\" and \"llama3\"");
       }
     }
-    c.bos_token_ids = ids_of(root.find("bos_token_id"), at + "\"bos_token_id\"");
-    c.eos_token_ids = ids_of(root.find("eos_token_id"), at + "\"eos_token_id\"");
+    // (absent: LlamaConfig's defaults, 1 and 2; null: none)
+    c.bos_token_ids = root.find("bos_token_id") ? ids_of(root.find("bos_token_id"), at + "\"bos_token_id\"") : std::vector<std::int32_t>{1};
+    c.eos_token_ids = root.find("eos_token_id") ? ids_of(root.find("eos_token_id"), at + "\"eos_token_id\"") : std::vector<std::int32_t>{2};
     return c;
   }
 

@@ -70,8 +70,9 @@ inline void save_hf_directory(MPI_Comm comm, const std::string& dir, nn::Module&
     const char* dtype_name = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
     const std::vector<std::string> copied{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                                           "special_tokens_map.json"};
-    for (const auto& file : copied)
-      if (from && fs::exists(fs::path(from->path) / file))
+    std::error_code same;
+    for (const auto& file : copied)  // (not onto itself: --save-hf into the directory --hf read)
+      if (from && fs::exists(fs::path(from->path) / file) && !fs::equivalent(fs::path(from->path) / file, fs::path(dir) / file, same))
         fs::copy_file(fs::path(from->path) / file, fs::path(dir) / file, fs::copy_options::overwrite_existing);
     if (!from) {
       std::ofstream out(fs::path(dir) / "config.json", std::ios::binary);

@@ -67,8 +67,9 @@ class Tokenizer {
     return add_special_tokens ? post_process(std::move(ids)) : ids;
   }
 
-  // HF's decode(ids): added tokens as written, byte-level tokens as their bytes, the whole read as
-  // UTF-8 with ill-formed bytes as U+FFFD. An id no vocabulary has is an IoError.
+  // HF's decode(ids): every token through the decoder (byte-level tokens as their bytes; an added
+  // token whose characters are not all byte-level ones as written), the whole read as UTF-8 with
+  // ill-formed bytes as U+FFFD. An id no vocabulary has is left out, as HF does.
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const {
     std::string bytes;
     std::vector<std::string> joined;  // without a decoder, tokens joined by spaces
@@ -77,11 +78,11 @@ class Tokenizer {
         const AddedToken& t = added_[it->second];
         if (skip_special_tokens && t.special) continue;
         if (!decoder_byte_level_) joined.push_back(t.content);
-        else bytes += t.content;
+        else bytes += detail::ByteAlphabet::get().decode(t.content);
         continue;
       }
       const std::string* token = model_.id_to_token(id);
-      if (!token) throw IoError(what_ + ": id " + std::to_string(id) + " is in no vocabulary of the tokenizer");
+      if (!token) continue;
       if (!decoder_byte_level_) joined.push_back(*token);
       else bytes += detail::ByteAlphabet::get().decode(*token);
     }
@@ -152,7 +153,8 @@ class Tokenizer {
     return v->boolean;
   }
   std::int32_t id_of(const Json& v, const std::string& where) const {
-    if (v.kind != Kind::Number || !v.integral || v.integer < 0 || v.integer > INT32_MAX) fail(where + " is not a token id");
+    if (v.kind != Kind::Number || !v.integral || v.integer < 0 || v.integer >= (1 << 26))
+      fail(where + " is not a token id (an integer from 0 to 2^26)");
     return std::int32_t(v.integer);
   }
   std::int32_t id_of_token(const std::string& token, const std::string& where) const {
@@ -209,7 +211,7 @@ class Tokenizer {
       AddedToken t;
       t.id = id_of(member(e, "id", where), where + ".id");
       t.content = string_member(e, "content", where);
-      if (t.content.empty()) fail(where + ".content is empty");
+      if (t.content.empty()) continue;  // (never matches: HF skips it too)
       t.single_word = flag(e, "single_word", false), t.lstrip = flag(e, "lstrip", false), t.rstrip = flag(e, "rstrip", false);
       t.special = flag(e, "special", false);
       added_by_id_[t.id] = added_.size();
@@ -227,8 +229,9 @@ class Tokenizer {
       const Json& list = member(*n, "normalizers", "normalizer");
       if (list.kind != Kind::Array) fail("normalizer.normalizers is not an array");
       for (const Json& e : list.array) read_normalizer(&e);
-    } else if (type == "NFC" || type == "NFKC") {
-      ascii_only_normalizer_ = type;  // identity on ASCII; other text needs Unicode tables (below)
+    } else if (type == "NFC" || type == "NFKC") {  // the identity below U+0300 (NFC) or U+00A0 (NFKC); above, an error
+      normalizer_ = type;
+      normalizer_identity_below_ = type == "NFC" ? 0x300 : 0xa0;
     } else {
       fail("normalizer \"" + type + "\" is not supported");
     }
@@ -260,9 +263,10 @@ class Tokenizer {
         if (behavior == names[b]) step.behavior = Behavior(b), known = true;
       if (!known) fail(where + ".behavior \"" + behavior + "\" is not a split behavior");
       step.invert = flag(p, "invert", false);
-    } else if (type == "Digits") {
+    } else if (type == "Digits") {  // (Rust's char::is_numeric: Unicode's N)
       step.kind = PreTokenizerStep::Kind::Digits;
       step.individual_digits = flag(p, "individual_digits", false);
+      step.regex.emplace(R"(\p{N})", what_ + ": " + where + " (Unicode digits)");
     } else {
       fail(where + " \"" + type + "\" is not supported (ByteLevel, Split, Digits and Sequence are)");
     }
@@ -347,15 +351,21 @@ class Tokenizer {
       i = end;
       if (best->single_word && ((begin > 0 && word_byte(text[begin - 1])) || (end < text.size() && word_byte(text[end])))) continue;
       if (best->lstrip)
-        while (begin > taken && space_byte(text[begin - 1])) --begin;
+        for (std::size_t before; begin > taken && white_space(detail::code_point_at(text, before = detail::character_before(text, begin)));)
+          begin = before;
       if (best->rstrip)
-        while (end < text.size() && space_byte(text[end])) ++end;
+        while (end < text.size() && white_space(detail::code_point_at(text, end)))
+          end += detail::utf8_length(static_cast<unsigned char>(text[end]));
       out.emplace_back(begin, end, best->id);
       taken = i = end;
     }
     return out;
   }
-  static bool space_byte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+  // Unicode's White_Space (Rust's char::is_whitespace, which HF's lstrip and rstrip use).
+  static bool white_space(std::uint32_t c) {
+    return (c >= 0x9 && c <= 0xd) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  }
   static bool word_byte(char c) {
     const auto u = static_cast<unsigned char>(c);
     return u >= 0x80 || (u >= '0' && u <= '9') || (u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || u == '_';
@@ -364,10 +374,11 @@ class Tokenizer {
   // Text between added tokens: normalized, pre-tokenized into words, each word through the BPE.
   void encode_segment(std::string_view text, std::vector<std::int32_t>& ids) const {
     if (text.empty()) return;
-    if (!ascii_only_normalizer_.empty())
-      for (unsigned char c : text)
-        if (c >= 0x80)
-          fail("normalizer " + ascii_only_normalizer_ + " is implemented for ASCII text only, and the text is not ASCII");
+    if (!normalizer_.empty())
+      for (std::size_t i = 0; i < text.size(); i += detail::utf8_length(static_cast<unsigned char>(text[i])))
+        if (detail::code_point_at(text, i) >= normalizer_identity_below_)
+          fail("normalizer " + normalizer_ + " is implemented where it changes nothing (code points below U+" +
+               (normalizer_ == "NFC" ? std::string("0300") : std::string("00A0")) + "), and the text has one above");
     std::vector<std::string> pieces{std::string(text)};
     for (const auto& step : pre_) {
       std::vector<std::string> next;
@@ -392,10 +403,9 @@ class Tokenizer {
     std::vector<std::pair<std::size_t, std::size_t>> matches;
     Behavior behavior = Behavior::Isolated;
     bool invert = false;
-    if (step.kind == K::Digits) {  // ASCII digits, one by one or in runs
+    if (step.kind == K::Digits) {  // each digit a match: apart, or runs joined
       behavior = step.individual_digits ? Behavior::Isolated : Behavior::Contiguous;
-      for (std::size_t i = 0; i < piece.size(); ++i)
-        if (piece[i] >= '0' && piece[i] <= '9') matches.emplace_back(i, i + 1);
+      matches = step.regex->find_all(piece);
     } else {
       behavior = step.behavior, invert = step.invert;
       if (step.regex) {
@@ -439,8 +449,8 @@ class Tokenizer {
           if (last_delimiter && !delimiter) result.back() += text;  // a delimiter joins the part after it
           else result.emplace_back(text);
           break;
-        case Behavior::Contiguous:
-          if (delimiter && last_delimiter) result.back() += text;
+        case Behavior::Contiguous:  // (HF joins neighbours alike, delimiters or not)
+          if (!result.empty() && delimiter == last_delimiter) result.back() += text;
           else result.emplace_back(text);
           break;
       }
@@ -479,7 +489,8 @@ class Tokenizer {
   std::unordered_map<std::int32_t, std::size_t> added_by_id_;
   std::vector<PreTokenizerStep> pre_;
   std::vector<TemplatePiece> template_;
-  std::string ascii_only_normalizer_;
+  std::string normalizer_;                      // NFC or NFKC, implemented where they are the identity
+  std::uint32_t normalizer_identity_below_ = 0;  // (the first code point they may change)
   std::array<std::vector<std::size_t>, 256> added_by_first_byte_;  // added_'s indices, longest first
   bool decoder_byte_level_ = false, clean_up_spaces_ = false;
 };

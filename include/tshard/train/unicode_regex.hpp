@@ -52,8 +52,8 @@ class UnicodeRegex {
   }
 
   // Every non-overlapping match of the pattern in `text`, left to right, as [begin, end) byte
-  // offsets (an empty match is skipped, and the search goes on one character later). `text` must
-  // be well-formed UTF-8 (checked once here, not per match).
+  // offsets, empty ones included except one right where the last match ended (the iteration of
+  // Oniguruma, which HF tokenizers uses). `text` must be well-formed UTF-8 (checked once here).
   std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const {
     std::vector<std::pair<std::size_t, std::size_t>> out;
 #if defined(TSHARD_WITH_PCRE2)
@@ -62,20 +62,19 @@ class UnicodeRegex {
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     const std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> data(
         pcre2_match_data_create_from_pattern(code_.get(), nullptr), [](pcre2_match_data* d) { pcre2_match_data_free(d); });
-    std::size_t start = 0;
+    std::size_t start = 0, last_end = std::string_view::npos;
     while (start <= text.size()) {
       const int rc = jit_ ? pcre2_jit_match(code_.get(), subject, text.size(), start, 0, data.get(), nullptr)
                           : pcre2_match(code_.get(), subject, text.size(), start, PCRE2_NO_UTF_CHECK, data.get(), nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) throw IoError(what_ + ": matching failed: " + message(rc));
       const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data.get());
-      if (v[1] > v[0]) {
-        out.emplace_back(v[0], v[1]);
-        start = v[1];
-      } else {  // an empty match: on to the next character
-        start = v[0] + 1;
-        while (start < text.size() && (static_cast<unsigned char>(text[start]) & 0xc0) == 0x80) ++start;
+      if (v[1] == v[0] && v[1] == last_end) {  // empty, where the last match ended: on one character
+        start += start < text.size() ? detail::utf8_length(static_cast<unsigned char>(text[start])) : 1;
+        continue;
       }
+      out.emplace_back(v[0], v[1]);
+      start = last_end = v[1];
     }
 #else
     (void)text;
