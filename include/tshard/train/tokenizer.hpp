@@ -146,6 +146,13 @@ class Tokenizer {
     if (v.kind != Kind::String) fail(where + "." + key + " is not a string");
     return v.string;
   }
+  // f(element, "<where>.<key>[i]") for each element of the array object[key] (a Sequence's parts).
+  template <class F>
+  void for_each_element(const Json& object, const std::string& key, const std::string& where, F&& f) const {
+    const Json& list = member(object, key, where);
+    if (list.kind != Kind::Array) fail(where + "." + key + " is not an array");
+    for (std::size_t i = 0; i < list.array.size(); ++i) f(list.array[i], where + "." + key + "[" + std::to_string(i) + "]");
+  }
   bool flag(const Json& object, const std::string& key, bool otherwise) const {
     const Json* v = object.find(key);
     if (!v || v->kind == Kind::Null) return otherwise;
@@ -226,9 +233,7 @@ class Tokenizer {
     if (!n || n->kind == Kind::Null) return;
     const std::string& type = string_member(*n, "type", "normalizer");
     if (type == "Sequence") {
-      const Json& list = member(*n, "normalizers", "normalizer");
-      if (list.kind != Kind::Array) fail("normalizer.normalizers is not an array");
-      for (const Json& e : list.array) read_normalizer(&e);
+      for_each_element(*n, "normalizers", "normalizer", [&](const Json& e, const std::string&) { read_normalizer(&e); });
     } else if (type == "NFC" || type == "NFKC") {  // the identity below U+0300 (NFC) or U+00A0 (NFKC); above, an error
       normalizer_ = type;
       normalizer_identity_below_ = type == "NFC" ? 0x300 : 0xa0;
@@ -242,9 +247,7 @@ class Tokenizer {
     const std::string& type = string_member(p, "type", where);
     PreTokenizerStep step{};
     if (type == "Sequence") {
-      const Json& list = member(p, "pretokenizers", where);
-      if (list.kind != Kind::Array) fail(where + ".pretokenizers is not an array");
-      for (std::size_t i = 0; i < list.array.size(); ++i) read_pre_tokenizer(list.array[i], where + ".pretokenizers[" + std::to_string(i) + "]");
+      for_each_element(p, "pretokenizers", where, [&](const Json& e, const std::string& at) { read_pre_tokenizer(e, at); });
       return;
     } else if (type == "ByteLevel") {
       step.kind = PreTokenizerStep::Kind::ByteLevel;
@@ -277,9 +280,7 @@ class Tokenizer {
     if (p.kind == Kind::Null) return;
     const std::string& type = string_member(p, "type", where);
     if (type == "Sequence") {
-      const Json& list = member(p, "processors", where);
-      if (list.kind != Kind::Array) fail(where + ".processors is not an array");
-      for (std::size_t i = 0; i < list.array.size(); ++i) read_post_processor(list.array[i], where + ".processors[" + std::to_string(i) + "]");
+      for_each_element(p, "processors", where, [&](const Json& e, const std::string& at) { read_post_processor(e, at); });
     } else if (type == "ByteLevel") {  // (offsets only)
     } else if (type == "TemplateProcessing") {
       if (!template_.empty()) fail(where + ": a second template");
@@ -320,9 +321,7 @@ class Tokenizer {
     if (d.kind == Kind::Null) return;
     const std::string& type = string_member(d, "type", where);
     if (type == "Sequence") {
-      const Json& list = member(d, "decoders", where);
-      if (list.kind != Kind::Array) fail(where + ".decoders is not an array");
-      for (std::size_t i = 0; i < list.array.size(); ++i) read_decoder(list.array[i], where + ".decoders[" + std::to_string(i) + "]");
+      for_each_element(d, "decoders", where, [&](const Json& e, const std::string& at) { read_decoder(e, at); });
     } else if (type == "ByteLevel") {
       decoder_byte_level_ = true;
     } else {
