@@ -49,8 +49,7 @@ struct Options {
     return c.vocab_size = vocab, c.head_dim = head_dim(), c;
   }
 };
-template <class T, class SpecT>
-using Weight = ts::train::HfWeight<T, Sub, SpecT>;  // one parameter "weight" in HF's layout
+template <class T, class SpecT> using Weight = ts::train::HfWeight<T, Sub, SpecT>;  // one parameter "weight" in HF's layout
 
 
 using Activation = ts::Spec<S<"data">, S<"context">, R>;  // [B, T, D]: batch over data, positions over context
@@ -204,7 +203,8 @@ class LlamaStage : public ts::nn::Module {
       : mesh_(mesh), sub_(mesh.submesh<"data", "context", "model">()), c_(o), first_(pipe.first()), last_(pipe.last()), text_(text),
         model(sub_, o, pipe.partition(o.layers).first, pipe.partition(o.layers).second, first_, last_) {
     register_module("model", model);
-    if (last_ && !o.llama.tie_word_embeddings) register_module("lm_head", lm_head.emplace(sub_, "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
+    if (last_ && !(o.llama.tie_word_embeddings && first_)) register_module("lm_head", lm_head.emplace(sub_, o.llama.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
+    if (lm_head && o.llama.tie_word_embeddings) lm_head->tied_to = "model.embed_tokens.weight";  // a tied head on another stage than the embedding: its copy
     if (!o.data_file.empty() && (first_ || last_)) data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_llama: --data");
   }
 
@@ -219,7 +219,7 @@ class LlamaStage : public ts::nn::Module {
     for (auto& layer : model.list) x = (*layer)(x, pos);
     return x;
   }
-  auto logits(const Activation& x) { return ts::einsum<"btd,vd->btv">((*model.norm)(x), c_.llama.tie_word_embeddings ? model.embed_tokens->weight : lm_head->weight); }
+  auto logits(const Activation& x) { return ts::einsum<"btd,vd->btv">((*model.norm)(x), lm_head ? lm_head->weight : model.embed_tokens->weight); }
   auto loss(const ts::nn::MicroBatch& mb, const Activation* in) {
     auto z = logits(forward(mb, in));
     auto loss = ts::nn::cross_entropy(z, ids(mb, 1));
@@ -284,7 +284,6 @@ Options parse(int argc, char** argv) {
     const auto& c = o.llama = o.dir->config;
     o.dmodel = c.hidden_size, o.hidden = c.intermediate_size, o.layers = int(c.num_hidden_layers), o.heads = c.num_attention_heads, o.init = o.hf;
     o.kv_heads = c.kv_heads(), o.vocab = c.vocab_size;
-    if (c.tie_word_embeddings && o.mesh.sizes[1] > 1) f.fail("a tied head (tie_word_embeddings) and --mesh stage>1: the embedding and the head sit on two stages");
     if (!o.text.empty() && !o.tokenizer()) f.fail("--text with --hf needs " + o.hf + "/tokenizer.json");
     if (o.tokenizer() && Index(o.tokenizer()->vocab_size()) > o.vocab) f.fail("tokenizer.json's ids reach past config.json's vocab_size");
   } else if (!o.text.empty() && f.given("--vocab") && o.vocab != 256)
@@ -341,6 +340,7 @@ ts::train::RunLog train(const M& mesh, const Options& o, int zero, int microbatc
                      .zero_stage = zero, .data_axis = "data,context", .overlap = o.overlap});
   opt.add(stage, ts::nn::decay_matrices_only(o.weight_decay));
   opt.set_norm_mesh(mesh);
+  if (o.llama.tie_word_embeddings && (pipe.first() || pipe.last())) pipe.tie_ends(opt, pipe.first() ? stage.model.embed_tokens->weight : stage.lm_head->weight);
   if (files && o.show_sharding && pipe.first() && pipe.last()) {  // how a few weights lie on the {data, model} ranks
     ts::visualize(stage.model.embed_tokens->weight, "model.embed_tokens.weight");
     ts::visualize(stage.model.list.at(0)->mlp.up_proj.weight, "model.layers.0.mlp.up_proj.weight");

@@ -410,6 +410,51 @@ TEST_CASE("clip_grad_norm counts a replicated parameter once and equals the seri
   });
 }
 
+TEST_CASE("Optimizer::tie: two copies of a parameter on the ends of a line take the update of their summed gradient, "
+          "counted once in the norm", "[layers]") {
+  // The "model" axis stands for a pipeline's stages: its first and last coordinates hold the
+  // twins (a tied embedding and head), the ones between other parameters; each data line its own.
+  const Eigen::Tensor<double, 2> start = values(7, 5, 3);
+  auto grad_of = [](int c) { return Eigen::Tensor<double, 2>(values(7, 5, 10 + c) * 4.0); };
+  using Line = ts::Mesh<"data">;
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    const int k = sizes[1], m = mesh.coord<"model">();
+    if (k < 2) return;  // (no two ends)
+    MPI_Comm line;
+    MPI_Comm_split(mesh.comm(), mesh.coord<"data">(), m, &line);
+    const bool twin = m == 0 || m == k - 1;
+    const Eigen::Tensor<double, 2> mine = twin ? Eigen::Tensor<double, 2>(grad_of(0) + grad_of(k - 1)) : grad_of(m);
+    double sq = 0;  // the serial norm: the twins' sum once, the others each
+    for (int c = 0; c < k - 1; ++c) {
+      const Eigen::Tensor<double, 2> g = c == 0 ? Eigen::Tensor<double, 2>(grad_of(0) + grad_of(k - 1)) : grad_of(c);
+      sq += Eigen::Tensor<double, 0>((g * g).sum())();
+    }
+    for (int zero : {0, 2, 3}) {
+      INFO("mesh " << sizes[0] << "x" << k << ", zero " << zero);
+      const ts::nn::AdamWOptions options{.lr = 0.05f, .weight_decay = 0.1f, .zero_stage = zero};
+      const Line sub = mesh.submesh<"data">();
+      auto p = ts::distribute<ts::Spec<ts::R, ts::R>>(sub, start);
+      auto g = ts::distribute<ts::Spec<ts::R, ts::R>>(sub, grad_of(m));
+      ts::nn::AdamW opt(options);
+      opt.add(p, g);
+      opt.set_norm_mesh(mesh);
+      if (twin) opt.tie(p, line, m == 0 ? k - 1 : 0, m == 0);
+      const double norm = opt.clip_grad_norm(0.5);
+      opt.step();
+      // One rank: this coordinate's parameter with the gradient it should have seen, clipped alike.
+      const Line self(MPI_COMM_SELF, {1});
+      auto p1 = ts::distribute<ts::Spec<ts::R, ts::R>>(self, start);
+      auto g1 = ts::distribute<ts::Spec<ts::R, ts::R>>(self, Eigen::Tensor<double, 2>(mine * (0.5 / (std::sqrt(sq) + 1e-6))));
+      ts::nn::AdamW serial(options);
+      serial.add(p1, g1);
+      serial.step();
+      TS_REQUIRE_ALL(std::abs(norm - std::sqrt(sq)) < 1e-12 * norm);
+      TS_REQUIRE_ALL(compare(p.gather(), p1.gather(), 1e-12) == "");
+    }
+    MPI_Comm_free(&line);
+  });
+}
+
 TEST_CASE("cross_entropy over [B, T, V] logits equals the mean over every position", "[layers]") {
   const Eigen::Index B = 3, T = 4, V = 13;
   const T3 z = random_tensor<3>({B, T, V}, 5) * 3.0;

@@ -106,11 +106,33 @@ class Optimizer {
     if (any) model.defer_gradient_sums(deferred);
   }
 
+  // A parameter held twice, this copy here and its twin on rank `peer` of `comm` with the same
+  // shape, spec and data-parallel layout: a tied embedding and head on a pipeline's first and
+  // last stages (Megatron's embedding group). After the data-parallel sums, each copy's
+  // gradient becomes the sum of both, so the twins take the same update and stay equal;
+  // clip_grad_norm counts the copy where `counted` is true, not its twin. Both ranks call it
+  // after add(), with the other's rank.
+  template <class T, class M, class S>
+  void tie(const ShardedTensor<T, M, S>& param, MPI_Comm comm, int peer, bool counted) {
+    for (auto& b : buckets_) {
+      auto* typed = dynamic_cast<Bucket<T>*>(b.get());
+      for (int j = 0; typed && j < typed->slot_count(); ++j) {
+        auto& s = typed->slots[std::size_t(j)];
+        if (s.identity != &param) continue;
+        s.norm_elsewhere = !counted;
+        ties_.push_back([typed, j, comm, peer] { return typed->add_twin_gradient(j, comm, peer); });
+        return;
+      }
+    }
+    throw SpecError("tshard::optim::Optimizer::tie: the parameter " + param.describe() + " was not added to this optimizer");
+  }
+
   // Zeroes every registered gradient. A gradient of a module given whole goes back to the pool
   // instead (PyTorch's set_to_none): it holds no memory until the next backward writes it, so
   // read it only after a backward.
   void zero_grad() {
     for (auto& b : buckets_) b->zero_grad();
+    ties_summed_ = false;
   }
 
   // While set, layers' gradients accumulate locally and are reduced by step() only (gradient
@@ -153,6 +175,7 @@ class Optimizer {
     for (auto& u : updates_) u(options_, steps_);
     for (auto& b : buckets_) b->gather_parameters(false);
     for (auto& b : buckets_) b->started = false;
+    ties_summed_ = false;
     reduction_ = this_step_;
     this_step_ = {};
   }
@@ -407,6 +430,7 @@ class Optimizer {
     const int n = b.data_ranks();
     Slot<T> s;
     s.keep = view.keep;
+    s.identity = view.identity;
     s.param = view.param;
     s.grad = view.grad;
     s.param_present = view.param_present;
@@ -470,11 +494,15 @@ class Optimizer {
     b.release_parameters();
   }
 
+  // Every bucket's data-parallel sum completed, then the tied twins' gradients summed (once a step).
   void finish_reductions() {
     for (auto& b : buckets_) {
       if (!b->started) ++this_step_.buckets;
       this_step_.blocked_seconds += b->finish_reduction();
     }
+    if (ties_summed_) return;
+    ties_summed_ = true;
+    for (auto& tie : ties_) this_step_.blocked_seconds += tie();
   }
 
   Options options_;
@@ -490,6 +518,8 @@ class Optimizer {
   // and its block, for a state array in state_dict().
   std::vector<std::function<std::pair<std::shared_ptr<nn::StateTensor>, void*>()>> state_like_;
   std::vector<std::function<void(const Options&, long)>> updates_;
+  std::vector<std::function<double()>> ties_;  // each tied copy's gradient sum with its twin's
+  bool ties_summed_ = false;                   // this step's (clip_grad_norm and step() both finish reductions)
   GradientReductionStats reduction_, this_step_;
   parallel::detail::ParameterStreaming streaming_{options_.prefetch};  // stage 3's gathers
 };

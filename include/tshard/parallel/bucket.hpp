@@ -16,6 +16,7 @@
 
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/nonblocking.hpp"
+#include "tshard/comm/point_to_point.hpp"
 #include "tshard/core/box_copy.hpp"
 #include "tshard/parallel/slot.hpp"
 
@@ -198,7 +199,7 @@ class Bucket : public BucketBase {
       // Each element once: the first replica along every axis the parameter is replicated
       // over, except the data axis where the chunks partition it.
       std::uint32_t axes = s.replica_axes & ~(s.sharded ? data_mask : 0u);
-      bool counted = true;
+      bool counted = !s.norm_elsewhere;
       for (int a = 0; a < tshard::detail::kMaxAxes; ++a)
         if ((axes & (1u << a)) && coords[a] != 0) counted = false;
       if (!counted) continue;
@@ -221,6 +222,32 @@ class Bucket : public BucketBase {
         for (Index i = 0; i < n; ++i) g[i] = T(g[i] * f);
       });
     }
+  }
+
+  // A tied parameter (one copy here, its twin on rank `peer` of `comm`, laid out alike): the
+  // range this rank updates, reduced over the data axis already, becomes the sum of both copies'
+  // gradients. Both ranks add mine + theirs, which rounds alike either way round, so the twins
+  // keep taking the same update. Returns the seconds blocked.
+  double add_twin_gradient(int slot, MPI_Comm comm, int peer) {
+    Slot<T>& s = slots[std::size_t(slot)];
+    const Index begin = s.owned_begin(c_), end = s.owned_end(c_);
+    Index n = 0;
+    s.for_each_run_in(begin, end, [&](Index, Index len) { n += len; });
+    tshard::detail::OperatorScope scope("tied_gradient_sum");
+    auto mine = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(n, 1)));
+    auto theirs = tshard::detail::pooled_array<T>(static_cast<std::size_t>(std::max<Index>(n, 1)));
+    T* out = mine.get();
+    s.for_each_run_in(begin, end, [&](Index off, Index len) { out = std::copy(gradient_at(s, off), gradient_at(s, off) + len, out); });
+    auto sent = tshard::detail::PendingMessage::send(comm, peer, mine.get(), n, kTieTag);
+    auto received = tshard::detail::PendingMessage::receive(comm, peer, theirs.get(), n, kTieTag);
+    const double blocked = tshard::detail::wait_all({&sent, &received});
+    const T* in = theirs.get();
+    s.for_each_run_in(begin, end, [&](Index off, Index len) {
+      T* g = gradient_at(s, off);
+      for (Index i = 0; i < len; ++i) g[i] = T(g[i] + in[i]);
+      in += len;
+    });
+    return blocked;
   }
 
   // The parameter this rank updates, from local index i of the block on (i in the owned range):
@@ -343,6 +370,7 @@ class Bucket : public BucketBase {
   Index prefetch_total_ = 0;  // elements of each rank's packed chunks in the prefetch
   std::unique_ptr<tshard::detail::PendingCollective<T>> prefetch_;  // stage 3: a gather in flight
   static constexpr Index kInPlace = Index(1) << 16;  // elements: reduced alone, without packing
+  static constexpr int kTieTag = 0x7e1d;  // the tied gradients' messages (apart from a pipeline's)
 
   // The parameters an all-gather of chunks moves: the streamed ones (stage 3) or the others.
   bool gathers(const Slot<T>& s, bool streamed) const { return s.sharded && s.streamed == streamed; }

@@ -188,6 +188,13 @@ class Pipeline {
   const PipelineOptions& options() const { return o_; }
   // The ranks of this rank's stage-axis line: one per stage, ordered by stage.
   MPI_Comm stage_comm() const { return stage_comm_; }
+  // A parameter the first and last stages each hold (a tied embedding and head): `opt` sums the
+  // two copies' gradients after the data-parallel sums and counts them once in the norm
+  // (ts::optim::Optimizer::tie). Both stages call it with their copy; with one stage, nothing.
+  template <class Optimizer, class P>
+  void tie_ends(Optimizer& opt, const P& param) const {
+    if (stages_ > 1 && (first() || last())) opt.tie(param, stage_comm_, first() ? stages_ - 1 : 0, first());
+  }
 
   // Which of `count` items (layers) stage s holds: [begin, end), as even as possible, the first
   // stages taking one more where they do not divide.

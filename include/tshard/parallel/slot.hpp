@@ -72,6 +72,8 @@ struct Slot {
   std::shared_ptr<T> master;   // stage 3: this rank's chunk of the parameter
   std::shared_ptr<T> reduced;  // stages 2 and 3: this rank's chunk of the reduced gradient
   std::optional<double> lr, weight_decay;  // a parameter group's own settings (else the optimizer's)
+  const void* identity = nullptr;  // the registered parameter tensor
+  bool norm_elsewhere = false;     // a tied copy: the gradient norm counts its twin, not it
   std::shared_ptr<void> keep;  // the registered parameter's handle: param and grad outlive their module
 
   Index owned_begin(int c) const { return sharded ? std::min(size, Index(c) * chunk) : 0; }

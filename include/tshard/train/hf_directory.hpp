@@ -64,7 +64,7 @@ inline void save_hf_directory(MPI_Comm comm, const std::string& dir, nn::Module&
   namespace fs = std::filesystem;
   std::vector<io::NamedTensor> tensors;
   std::vector<std::shared_ptr<void>> keep;
-  for (const auto& [name, p] : hf_parameters(model)) keep.push_back(p->add_to(tensors, name, dtype));
+  for (const auto& [name, p] : hf_parameters(model, true)) keep.push_back(p->add_to(tensors, name, dtype));
   io::save_safetensors_shards(comm, dir, tensors, max_shard_bytes);
   io::detail::on_first_rank(comm, "writing the configuration and tokenizer into '" + dir + "'", [&] {
     const char* dtype_name = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";

@@ -37,6 +37,10 @@ struct HfParameter {
   // as `stored`, io::NamedTensor's); the returned handle keeps a reshaped copy alive until the file
   // is written.
   virtual std::shared_ptr<void> add_to(std::vector<io::NamedTensor>& out, const std::string& name, const std::string& stored = "") = 0;
+  // A tied copy of the parameter so named (a head that is the embedding, on the last pipeline
+  // stage while the embedding is on the first; ts::optim::Optimizer::tie keeps the two equal):
+  // read from that tensor, and left out of the files written, which hold the original.
+  std::string tied_to;
 };
 
 namespace detail {
@@ -125,11 +129,14 @@ struct HfWeight : nn::Module, HfLayout<ShardedTensor<T, M, SpecT>> {
   }
 };
 
-// Every HF parameter of a model (its modules that are HfParameters), named "<module path>weight".
-inline std::vector<std::pair<std::string, HfParameter*>> hf_parameters(nn::Module& model) {
+// Every HF parameter of a model (its modules that are HfParameters) by its name in HF's files:
+// "<module path>weight", or the name a tied copy reads. `written`: only those a file holds (no
+// tied copy).
+inline std::vector<std::pair<std::string, HfParameter*>> hf_parameters(nn::Module& model, bool written = false) {
   std::vector<std::pair<std::string, HfParameter*>> out;
   model.for_each_module([&](nn::Module& m, const std::string& prefix) {
-    if (auto* p = dynamic_cast<HfParameter*>(&m)) out.emplace_back(prefix + "weight", p);
+    auto* p = dynamic_cast<HfParameter*>(&m);
+    if (p && !(written && !p->tied_to.empty())) out.emplace_back(p->tied_to.empty() ? prefix + "weight" : p->tied_to, p);
   });
   return out;
 }
@@ -146,7 +153,7 @@ inline void load_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& 
 inline void save_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& model) {
   std::vector<io::NamedTensor> tensors;
   std::vector<std::shared_ptr<void>> keep;
-  for (const auto& [name, p] : hf_parameters(model)) keep.push_back(p->add_to(tensors, name));
+  for (const auto& [name, p] : hf_parameters(model, true)) keep.push_back(p->add_to(tensors, name));
   io::save_safetensors(comm, path, tensors, {{"format", "pt"}});
 }
 
