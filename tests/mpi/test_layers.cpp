@@ -220,11 +220,24 @@ TEST_CASE("ZeRO stages 0-3 give the single-rank parameters, losses and gradient 
   REQUIRE(want.norms[0] > 0.5);  // clipping is active
   on_every_dm_mesh([&](DM& mesh, auto sizes) {
     for (int zero = 0; zero <= 3; ++zero)
-      for (int variant = 0; variant < 3; ++variant) {
-        const bool overlap = variant != 1, prefetch = variant == 2;
-        if ((!overlap && zero % 2) || (prefetch && zero != 3)) continue;
-        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap << ", prefetch " << prefetch);
-        const Trained got = train_tiny(mesh, zero, overlap, 0.5, prefetch);
+      for (int variant = 0; variant < 4; ++variant) {
+        // variant 3: every bucket through tshard's all-reduce, in two levels where the data
+        // group's ranks make nodes of two (TSHARD_RANKS_PER_NODE, read when the buckets are made)
+        const bool overlap = variant == 0 || variant == 2, prefetch = variant == 2, own = variant == 3;
+        if ((!overlap && zero % 2 && !own) || (prefetch && zero != 3)) continue;
+        INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap << ", prefetch " << prefetch
+                     << ", tshard's all-reduce in two levels " << own);
+        Trained got;
+        if (own) {
+          setenv("TSHARD_RANKS_PER_NODE", "2", 1);
+          ts::detail::own_all_reduce_bytes() = 0;
+          DM fresh({sizes[0], sizes[1]});  // (its node groups made under that setting)
+          got = train_tiny(fresh, zero, overlap, 0.5, prefetch);
+          unsetenv("TSHARD_RANKS_PER_NODE");
+          ts::detail::own_all_reduce_bytes() = std::uint64_t(1) << 20;
+        } else {
+          got = train_tiny(mesh, zero, overlap, 0.5, prefetch);
+        }
         TS_REQUIRE_ALL(close({got.losses}, {want.losses}, 1e-12));
         TS_REQUIRE_ALL(close({got.norms}, {want.norms}, 1e-12));
         TS_REQUIRE_ALL(close(got.parameters, want.parameters, 1e-11));

@@ -1,7 +1,10 @@
 // Mesh construction, its communicators, failure agreement and the buffer pool.
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "tshard/comm/all_reduce.hpp"
 #include "tshard/comm/nonblocking.hpp"
 #include "test_support.hpp"
 
@@ -239,6 +242,63 @@ TEST_CASE("a non-blocking all-gather (ZeRO-3's prefetch) equals the blocking one
 
 // Run only on purpose (hidden tag): rank 1 fails a plain REQUIRE and leaves the others waiting in
 // a barrier; the watchdog must end the job. Driven by tests/scripts/expect_quick_failure.cmake.
+// tshard's all-reduce (the reduce-scatter exchange in place, each segment gathered as soon as it
+// is summed): element i is the serial sum in its owner's ring order, r + 1, ..., r - 1, r last,
+// to the bit and the same on every rank, for blocks that do not divide, fewer elements than
+// ranks, one segment or many and chunked calls; on pairs it is MPI's.
+TEST_CASE("the exchange all-reduce equals the serial sum in the ring's order to the bit on groups of every size, and "
+          "MPI's on pairs", "[comm]") {
+  using ts::detail::Index;
+  on_groups_and_chunk_limits({1, 2, 3, 4}, [](MPI_Comm group, int p, int r, Index limit) {
+    const auto value = [](int q, Index i) { return 0.1 * double(i) + 1.0 / double(3 + q) + 1e-3 * q * double(i); };
+    for (Index n : {Index(0), Index(2), Index(23)})
+      for (Index segment : {Index(0), Index(1), Index(4)}) {
+        const ts::detail::Blocks blocks(n, p);
+        const auto m = static_cast<std::size_t>(n);
+        std::vector<double> data(m), want(m), mpi(m);
+        for (Index i = 0; i < n; ++i) data[std::size_t(i)] = value(r, i);
+        for (Index i = 0; i < n; ++i) {
+          const int owner = int(i / blocks.size);
+          for (int d = 1; d <= p; ++d)
+            want[std::size_t(i)] = d == 1 ? value((owner + d) % p, i) : want[std::size_t(i)] + value((owner + d) % p, i);
+        }
+        MPI_Allreduce(data.data(), mpi.data(), int(n), MPI_DOUBLE, MPI_SUM, group);
+        ts::detail::exchange_all_reduce(group, data.data(), n, segment);
+        INFO("group of " << p << ", " << n << " elements, segment " << segment << ", chunk limit " << limit);
+        TS_REQUIRE_ALL(data == want);
+        TS_REQUIRE_ALL(p > 2 || data == mpi);
+      }
+  });
+}
+
+// Two levels over nodes made by TSHARD_RANKS_PER_NODE on this one machine: where every node has
+// the same number of ranks (more than one, on more than one node) the all-reduce and ZeRO's
+// reduce-scatter run in two levels; whole numbers sum exactly in any order, so the results are
+// the flat ones to the bit, on every rank, blocks dividing or not.
+TEST_CASE("two-level all-reduce and reduce-scatter over nodes of equal size equal the flat ones", "[comm]") {
+  using ts::detail::Index;
+  const int world = world_size(), me = world_rank();
+  for (int per_node : {1, 2, 3}) {
+    setenv("TSHARD_RANKS_PER_NODE", std::to_string(per_node).c_str(), 1);
+    const auto g = ts::detail::split_by_node(MPI_COMM_WORLD);
+    unsetenv("TSHARD_RANKS_PER_NODE");
+    INFO(world << " ranks, " << per_node << " a node");
+    TS_REQUIRE_ALL(g->usable == (per_node > 1 && world > per_node && world % per_node == 0));
+    for (Index n : {Index(1), Index(12), Index(37)}) {
+      const auto m = static_cast<std::size_t>(n);
+      std::vector<double> data(m), want(m), send(m * std::size_t(world)), got(m), flat(m);
+      for (Index i = 0; i < n; ++i) data[std::size_t(i)] = double((me + 1) * (i + 3) % 17);
+      for (Index i = 0; i < n * world; ++i) send[std::size_t(i)] = double((me + 2) * (i + 1) % 13);
+      MPI_Allreduce(data.data(), want.data(), int(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      ts::detail::two_level_all_reduce(MPI_COMM_WORLD, *g, data.data(), n);
+      ts::detail::reduce_scatter_block(MPI_COMM_WORLD, send.data(), flat.data(), n, ts::ReduceOp::Sum);
+      ts::detail::two_level_reduce_scatter(MPI_COMM_WORLD, *g, send.data(), got.data(), n);
+      INFO(n << " elements");
+      TS_REQUIRE_ALL(data == want && got == flat);
+    }
+  }
+}
+
 TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {
   if (world_rank() == 1 % world_size()) REQUIRE(false);
   MPI_Barrier(MPI_COMM_WORLD);

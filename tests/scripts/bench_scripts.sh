@@ -11,6 +11,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 export TSHARD_BENCH_BUILD=$build TSHARD_BENCH_TINY=1
 declare -A args=(
+  [run_all_reduce]="--min 0.25 --max 0.5 --reps 1"
   [run_ad]="--dmodel 32 --heads 2 --batch 2 --seq 8 --layers 1 --reps 1"
   [run_bf16]="--B 8 --D 16 --H 32 --n 32 --reps 1"
   [run_conv]="--n 2 --c 4 --o 4 --h 8 --w 8 --reps 1"

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tshard/comm/all_reduce.hpp"
 #include "tshard/core/fixed_string.hpp"
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/spec_descriptor.hpp"
@@ -86,6 +87,13 @@ class MeshState {
       if (mask & (1u << a)) axes.push_back(a);
     return group(axes);
   }
+  // The group of `mask` split by node (all_reduce.hpp's two levels), made on first use:
+  // collective over that group, whose ranks ask alike (they build the same buckets).
+  std::shared_ptr<const NodeGroups> node_groups(std::uint32_t mask) {
+    auto& g = node_groups_[mask];
+    if (!g) g = split_by_node(group_of_mask(mask));
+    return g;
+  }
 
  private:
   MeshShape shape_;
@@ -93,6 +101,7 @@ class MeshState {
   int rank_ = 0;
   std::array<int, kMaxAxes> coords_{};
   std::map<std::vector<int>, MPI_Comm> groups_;
+  std::map<std::uint32_t, std::shared_ptr<const NodeGroups>> node_groups_;
 };
 
 }  // namespace detail

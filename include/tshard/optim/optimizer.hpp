@@ -341,7 +341,7 @@ class Optimizer {
         n *= state.shape().sizes[a];
         c = c * state.shape().sizes[a] + state.coords()[a];
       }
-    auto b = std::make_unique<Bucket<T>>(state.group_of_mask(mask), n, c, options_.zero_stage);
+    auto b = std::make_unique<Bucket<T>>(state.group_of_mask(mask), state.node_groups(mask), n, c, options_.zero_stage);
     b->data_mask = mask;
     b->coords = state.coords();
     if (!norm_mesh_set_) world_ = state.comm();

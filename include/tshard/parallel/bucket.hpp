@@ -73,7 +73,8 @@ class BucketBase {
 template <class T>
 class Bucket : public BucketBase {
  public:
-  Bucket(MPI_Comm data, int n, int c, int stage) : data_(data), n_(n), c_(c), stage_(stage) {}
+  Bucket(MPI_Comm data, std::shared_ptr<const tshard::detail::NodeGroups> nodes, int n, int c, int stage)
+      : data_(data), nodes_(std::move(nodes)), n_(n), c_(c), stage_(stage) {}
   std::vector<Slot<T>> slots;
 
   int data_coord() const { return c_; }
@@ -361,6 +362,7 @@ class Bucket : public BucketBase {
 
  private:
   MPI_Comm data_;
+  std::shared_ptr<const tshard::detail::NodeGroups> nodes_;  // the data axis by node, for two levels
   int n_ = 1, c_ = 0, stage_ = 0;
   bool scatter_ = false;
   std::shared_ptr<T> send_, recv_;
@@ -416,8 +418,12 @@ class Bucket : public BucketBase {
         double& into;
         ~Timed() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
       } timed{t0, blocking_seconds_};
+      // tshard's own exchanges (comm/all_reduce.hpp: pipelined, in two levels over nodes);
+      // MPI's all-reduce for small buffers.
       if (recv)
-        tshard::detail::reduce_scatter_block(data_, send, recv, n, ReduceOp::Sum);
+        tshard::detail::two_level_reduce_scatter(data_, *nodes_, send, recv, n);
+      else if (tshard::detail::bytes_of<T>(n) >= tshard::detail::own_all_reduce_bytes())
+        tshard::detail::two_level_all_reduce(data_, *nodes_, send, n);
       else
         tshard::detail::all_reduce(data_, send, send, n, ReduceOp::Sum);
       return;

@@ -1,0 +1,174 @@
+// tshard's own all-reduce of large buffers (the gradient buckets): the reduce-scatter exchange of
+// collectives.hpp done in place, then each reduced segment all-gathered as soon as it is
+// complete, so that one segment's gather travels while the next is summed (NCCL's and Horovod's
+// pipelining of a ring). Bytes per rank are a ring's 2 (p - 1) / p of the buffer; the sum of each
+// element is taken in the reduce-scatter's ring order (its owner's block: r + 1, ..., r - 1, r),
+// the same bits on every rank, and on two ranks MPI's (a + b is b + a).
+//
+// Two levels (many nodes): the communicator split by shared memory (MPI_Comm_split_type), a
+// reduce-scatter inside each node, the all-reduce of each rank's block among the ranks of the
+// other nodes that hold the same block, then an all-gather inside each node: the network carries
+// 2 (nodes - 1) / nodes of a node's share instead of the whole buffer through every rank.
+// ZeRO's reduce-scatter gets the same two levels. TSHARD_RANKS_PER_NODE=k makes world ranks
+// [0, k), [k, 2k), ... nodes (tests and benchmarks on one machine; scripts/two_hosts.sh runs two
+// real network namespaces).
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "tshard/comm/collectives.hpp"
+
+namespace tshard::detail {
+
+// The tag of the all-gather half (the reduce-scatter half uses kReductionTag).
+inline constexpr int kGatherTag = 0x7e5e;
+
+// Buffers of at least this many bytes take tshard's all-reduce in the optimizer's buckets; smaller
+// ones MPI's, whose log p rounds beat p - 1 there (settable: tests run every size through it).
+inline std::uint64_t& own_all_reduce_bytes() {
+  static std::uint64_t bytes = std::uint64_t(1) << 20;
+  return bytes;
+}
+
+// n elements as p blocks of ceil(n / p), the last ones shorter or empty: rank r owns block r.
+struct Blocks {
+  Index n = 0, size = 0;
+  int p = 1;
+  Blocks(Index n_, int p_) : n(n_), size((n_ + p_ - 1) / p_), p(p_) {}
+  Index begin(int r) const { return std::min(n, Index(r) * size); }
+  Index length(int r) const { return std::min(n, Index(r + 1) * size) - begin(r); }
+  // Segment k of block r: [at, at + len) of the buffer.
+  Index segment_at(int r, Index k, Index seg) const { return begin(r) + std::min(length(r), k * seg); }
+  Index segment_length(int r, Index k, Index seg) const {
+    return std::max<Index>(0, std::min(length(r), (k + 1) * seg) - std::min(length(r), k * seg));
+  }
+};
+
+// data = the sum over comm of data, in place, by the exchange above; `segment` elements a message.
+template <class T>
+void exchange_all_reduce(MPI_Comm comm, T* data, Index n, Index segment = 0) {
+  using A = accumulator_t<T>;
+  const int p = comm_size(comm), me = comm_rank(comm);
+  if (p == 1 || n == 0) return;
+  const Blocks b(n, p);
+  const Index seg = std::max<Index>(1, std::min({segment > 0 ? segment : reduction_segment<T>(), collective_chunk_limit(), b.size}));
+  const Index segments = (b.size + seg - 1) / seg;
+  std::uint64_t moved = 0;  // each way: the other blocks' (reduce-scatter) and p - 1 copies of this one's (all-gather)
+  for (int r = 0; r < p; ++r) moved += bytes_of<T>(r == me ? Index(p - 1) * b.length(r) : b.length(r));
+  CollectiveTimer timer("all_reduce", moved, moved);
+  auto acc = pooled_array<A>(std::size_t(seg));
+  std::shared_ptr<T> incoming[2] = {pooled_array<T>(std::size_t(seg)), pooled_array<T>(std::size_t(seg))};
+  std::vector<MPI_Request> gathers[2];  // segments k - 1 and k in flight
+  auto post_round = [&](Index k, int d, MPI_Request* reqs) {
+    const int to = (me - d + p) % p, from = (me + d) % p;
+    MPI_Irecv(incoming[d % 2].get(), int(b.segment_length(me, k, seg)), mpi_datatype<T>(), from, kReductionTag, comm, &reqs[0]);
+    MPI_Isend(data + b.segment_at(to, k, seg), int(b.segment_length(to, k, seg)), mpi_datatype<T>(), to, kReductionTag, comm, &reqs[1]);
+  };
+  for (Index k = 0; k < segments; ++k) {
+    // Reduce-scatter of segment k: round d + 1's messages travel while round d is summed.
+    const Index at = b.segment_at(me, k, seg), len = b.segment_length(me, k, seg);
+    MPI_Request round[2][2];
+    post_round(k, 1, round[1]);
+    for (int d = 1; d < p; ++d) {
+      if (d + 1 < p) post_round(k, d + 1, round[(d + 1) % 2]);
+      MPI_Waitall(2, round[d % 2], MPI_STATUSES_IGNORE);
+      T* own = data + at;
+      accumulate_round(ReduceOp::Sum, d, p, acc.get(), incoming[d % 2].get(), own, own, len);
+    }
+    // All-gather of segment k, left in flight while segment k + 1 is reduced.
+    auto& g = gathers[k % 2];
+    for (int q = 0; q < p; ++q) {
+      if (q == me) continue;
+      g.emplace_back();
+      MPI_Irecv(data + b.segment_at(q, k, seg), int(b.segment_length(q, k, seg)), mpi_datatype<T>(), q, kGatherTag, comm, &g.back());
+      g.emplace_back();
+      MPI_Isend(data + at, int(len), mpi_datatype<T>(), q, kGatherTag, comm, &g.back());
+    }
+    auto& before = gathers[(k + 1) % 2];
+    MPI_Waitall(int(before.size()), before.data(), MPI_STATUSES_IGNORE);
+    before.clear();
+  }
+  for (auto& g : gathers) MPI_Waitall(int(g.size()), g.data(), MPI_STATUSES_IGNORE);
+}
+
+// The two levels of a communicator: this rank's node and its peers on the other nodes (the
+// ranks with the same position in theirs). Usable where there are several nodes of several
+// ranks each, all of one size, with the communicator's ranks node by node (rank = node *
+// per_node + local), so that a reduce-scatter's blocks land where the flat one puts them.
+struct NodeGroups {
+  MPI_Comm node = MPI_COMM_NULL, across = MPI_COMM_NULL;
+  int nodes = 1, per_node = 1;
+  bool usable = false;
+  NodeGroups() = default;
+  NodeGroups(const NodeGroups&) = delete;
+  NodeGroups& operator=(const NodeGroups&) = delete;
+  ~NodeGroups() {
+    int down = 0;
+    MPI_Finalized(&down);
+    if (down) return;
+    if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+    if (across != MPI_COMM_NULL) MPI_Comm_free(&across);
+  }
+};
+
+// Collective over comm: its node groups (shared memory, or TSHARD_RANKS_PER_NODE).
+inline std::shared_ptr<NodeGroups> split_by_node(MPI_Comm comm) {
+  auto g = std::make_shared<NodeGroups>();
+  const int me = comm_rank(comm);
+  if (const char* k = std::getenv("TSHARD_RANKS_PER_NODE"); k && std::atoi(k) > 0) {
+    int world = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world);
+    MPI_Comm_split(comm, world / std::atoi(k), me, &g->node);
+  } else {
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &g->node);
+  }
+  const int local = comm_rank(g->node);
+  g->per_node = comm_size(g->node);
+  MPI_Comm_split(comm, local, me, &g->across);
+  g->nodes = comm_size(g->across);
+  // (one size everywhere, and node-major: max of size and of -size, and of "out of order")
+  int check[3] = {g->per_node, -g->per_node, me == comm_rank(g->across) * g->per_node + local ? 0 : 1}, agreed[3];
+  MPI_Allreduce(check, agreed, 3, MPI_INT, MPI_MAX, comm);
+  g->usable = g->nodes > 1 && g->per_node > 1 && agreed[0] == -agreed[1] && agreed[2] == 0;
+  return g;
+}
+
+// data = the sum over comm of data in two levels (g.usable), or flat.
+template <class T>
+void two_level_all_reduce(MPI_Comm comm, const NodeGroups& g, T* data, Index n) {
+  if (!g.usable) return exchange_all_reduce(comm, data, n);
+  const int L = g.per_node;
+  const Blocks b(n, L);
+  const Index len = b.length(comm_rank(g.node));
+  auto share = pooled_array<T>(std::size_t(std::max<Index>(b.size, 1)));
+  const bool whole = b.size * L == n;  // else the node's collectives take padded blocks
+  std::vector<T> padded(whole ? 0 : std::size_t(b.size * L), T(0));
+  if (!whole) std::copy(data, data + n, padded.begin());
+  reduce_scatter_block(g.node, whole ? data : padded.data(), share.get(), b.size, ReduceOp::Sum);
+  exchange_all_reduce(g.across, share.get(), len);
+  all_gather(g.node, share.get(), b.size, whole ? data : padded.data());
+  if (!whole) std::copy(padded.begin(), padded.begin() + n, data);
+}
+
+// ZeRO's reduce-scatter in two levels: send holds the p = nodes * per_node blocks of n in
+// comm's rank order; rank (node, local) receives block node * per_node + local, summed.
+template <class T>
+void two_level_reduce_scatter(MPI_Comm comm, const NodeGroups& g, const T* send, T* recv, Index n) {
+  if (!g.usable) return reduce_scatter_block(comm, send, recv, n, ReduceOp::Sum);
+  // The node's reduce-scatter hands local rank l the blocks of every node's rank l, in node order.
+  const int L = g.per_node, N = g.nodes;
+  auto grouped = pooled_array<T>(std::size_t(n) * std::size_t(L * N));
+  for (int l = 0; l < L; ++l)
+    for (int node = 0; node < N; ++node)
+      std::copy(send + Index(node * L + l) * n, send + Index(node * L + l + 1) * n, grouped.get() + Index(l * N + node) * n);
+  auto mine = pooled_array<T>(std::size_t(std::max<Index>(n * N, 1)));
+  reduce_scatter_block(g.node, grouped.get(), mine.get(), n * N, ReduceOp::Sum);
+  reduce_scatter_block(g.across, mine.get(), recv, n, ReduceOp::Sum);
+}
+
+}  // namespace tshard::detail
