@@ -86,7 +86,7 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np "$np" --hostfile "$tmp/hosts
      --timeout "$limit" --mca plm_rsh_agent "$tmp/rsh_agent" --mca plm_rsh_no_tree_spawn 1
      --mca routed direct --mca pml ob1 --mca btl self,tcp --mca coll ^sm
      --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet"
-     -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS -x TSHARD_TEST_WATCHDOG)
+     -x OPENBLAS_NUM_THREADS -x OMP_NUM_THREADS -x TSHARD_TEST_WATCHDOG -x TSHARD_TEST_NODES=2)
 # mpirun itself runs in namespace a, as host a (without the lock's descriptor: a daemon left
 # behind must not hold the next run's lock).
 in_a() {

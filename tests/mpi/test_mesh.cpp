@@ -271,32 +271,56 @@ TEST_CASE("the exchange all-reduce equals the serial sum in the ring's order to 
   });
 }
 
+namespace {
+// Whole numbers sum exactly in any order: the two-level all-reduce and reduce-scatter over g
+// must give the flat ones to the bit, on every rank, blocks dividing or not.
+bool two_levels_equal_flat(MPI_Comm comm, const ts::detail::NodeGroups& g) {
+  using ts::detail::Index;
+  const int p = ts::detail::comm_size(comm), r = ts::detail::comm_rank(comm);
+  bool ok = true;
+  for (Index n : {Index(1), Index(12), Index(37)}) {
+    const auto m = static_cast<std::size_t>(n);
+    std::vector<double> data(m), want(m), send(m * std::size_t(p)), got(m), flat(m);
+    for (Index i = 0; i < n; ++i) data[std::size_t(i)] = double((r + 1) * (i + 3) % 17);
+    for (Index i = 0; i < n * p; ++i) send[std::size_t(i)] = double((r + 2) * (i + 1) % 13);
+    MPI_Allreduce(data.data(), want.data(), int(n), MPI_DOUBLE, MPI_SUM, comm);
+    ts::detail::two_level_all_reduce(comm, g, data.data(), n);
+    ts::detail::reduce_scatter_block(comm, send.data(), flat.data(), n, ts::ReduceOp::Sum);
+    ts::detail::two_level_reduce_scatter(comm, g, send.data(), got.data(), n);
+    ok = ok && data == want && got == flat;
+  }
+  return ok;
+}
+}  // namespace
+
 // Two levels over nodes made by TSHARD_RANKS_PER_NODE on this one machine: where every node has
 // the same number of ranks (more than one, on more than one node) the all-reduce and ZeRO's
-// reduce-scatter run in two levels; whole numbers sum exactly in any order, so the results are
-// the flat ones to the bit, on every rank, blocks dividing or not.
+// reduce-scatter run in two levels, with the communicator's ranks node by node or interleaved
+// over the nodes (as a round-robin placement makes them).
 TEST_CASE("two-level all-reduce and reduce-scatter over nodes of equal size equal the flat ones", "[comm]") {
-  using ts::detail::Index;
   const int world = world_size(), me = world_rank();
-  for (int per_node : {1, 2, 3}) {
-    setenv("TSHARD_RANKS_PER_NODE", std::to_string(per_node).c_str(), 1);
-    const auto g = ts::detail::split_by_node(MPI_COMM_WORLD);
-    unsetenv("TSHARD_RANKS_PER_NODE");
-    INFO(world << " ranks, " << per_node << " a node");
-    TS_REQUIRE_ALL(g->usable == (per_node > 1 && world > per_node && world % per_node == 0));
-    for (Index n : {Index(1), Index(12), Index(37)}) {
-      const auto m = static_cast<std::size_t>(n);
-      std::vector<double> data(m), want(m), send(m * std::size_t(world)), got(m), flat(m);
-      for (Index i = 0; i < n; ++i) data[std::size_t(i)] = double((me + 1) * (i + 3) % 17);
-      for (Index i = 0; i < n * world; ++i) send[std::size_t(i)] = double((me + 2) * (i + 1) % 13);
-      MPI_Allreduce(data.data(), want.data(), int(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-      ts::detail::two_level_all_reduce(MPI_COMM_WORLD, *g, data.data(), n);
-      ts::detail::reduce_scatter_block(MPI_COMM_WORLD, send.data(), flat.data(), n, ts::ReduceOp::Sum);
-      ts::detail::two_level_reduce_scatter(MPI_COMM_WORLD, *g, send.data(), got.data(), n);
-      INFO(n << " elements");
-      TS_REQUIRE_ALL(data == want && got == flat);
+  for (int per_node : {1, 2, 3})
+    for (bool interleaved : {false, true}) {
+      MPI_Comm comm;  // interleaved: the even world ranks first, then the odd ones
+      MPI_Comm_split(MPI_COMM_WORLD, 0, interleaved ? (me % 2) * world + me : me, &comm);
+      setenv("TSHARD_RANKS_PER_NODE", std::to_string(per_node).c_str(), 1);
+      const auto g = ts::detail::split_by_node(comm);
+      unsetenv("TSHARD_RANKS_PER_NODE");
+      INFO(world << " ranks, " << per_node << " a node, interleaved " << interleaved);
+      TS_REQUIRE_ALL(g->usable == (per_node > 1 && world > per_node && world % per_node == 0));
+      TS_REQUIRE_ALL(two_levels_equal_flat(comm, *g));
+      MPI_Comm_free(&comm);
     }
-  }
+}
+
+// The nodes MPI sees (shared memory): one on this machine; scripts/two_hosts.sh runs this over
+// two network namespaces with its ranks placed round-robin and says TSHARD_TEST_NODES=2.
+TEST_CASE("the split by shared memory finds the nodes, and two levels over them equal the flat sums", "[comm][nodes]") {
+  const auto g = ts::detail::split_by_node(MPI_COMM_WORLD);
+  const char* nodes = std::getenv("TSHARD_TEST_NODES");
+  INFO(g->nodes << " node(s) of " << g->per_node << " found");
+  TS_REQUIRE_ALL(g->nodes == (nodes ? std::atoi(nodes) : 1));
+  TS_REQUIRE_ALL(two_levels_equal_flat(MPI_COMM_WORLD, *g));
 }
 
 TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {

@@ -25,6 +25,7 @@ declare -A args=(
   [run_overhead]="--n 8 --calls 10 --reps 1"
   [run_pipeline]=""
   [run_reduce_scatter]="--max 65536 --reps 1"
+  [run_scaling]=""
   [run_reshard]="--n 64 --reps 1 --warmup 0"
   [run_tokenizer]=""
   [run_transformer_step]=""

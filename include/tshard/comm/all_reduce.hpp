@@ -98,12 +98,12 @@ void exchange_all_reduce(MPI_Comm comm, T* data, Index n, Index segment = 0) {
 
 // The two levels of a communicator: this rank's node and its peers on the other nodes (the
 // ranks with the same position in theirs). Usable where there are several nodes of several
-// ranks each, all of one size, with the communicator's ranks node by node (rank = node *
-// per_node + local), so that a reduce-scatter's blocks land where the flat one puts them.
+// ranks each, all of one size, however the ranks are placed on them (round-robin included).
 struct NodeGroups {
   MPI_Comm node = MPI_COMM_NULL, across = MPI_COMM_NULL;
   int nodes = 1, per_node = 1;
   bool usable = false;
+  std::vector<int> rank_at;  // [local * nodes + across rank]: the communicator's rank there
   NodeGroups() = default;
   NodeGroups(const NodeGroups&) = delete;
   NodeGroups& operator=(const NodeGroups&) = delete;
@@ -119,7 +119,7 @@ struct NodeGroups {
 // Collective over comm: its node groups (shared memory, or TSHARD_RANKS_PER_NODE).
 inline std::shared_ptr<NodeGroups> split_by_node(MPI_Comm comm) {
   auto g = std::make_shared<NodeGroups>();
-  const int me = comm_rank(comm);
+  const int me = comm_rank(comm), p = comm_size(comm);
   if (const char* k = std::getenv("TSHARD_RANKS_PER_NODE"); k && std::atoi(k) > 0) {
     int world = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world);
@@ -131,10 +131,18 @@ inline std::shared_ptr<NodeGroups> split_by_node(MPI_Comm comm) {
   g->per_node = comm_size(g->node);
   MPI_Comm_split(comm, local, me, &g->across);
   g->nodes = comm_size(g->across);
-  // (one size everywhere, and node-major: max of size and of -size, and of "out of order")
-  int check[3] = {g->per_node, -g->per_node, me == comm_rank(g->across) * g->per_node + local ? 0 : 1}, agreed[3];
-  MPI_Allreduce(check, agreed, 3, MPI_INT, MPI_MAX, comm);
-  g->usable = g->nodes > 1 && g->per_node > 1 && agreed[0] == -agreed[1] && agreed[2] == 0;
+  // Every rank's place (local rank, across rank) and node size: one size everywhere makes the
+  // table whole.
+  const int mine[3] = {local, comm_rank(g->across), g->per_node};
+  std::vector<int> all(std::size_t(3 * p));
+  MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm);
+  bool even = true;
+  for (int j = 0; j < p; ++j) even = even && all[std::size_t(3 * j + 2)] == g->per_node;
+  g->usable = even && g->nodes > 1 && g->per_node > 1;
+  if (g->usable) {
+    g->rank_at.assign(std::size_t(p), -1);
+    for (int j = 0; j < p; ++j) g->rank_at[std::size_t(all[std::size_t(3 * j)] * g->nodes + all[std::size_t(3 * j + 1)])] = j;
+  }
   return g;
 }
 
@@ -155,17 +163,19 @@ void two_level_all_reduce(MPI_Comm comm, const NodeGroups& g, T* data, Index n) 
   if (!whole) std::copy(padded.begin(), padded.begin() + n, data);
 }
 
-// ZeRO's reduce-scatter in two levels: send holds the p = nodes * per_node blocks of n in
-// comm's rank order; rank (node, local) receives block node * per_node + local, summed.
+// ZeRO's reduce-scatter in two levels: send holds one block of n per rank of comm, in its rank
+// order; each rank receives its block summed. The node's reduce-scatter hands local rank l the
+// blocks of the ranks at local position l on every node (in their across order), summed over
+// the node; the reduce-scatter among those ranks then leaves each its own.
 template <class T>
 void two_level_reduce_scatter(MPI_Comm comm, const NodeGroups& g, const T* send, T* recv, Index n) {
   if (!g.usable) return reduce_scatter_block(comm, send, recv, n, ReduceOp::Sum);
-  // The node's reduce-scatter hands local rank l the blocks of every node's rank l, in node order.
   const int L = g.per_node, N = g.nodes;
   auto grouped = pooled_array<T>(std::size_t(n) * std::size_t(L * N));
-  for (int l = 0; l < L; ++l)
-    for (int node = 0; node < N; ++node)
-      std::copy(send + Index(node * L + l) * n, send + Index(node * L + l + 1) * n, grouped.get() + Index(l * N + node) * n);
+  for (int slot = 0; slot < L * N; ++slot) {
+    const T* block = send + Index(g.rank_at[std::size_t(slot)]) * n;
+    std::copy(block, block + n, grouped.get() + Index(slot) * n);
+  }
   auto mine = pooled_array<T>(std::size_t(std::max<Index>(n * N, 1)));
   reduce_scatter_block(g.node, grouped.get(), mine.get(), n * N, ReduceOp::Sum);
   reduce_scatter_block(g.across, mine.get(), recv, n, ReduceOp::Sum);
