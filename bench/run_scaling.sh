@@ -4,7 +4,8 @@
 # sequences under model) on 1, 4 and 16 ranks of data with ZeRO 0, 2 and 3, each with and
 # without --overlap; model=4 and model=16; data=4,model=4. Per run: tokens/s, MFU against the
 # sgemm rate with every rank busy (measured by each run), efficiency against one rank (tokens/s
-# per rank over the one-rank run's), and the gradient reduction not hidden. Where a PyTorch >= 2
+# per rank over the one-rank run's), the gradient reduction not hidden, and the step split per rank
+# into computing, waiting for the slowest rank and moving bytes (train_transformer --profile). Where a PyTorch >= 2
 # with torch.distributed is importable, the same GPT (tests/reference/gpt_reference.py's model) as
 # DDP and as DTensor tensor parallelism on the same cores (bench/pytorch_parallel_gpt.py).
 # Sized for a 16-core machine in under 5 minutes; RANKS lists the data sizes (default "1 4 16";
@@ -33,14 +34,15 @@ run() {
   local n=$1 mesh=$2 data=$3; shift 3
   ((n <= cores)) || { echo "  $mesh $*: skipped ($n ranks > $cores cores)"; return 0; }
   local out
-  out=$(mpirun -np "$n" "$exe" --mesh "$mesh" --batch $((per_rank * data)) "${size[@]}" "$@" | grep '^mesh')
+  out=$(mpirun -np "$n" "$exe" --mesh "$mesh" --batch $((per_rank * data)) "${size[@]}" --profile "$@" | grep -E '^mesh|^time per step')
   local tps mfu hidden
-  tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<< "$out")
-  mfu=$(sed -E 's/.*MFU ([0-9.]+)%.*/\1/' <<< "$out")
+  tps=$(grep '^mesh' <<< "$out" | sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/')
+  mfu=$(grep '^mesh' <<< "$out" | sed -E 's/.*MFU ([0-9.]+)%.*/\1/')
   hidden=$(grep -oE 'not hidden [0-9.]+ ms/step' <<< "$out" | grep -oE '[0-9.]+' || echo 0)
   [[ -n $one ]] || one=$tps
   awk -v m="$mesh $*" -v t="$tps" -v f="$mfu" -v h="$hidden" -v o="$one" -v n="$n" 'BEGIN {
     printf "  %-34s %9.0f tokens/s  MFU %5.1f%%  efficiency %5.1f%%  reduction not hidden %7.1f ms/step\n", m, t, f, 100 * t / (n * o), h }'
+  grep '^time per step' <<< "$out" | sed 's/^/      /' || true
 }
 echo "train_transformer, $per_rank sequences per data rank, ${size[*]}, $cores cores"
 for n in "${ranks[@]}"; do

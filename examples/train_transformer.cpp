@@ -39,7 +39,9 @@
 // (and every K steps with --eval-every K): forwards alone through the pipeline, without dropout
 // or random routing, summed by sharded reductions; --write-data FILE
 // [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
-// of the steps; --report prints the collectives per step and operator.
+// of the steps; --report prints the collectives per step and operator; --profile splits each step,
+// per rank, into computing, waiting for the slowest rank of a collective and moving bytes
+// (min/median/max over ranks; in the trace too).
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -85,6 +87,7 @@ struct Options {
   std::string write_data;    // writes the synthetic task's first N sequences as such a file
   long sequences = 0;
   bool report = false;       // the per-step cost report: collectives, bytes and time per operator
+  bool profile = false;      // per step, over ranks: computing, waiting for the slowest rank, moving bytes
 
   ts::train::ReverseTask task() const { return {std::uint64_t(seed), vocab, seq, batch}; }
 };
@@ -109,7 +112,7 @@ Options parse(int argc, char** argv) {
       .choice("--activation-checkpoint", o.activation_checkpoint, {"full", "selective"})
       .value("--experts", o.experts).value("--save", o.save).value("--trace", o.trace).value("--data", o.data_file)
       .value("--eval", o.eval_file).value("--eval-every", o.eval_every).value("--write-data", o.write_data)
-      .value("--sequences", o.sequences).flag("--report", o.report).value("--resume", o.resume)
+      .value("--sequences", o.sequences).flag("--report", o.report).flag("--profile", o.profile).value("--resume", o.resume)
       .value("--capacity-factor", o.capacity_factor).value("--aux-weight", o.aux_weight)
       .choice("--schedule", schedule, {"gpipe", "1f1b"})
       .parse();
@@ -353,6 +356,7 @@ struct Run {
     double loss, accuracy, sequences, seconds;
   };
   std::vector<Eval> evals;  // --eval: over the held-out file
+  ts::StepTimes split;       // --profile: the timed steps' split summed (min, median, max over ranks)
 };
 
 // What a checkpoint must agree on with the run that resumes it: the model and the data.
@@ -401,6 +405,19 @@ long load_checkpoint(const M& mesh, const Options& o, LanguageModel<T>& model, O
   return step;
 }
 
+// --profile: a step's split on rank 0's line, and summed over the timed steps into `sum`.
+void report_profile(const M& mesh, int step, const ts::StepTimes& t, ts::StepTimes& sum, bool timed) {
+  if (mesh.rank() == 0)
+    std::printf("profile step %d: compute %.1f/%.1f/%.1f ms, waiting for the slowest rank %.1f/%.1f/%.1f ms, moving bytes "
+                "%.1f/%.1f/%.1f ms (min/median/max over %d ranks)\n", step, 1e3 * t.min.compute, 1e3 * t.median.compute,
+                1e3 * t.max.compute, 1e3 * t.min.skew, 1e3 * t.median.skew, 1e3 * t.max.skew, 1e3 * t.min.transfer,
+                1e3 * t.median.transfer, 1e3 * t.max.transfer, t.ranks);
+  if (!timed) return;
+  for (auto [to, from] : {std::pair{&sum.min, &t.min}, {&sum.median, &t.median}, {&sum.max, &t.max}})
+    to->compute += from->compute, to->skew += from->skew, to->transfer += from->transfer;
+  sum.ranks = t.ranks, sum.seconds += 1;  // (seconds counts the steps summed)
+}
+
 template <class T>
 Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   Run run;
@@ -417,8 +434,11 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     if (checkpoints && !o.resume.empty()) run.first_step = int(load_checkpoint(mesh, o, model, opt));
   ts::reset_comm_stats();
   if (checkpoints && !o.trace.empty()) ts::start_trace(mesh.comm());
+  std::optional<ts::StepProfiler> profile;
+  if (checkpoints && o.profile) profile.emplace(mesh.comm());
   for (int step = run.first_step; step < o.steps; ++step) {
     const auto t0 = ts::train::synchronized_now(mesh);
+    if (profile) profile->begin_step();
     opt.zero_grad();
     opt.no_sync(microbatches > 1);  // gradients add up over the micro-batches; reduced once, by step()
     model.start_step(step);
@@ -429,6 +449,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     run.memory = opt.memory();  // reduced gradients present, state updated next
     run.meter.sample_pool();
     opt.step();
+    if (profile) report_profile(mesh, step, profile->end_step(), run.split, step > run.first_step || o.steps == run.first_step + 1);
     if (step > run.first_step || o.steps == run.first_step + 1) {
       run.seconds += ts::train::seconds_since(t0);
       run.pipeline.seconds += ps.seconds;
@@ -558,6 +579,14 @@ int run_all(const M& mesh, const Options& o) {
                 mesh.size<"data">(), mesh.size<"stage">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "",
                 sizeof(T) == 8 ? "double" : sizeof(T) == 4 ? "float" : "bf16", tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak,
                 peak / 1e9, o.peak_n, 1e3 * run.blocked / std::max(1, o.steps));
+    if (o.profile && run.split.seconds > 0) {
+      const auto& p = run.split;
+      const double k = 1e3 / p.seconds;
+      std::printf("time per step (min/median/max over %d ranks): compute %.1f/%.1f/%.1f ms, waiting for the slowest rank "
+                  "%.1f/%.1f/%.1f ms, moving bytes %.1f/%.1f/%.1f ms\n", p.ranks, k * p.min.compute, k * p.median.compute,
+                  k * p.max.compute, k * p.min.skew, k * p.median.skew, k * p.max.skew, k * p.min.transfer, k * p.median.transfer,
+                  k * p.max.transfer);
+    }
     if (o.zero == 3 && o.prefetch)
       std::printf("ZeRO-3 parameter gathers in the last step: %d prefetched, %d kept from the use before, %d waited for, "
                   "%d prefetched in vain\n",

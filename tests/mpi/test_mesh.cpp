@@ -1,11 +1,14 @@
 // Mesh construction, its communicators, failure agreement and the buffer pool.
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tshard/comm/all_reduce.hpp"
 #include "tshard/comm/nonblocking.hpp"
+#include "tshard/comm/profile.hpp"
 #include "test_support.hpp"
 
 namespace ts = tshard;
@@ -321,6 +324,28 @@ TEST_CASE("the split by shared memory finds the nodes, and two levels over them 
   INFO(g->nodes << " node(s) of " << g->per_node << " found");
   TS_REQUIRE_ALL(g->nodes == (nodes ? std::atoi(nodes) : 1));
   TS_REQUIRE_ALL(two_levels_equal_flat(MPI_COMM_WORLD, *g));
+}
+
+// Rank r computes (sleeps) 40 r ms, then every rank joins an all-reduce: by the arrival times,
+// rank r waited about 40 (p - 1 - r) ms for the last one, which waited for nobody; the rest of
+// the collective is moving bytes, and the three parts add up to the step. (Wide margins: the
+// ranks share 2 cores.)
+TEST_CASE("the step profiler tells computing, waiting for the slowest rank and moving bytes apart by arrival times",
+          "[comm]") {
+  const int p = world_size(), r = world_rank();
+  ts::StepProfiler profile(MPI_COMM_WORLD);
+  for (int step = 0; step < 2; ++step) {
+    profile.begin_step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 * r));
+    std::vector<double> x(1000, 1.0), y(1000);
+    ts::detail::all_reduce(MPI_COMM_WORLD, x.data(), y.data(), 1000, ts::ReduceOp::Sum);
+    const ts::StepTimes t = profile.end_step();
+    const double wait = 0.040 * (p - 1 - r);
+    INFO("rank " << r << ": compute " << t.mine.compute << " s, skew " << t.mine.skew << " s, transfer " << t.mine.transfer);
+    TS_REQUIRE_ALL(std::abs(t.mine.skew - wait) < 0.025 && t.mine.compute > 0.040 * r - 0.005 && t.mine.transfer < 0.025);
+    TS_REQUIRE_ALL(std::abs(t.mine.compute + t.mine.skew + t.mine.transfer - t.seconds) < 1e-9 && t.ranks == p);
+    TS_REQUIRE_ALL(t.min.skew <= t.median.skew && t.median.skew <= t.max.skew && t.min.skew < 0.025);
+  }
 }
 
 TEST_CASE("one rank fails while the others wait in a collective", "[.failure][watchdog]") {

@@ -60,7 +60,7 @@ void exchange_all_reduce(MPI_Comm comm, T* data, Index n, Index segment = 0) {
   const Index segments = (b.size + seg - 1) / seg;
   std::uint64_t moved = 0;  // each way: the other blocks' (reduce-scatter) and p - 1 copies of this one's (all-gather)
   for (int r = 0; r < p; ++r) moved += bytes_of<T>(r == me ? Index(p - 1) * b.length(r) : b.length(r));
-  CollectiveTimer timer("all_reduce", moved, moved);
+  CollectiveTimer timer("all_reduce", moved, moved, comm);
   auto acc = pooled_array<A>(std::size_t(seg));
   std::shared_ptr<T> incoming[2] = {pooled_array<T>(std::size_t(seg)), pooled_array<T>(std::size_t(seg))};
   std::vector<MPI_Request> gathers[2];  // segments k - 1 and k in flight

@@ -82,7 +82,7 @@ template <class T>
 void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_gather_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received);
+    CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received, comm);
     if (c == n) {
       MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -97,7 +97,7 @@ template <class T>
 void all_reduce(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_reduce_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_reduce", tr.bytes_sent, tr.bytes_received);
+    CollectiveTimer t("all_reduce", tr.bytes_sent, tr.bytes_received, comm);
     MPI_Allreduce(send == recv ? MPI_IN_PLACE : static_cast<const void*>(send + off), recv + off, int(c),
                   mpi_datatype<T>(), mpi_op<T>(op), comm);
   });
@@ -199,7 +199,7 @@ template <class T>
 void reduce_scatter_block(MPI_Comm comm, const T* send, T* recv, Index n, ReduceOp op) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = reduce_scatter_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("reduce_scatter", tr.bytes_sent, tr.bytes_received);
+    CollectiveTimer t("reduce_scatter", tr.bytes_sent, tr.bytes_received, comm);
     reduce_scatter_exchange(comm, send, recv, n, off, c, op);
   });
 }
@@ -209,7 +209,7 @@ template <class T>
 void all_to_all(MPI_Comm comm, const T* send, T* recv, Index n) {
   chunked_collective(comm, send, recv, n, [&](int p, Index off, Index c) {
     const Traffic tr = all_to_all_traffic(bytes_of<T>(c), p);
-    CollectiveTimer t("all_to_all", tr.bytes_sent, tr.bytes_received);
+    CollectiveTimer t("all_to_all", tr.bytes_sent, tr.bytes_received, comm);
     if (c == n) {
       MPI_Alltoall(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
@@ -228,7 +228,7 @@ void broadcast(MPI_Comm comm, T* data, Index n, int root) {
   for (Index off = 0; off < n; off += limit) {
     const Index c = std::min(limit, n - off);
     const Traffic tr = broadcast_traffic(bytes_of<T>(c), p, is_root);
-    CollectiveTimer t("broadcast", tr.bytes_sent, tr.bytes_received);
+    CollectiveTimer t("broadcast", tr.bytes_sent, tr.bytes_received, comm);
     MPI_Bcast(data + off, int(c), mpi_datatype<T>(), root, comm);
   }
 }
@@ -339,7 +339,7 @@ template <class T>
 void all_gather_placed(MPI_Comm comm, const T* send, Index n, T* recv, MPI_Datatype placed) {
   const int p = comm_size(comm);
   const Traffic tr = all_gather_traffic(bytes_of<T>(n), p);
-  CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received);
+  CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received, comm);
   MPI_Allgather(send, int(n), mpi_datatype<T>(), recv, 1, placed, comm);
 }
 
@@ -352,7 +352,7 @@ void all_gather_counts(MPI_Comm comm, const T* send, T* recv, const std::vector<
   std::uint64_t received = 0;
   for (int g = 0; g < p; ++g)
     if (g != me) received += bytes_of<T>(counts[g]);
-  CollectiveTimer t("all_gather", bytes_of<T>(counts[me]) * (p - 1), received);
+  CollectiveTimer t("all_gather", bytes_of<T>(counts[me]) * (p - 1), received, comm);
   MPI_Allgatherv(send, counts[me], mpi_datatype<T>(), recv, counts.data(), displs.data(), mpi_datatype<T>(), comm);
 }
 
@@ -367,7 +367,7 @@ void reduce_scatter_counts(MPI_Comm comm, const T* send, T* recv, const std::vec
     c[g] = int(counts[g]);
     if (g != me) sent += bytes_of<T>(counts[g]);
   }
-  CollectiveTimer t("reduce_scatter", sent, bytes_of<T>(counts[me]) * (p - 1));
+  CollectiveTimer t("reduce_scatter", sent, bytes_of<T>(counts[me]) * (p - 1), comm);
   MPI_Reduce_scatter(send, recv, c.data(), mpi_datatype<T>(), mpi_op<T>(op), comm);
 }
 
@@ -405,7 +405,7 @@ class BoxExchange {
         received += bytes_of<T>(relems_[g]);
       }
     }
-    CollectiveTimer t(kind, sent, received);
+    CollectiveTimer t(kind, sent, received, comm);
     MPI_Alltoallw(send, sc.data(), zero.data(), stypes_.data(), recv, rc.data(), zero.data(), rtypes_.data(), comm);
   }
 
@@ -449,7 +449,7 @@ void exchange(MPI_Comm comm, const std::vector<Message<const T>>& sends, const s
   // (Self messages are plain contiguous copies; typed messages never go to self.)
   if (self_src && self_dst && self_n && self_src != self_dst) std::memcpy(self_dst, self_src, bytes_of<T>(self_n));
   if (sent == 0 && received == 0) return;
-  CollectiveTimer t(kind, sent, received);
+  CollectiveTimer t(kind, sent, received);  // (messages among some ranks: no arrival to wait for)
   std::vector<MPI_Request> reqs;
   for (auto& m : recvs)
     if (m.peer != me) post_receive(reqs, comm, m, tag);

@@ -108,7 +108,7 @@ std::vector<T> gather(const M& mesh, std::span<const T> values) {
 template <FixedString... Axes, MeshType M>
 void barrier(const M& mesh) {
   const MPI_Comm comm = detail::line_comm<Axes...>(mesh);
-  detail::CollectiveTimer t("barrier", 0, 0);
+  detail::CollectiveTimer t("barrier", 0, 0, comm);
   detail::WatchedCall watched("barrier", [] { return detail::current_operator(); });
   MPI_Barrier(comm);
 }

@@ -100,7 +100,9 @@ class PendingCollective {
         WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
         MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
       }
-      blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      blocked_ += waited;
+      profile_wait(waited);
       finish(0.0);
     }
     const double b = blocked_;

@@ -55,7 +55,9 @@ class PendingMessage {
       MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
     }
     reqs_.clear();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    profile_wait(waited);
+    return waited;
   }
 
  private:

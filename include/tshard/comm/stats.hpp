@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tshard/comm/profile.hpp"
 #include "tshard/comm/trace.hpp"
 #include "tshard/comm/watchdog.hpp"
 
@@ -192,8 +193,9 @@ class OperatorScope {
 // Times one collective call and records it under the current operator.
 class CollectiveTimer {
  public:
-  CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received)
-      : kind_(kind), sent_(sent), received_(received), start_(std::chrono::steady_clock::now()),
+  // `comm`, where given, lets a StepProfiler tell waiting for the last member from moving bytes.
+  CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received, MPI_Comm comm = MPI_COMM_NULL)
+      : kind_(kind), sent_(sent), received_(received), comm_(comm), start_(std::chrono::steady_clock::now()),
         watched_(kind, [] { return current_operator(); }) {}
   ~CollectiveTimer() {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -203,6 +205,10 @@ class CollectiveTimer {
       trace.add({kind_, current_operator(), start, s * 1e6, sent_, received_, true});
     }
     record_collective(current_operator(), kind_, sent_, received_, s);
+    if (auto& profile = ProfileRecorder::instance(); profile.on()) {
+      const double enter = std::chrono::duration<double>(start_.time_since_epoch()).count();
+      profile.add(comm_, enter, enter + s);
+    }
   }
   CollectiveTimer(const CollectiveTimer&) = delete;
   CollectiveTimer& operator=(const CollectiveTimer&) = delete;
@@ -210,6 +216,7 @@ class CollectiveTimer {
  private:
   const char* kind_;
   std::uint64_t sent_, received_;
+  MPI_Comm comm_;
   std::chrono::steady_clock::time_point start_;
   WatchedCall watched_;  // the watchdog's view: this rank may block here
 };
