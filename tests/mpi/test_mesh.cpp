@@ -296,6 +296,29 @@ bool two_levels_equal_flat(MPI_Comm comm, const ts::detail::NodeGroups& g) {
 }
 }  // namespace
 
+// The non-blocking exchange all-reduce (the optimizer's overlapped buckets): three in flight on
+// one communicator, tested and completed in an order of each rank's own, give the blocking
+// form's bits: their messages never match another's.
+TEST_CASE("non-blocking exchange all-reduces in flight together complete in any order with the blocking bits", "[comm]") {
+  using ts::detail::Index;
+  on_groups_and_chunk_limits({1, 2, 3, 4}, [](MPI_Comm group, int p, int r, Index limit) {
+    const Index sizes[3] = {23, 2, 40};
+    std::vector<std::vector<double>> got(3), want(3);
+    for (int k = 0; k < 3; ++k) {
+      for (Index i = 0; i < sizes[k]; ++i) got[std::size_t(k)].push_back(0.1 * double(i) + 1.0 / double(3 + r + k));
+      want[std::size_t(k)] = got[std::size_t(k)];
+      ts::detail::exchange_all_reduce(group, want[std::size_t(k)].data(), sizes[k]);
+    }
+    std::vector<ts::detail::PendingCollective<double>> pending(3);
+    for (int k = 0; k < 3; ++k) pending[std::size_t(k)].start_exchange_all_reduce(group, got[std::size_t(k)].data(), sizes[k]);
+    for (int round = 0; round < 3; ++round)  // each rank tests them in its own rotation
+      for (int k = 0; k < 3; ++k) pending[std::size_t((k + r) % 3)].test();
+    for (int k = 0; k < 3; ++k) pending[std::size_t((3 - k + r) % 3)].wait();
+    INFO("group of " << p << ", chunk limit " << limit);
+    TS_REQUIRE_ALL(got == want);
+  });
+}
+
 // Two levels over nodes made by TSHARD_RANKS_PER_NODE on this one machine: where every node has
 // the same number of ranks (more than one, on more than one node) the all-reduce and ZeRO's
 // reduce-scatter run in two levels, with the communicator's ranks node by node or interleaved

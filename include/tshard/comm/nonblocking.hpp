@@ -12,9 +12,36 @@
 #include <string>
 #include <vector>
 
+#include "tshard/comm/all_reduce.hpp"
 #include "tshard/comm/collectives.hpp"
 
 namespace tshard::detail {
+
+// A tag of its own for each non-blocking exchange all-reduce on a communicator: several are in
+// flight at once and reach their second phase in any order, so their messages must not match
+// one another's. The count lives on the communicator (an MPI attribute): every rank starts them
+// in the same order, so every rank draws the same tag for the same one.
+inline int next_exchange_tag(MPI_Comm comm) {
+  static const int key = [] {
+    int k = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN,
+                           [](MPI_Comm, int, void* value, void*) {
+                             delete static_cast<unsigned*>(value);
+                             return MPI_SUCCESS;
+                           },
+                           &k, nullptr);
+    return k;
+  }();
+  void* value = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm, key, &value, &found);
+  if (!found) {
+    value = new unsigned(0);
+    MPI_Comm_set_attr(comm, key, value);
+  }
+  auto& count = *static_cast<unsigned*>(value);
+  return 0x6000 + int(count++ % 4096u);  // (below every other tag of tshard's, within MPI's 32767)
+}
 
 template <class T>
 class PendingCollective {
@@ -63,6 +90,25 @@ class PendingCollective {
     }
   }
 
+  // data = sum over the group of data, in place, as all_reduce.hpp's exchange_all_reduce sums it
+  // (the same bits), in two phases: every rank's share of every other block sent at once and
+  // this block's shares staged (in pooled memory: no allocation a step, unlike MPI's
+  // non-blocking all-reduce, whose fresh buffers cost page faults every time), then, once they
+  // are in (test() or wait()), this block summed and sent to every rank while the others arrive.
+  void start_exchange_all_reduce(MPI_Comm comm, T* data, Index n) {
+    const int p = comm_size(comm);
+    const Blocks b(n, p);
+    if (!begin("all_reduce", comm, data, data, n, 2 * bytes_of<T>(n) * std::uint64_t(p - 1) / std::uint64_t(p))) return;
+    me_ = comm_rank(comm), p_ = p, comm_ = comm, data_ = data, total_ = n, tag_ = next_exchange_tag(comm);
+    count_ = b.length(me_);
+    staged_ = pooled_array<T>(std::size_t(std::max<Index>(1, count_ * (p - 1))));
+    for (int d = 1; d < p; ++d) {
+      const int to = (me_ - d + p) % p, from = (me_ + d) % p;
+      post(from, staged(from), count_, true);
+      post(to, data + b.begin(to), b.length(to), false);
+    }
+  }
+
   // recv[i*n .. (i+1)*n) = send of group rank i (send and recv kept by the caller until done).
   void start_all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
     if (!begin("all_gather", comm, send, recv, n, bytes_of<T>(n) * std::uint64_t(comm_size(comm) - 1))) return;
@@ -82,10 +128,14 @@ class PendingCollective {
   // Lets MPI progress the collective; true once it is complete.
   // (Time spent inside counts as not hidden: MPI may do the whole transfer in here.)
   bool test() {
-    if (reqs_.empty()) return true;
+    if (reqs_.empty() && !data_) return true;
     const auto t0 = std::chrono::steady_clock::now();
     int done = 0;
     MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+    if (done && data_) {  // the exchange all-reduce's first phase is in: on to the second
+      gather_phase();
+      MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
+    }
     blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (done) finish(0.0);
     return done != 0;
@@ -94,11 +144,15 @@ class PendingCollective {
   // Completes the collective; returns the seconds spent inside MPI for it since start (in
   // test() and here): the part computation did not hide.
   double wait() {
-    if (!reqs_.empty()) {
+    if (!reqs_.empty() || data_) {
       const auto t0 = std::chrono::steady_clock::now();
       {
         WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
         MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+        if (data_) {
+          gather_phase();
+          MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
+        }
       }
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       blocked_ += waited;
@@ -109,7 +163,7 @@ class PendingCollective {
     blocked_ = 0;
     return b;
   }
-  bool in_flight() const { return !reqs_.empty(); }
+  bool in_flight() const { return !reqs_.empty() || data_; }
 
  private:
   // What every start shares: the label and clock of this collective, and, on one rank or with
@@ -126,6 +180,34 @@ class PendingCollective {
     }
     moved_ = moved;
     return true;
+  }
+  // One message of the exchange all-reduce, in chunks of the collective limit.
+  void post(int peer, T* buf, Index n, bool receive) {
+    for (Index off = 0; off < n; off += collective_chunk_limit()) {
+      const int c = int(std::min(collective_chunk_limit(), n - off));
+      reqs_.emplace_back();
+      if (receive)
+        MPI_Irecv(buf + off, c, mpi_datatype<T>(), peer, tag_, comm_, &reqs_.back());
+      else
+        MPI_Isend(buf + off, c, mpi_datatype<T>(), peer, tag_, comm_, &reqs_.back());
+    }
+  }
+  // The exchange all-reduce's second phase: this rank's block summed in the ring's order (its
+  // own share last), then sent to every rank, whose blocks arrive in place.
+  void gather_phase() {
+    reqs_.clear();
+    using A = accumulator_t<T>;
+    const Blocks b(total_, p_);
+    T* own = data_ + b.begin(me_);
+    auto acc = pooled_array<A>(std::size_t(std::max<Index>(1, count_)));
+    for (int d = 1; d < p_; ++d) accumulate_round(ReduceOp::Sum, d, p_, acc.get(), staged((me_ + d) % p_), own, own, count_);
+    staged_.reset();
+    for (int q = 0; q < p_; ++q) {
+      if (q == me_) continue;
+      post(q, data_ + b.begin(q), b.length(q), true);
+      post(q, own, count_, false);
+    }
+    data_ = nullptr;
   }
   // Rank q's contribution (q != me_): slot (q - me_) mod p - 1, the round it came in.
   T* staged(int q) const { return staged_.get() + Index((q - me_ + p_) % p_ - 1) * count_; }
@@ -153,6 +235,10 @@ class PendingCollective {
   // A reduce-scatter's other ranks' contributions to this rank's block, this rank's own (in
   // the caller's send buffer) and where their sum goes.
   std::shared_ptr<T> staged_;
+  T* data_ = nullptr;  // an exchange all-reduce in its first phase: the buffer
+  Index total_ = 0;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int tag_ = 0;
   const T* mine_ = nullptr;
   T* out_ = nullptr;
   Index count_ = 0;

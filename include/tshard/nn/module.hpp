@@ -231,6 +231,7 @@ class Module {
     void advance(std::uint64_t order) {
       if (!planned_) plan();
       while (next_ < entries_.size() && entries_[next_].threshold >= order) fire(entries_[next_++]);
+      if (progress_) (*progress_)();  // (reductions started by layers before this one travel on)
     }
     void finish() {
       if (!planned_) plan();
@@ -260,6 +261,8 @@ class Module {
         entries_.push_back(e);
         subtree.push_back(e.threshold);
       });
+      for (const auto& e : entries_)
+        if (!progress_ && e.module->hooks_.progress) progress_ = &e.module->hooks_.progress;
       // Descending thresholds; a stable sort keeps children before their parent on ties.
       std::stable_sort(entries_.begin(), entries_.end(),
                        [](const Entry& a, const Entry& b) { return a.threshold > b.threshold; });
@@ -279,6 +282,7 @@ class Module {
     std::vector<Entry> entries_;
     std::size_t next_ = 0;
     bool planned_ = false;
+    const std::function<void()>* progress_ = nullptr;  // an owner's (the optimizer's), where one is set
   };
   GradientCollector gradient_collector(ParameterLeaves leaves) { return GradientCollector(*this, std::move(leaves)); }
 

@@ -7,6 +7,7 @@
 // weight-update sharding (ZeRO stages 1-3, parallel/slot.hpp) applies. The stage is an option,
 // not another program. State is kept by parameter name (state_dict()).
 #pragma once
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <memory>
@@ -360,6 +361,17 @@ class Optimizer {
       bucket->start_reduction(true);
       for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
     };
+    // While a backward runs, MPI moves a non-blocking collective only inside MPI calls: between
+    // tape nodes, at most every 100 us, the reductions in flight are tested (Horovod's and
+    // DDP's progress without a thread: MPI_THREAD_MULTIPLE is not asked for).
+    if (options_.overlap)
+      hooks.progress = [this] {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_progress_ < std::chrono::microseconds(100)) return;
+        last_progress_ = now;
+        for (auto& b : buckets_)
+          if (b->started) b->test();
+      };
     hooks.gradients_read = [this, bucket] {
       if (bucket->dirty && no_sync_)
         throw SpecError("tshard::optim::Optimizer: a gradient read under no_sync(true) is this rank's share of the "
@@ -519,6 +531,7 @@ class Optimizer {
   std::vector<std::function<std::pair<std::shared_ptr<nn::StateTensor>, void*>()>> state_like_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   std::vector<std::function<double()>> ties_;  // each tied copy's gradient sum with its twin's
+  std::chrono::steady_clock::time_point last_progress_{};  // the last test of reductions in flight
   bool ties_summed_ = false;                   // this step's (clip_grad_norm and step() both finish reductions)
   GradientReductionStats reduction_, this_step_;
   parallel::detail::ParameterStreaming streaming_{options_.prefetch};  // stage 3's gathers

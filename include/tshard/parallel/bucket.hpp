@@ -431,6 +431,8 @@ class Bucket : public BucketBase {
     pending_.push_back(std::make_unique<tshard::detail::PendingCollective<T>>());
     if (recv)
       pending_.back()->start_reduce_scatter(data_, send, recv, n);
+    else if (tshard::detail::bytes_of<T>(n) >= tshard::detail::own_all_reduce_bytes())
+      pending_.back()->start_exchange_all_reduce(data_, send, n);  // (flat: one level)
     else
       pending_.back()->start_all_reduce(data_, send, n);
   }

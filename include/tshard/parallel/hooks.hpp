@@ -13,6 +13,7 @@ struct LayerHooks {
   std::function<void()> after_use;        // ZeRO-3: release them again
   std::function<void()> gradients_ready;  // the layer's backward has ended: reduce its gradients
   std::function<void()> gradients_read;   // a gradient is about to be read: complete its reduction
+  std::function<void()> progress;         // between a backward's nodes: let MPI move what is in flight
 };
 
 }  // namespace tshard::parallel
