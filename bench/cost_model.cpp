@@ -91,7 +91,10 @@ ts::CostModel fit(const std::vector<Sample>& samples) {
 // per rank, Megatron's four activation all-reduces per block (two forward, two backward) over
 // model, the vocab-split embedding and loss (an all-reduce of the embedding's [b, T, D] partial
 // forward and backward), and the gradients' all-reduce over data, all by the cost model: `m`
-// within a node (the model axis), `inter` between nodes (the data axis).
+// within a node (the model axis), `inter` between nodes (the data axis). The gradients' all-reduce
+// flat (every byte over the network) and in two levels (comm/all_reduce.hpp: nodes of 32 ranks,
+// the model axis inside them; the node's reduce-scatter and all-gather at `m`, the network's
+// all-reduce of a 1/L share at `inter`).
 void project(const ts::CostModel& m, const ts::CostModel& inter, double rate) {
   const double D = 1024, T = 256, b = 8, V = 1024, L = 2, H = 4 * D, bytes = 4;
   const double block_params = 4 * D * D + 2 * D * H + 9 * D + H;  // qkv, out, MLP, norms and biases
@@ -100,8 +103,8 @@ void project(const ts::CostModel& m, const ts::CostModel& inter, double rate) {
   const double flops = tokens * (6 * (L * block_params + D * V) + 12 * L * T * D);  // per data rank, all model ranks
   std::printf("\nprojection of train_transformer's step (D %.0f, %.0f layers, T %.0f, V %.0f, %.0f sequences per data rank, "
               "float), %.0f GFLOP/s per rank:\n", D, L, T, V, b, rate / 1e9);
-  std::printf("  %6s %10s %10s %10s %10s %10s %10s %8s\n", "ranks", "{data,mod}", "compute s", "TP comm s", "DP comm s",
-              "step s", "overlap s", "eff.");
+  std::printf("  %6s %10s %10s %10s %10s %10s %10s %8s %10s %10s %8s\n", "ranks", "{data,mod}", "compute s", "TP comm s", "DP comm s",
+              "step s", "overlap s", "eff.", "DP 2-lvl s", "step s", "eff.");
   for (int p = 64; p <= 2048; p *= 2) {
     for (int model : {1, 8}) {
       const int data = p / model;
@@ -113,8 +116,11 @@ void project(const ts::CostModel& m, const ts::CostModel& inter, double rate) {
       const double step = compute + tp.seconds(m) + dp.seconds(inter);
       // With the gradient reduction overlapped with backward (--overlap): hidden up to backward's 2/3.
       const double overlapped = compute + tp.seconds(m) + std::max(0.0, dp.seconds(inter) - compute * 2 / 3);
-      std::printf("  %6d %5d,%-4d %10.4f %10.4f %10.4f %10.4f %10.4f %7.0f%%\n", p, data, model, compute, tp.seconds(m),
-                  dp.seconds(inter), step, overlapped, 100 * compute / step);
+      const int per_node = 32 / model;  // data ranks of one node
+      const auto two = d::two_level_all_reduce_traffic(std::uint64_t(params / model * bytes), data / per_node, per_node);
+      const double dp2 = two.node.seconds(m) + two.network.seconds(inter), step2 = compute + tp.seconds(m) + dp2;
+      std::printf("  %6d %5d,%-4d %10.4f %10.4f %10.4f %10.4f %10.4f %7.0f%% %10.4f %10.4f %7.0f%%\n", p, data, model, compute,
+                  tp.seconds(m), dp.seconds(inter), step, overlapped, 100 * compute / step, dp2, step2, 100 * compute / step2);
     }
   }
 }

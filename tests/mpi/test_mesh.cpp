@@ -335,6 +335,16 @@ TEST_CASE("two-level all-reduce and reduce-scatter over nodes of equal size equa
       INFO(world << " ranks, " << per_node << " a node, interleaved " << interleaved);
       TS_REQUIRE_ALL(g->usable == (per_node > 1 && world > per_node && world % per_node == 0));
       TS_REQUIRE_ALL(two_levels_equal_flat(comm, *g));
+      // The bytes each rank moves are the cost model's (blocks dividing evenly).
+      std::vector<double> x(std::size_t(24 * world), 1.0);
+      ts::reset_comm_stats();
+      ts::detail::two_level_all_reduce(comm, *g, x.data(), ts::detail::Index(x.size()));
+      const std::uint64_t bytes = x.size() * sizeof(double);  // (flat where the nodes are uneven)
+      const auto want = g->usable ? ts::detail::two_level_all_reduce_traffic(bytes, g->nodes, g->per_node)
+                                  : ts::detail::TwoLevelTraffic{{}, ts::detail::all_reduce_traffic(bytes, world)};
+      const auto moved = ts::comm_stats().total();
+      TS_REQUIRE_ALL(moved.bytes_sent == want.node.bytes_sent + want.network.bytes_sent &&
+                     moved.bytes_received == want.node.bytes_received + want.network.bytes_received);
       MPI_Comm_free(&comm);
     }
 }

@@ -83,6 +83,20 @@ inline Traffic all_reduce_traffic(std::uint64_t bytes, int p) {  // reduce-scatt
   const std::uint64_t moved = 2 * bytes * std::uint64_t(p - 1) / std::uint64_t(p);
   return {moved, moved, bytes * std::uint64_t(p - 1) / std::uint64_t(p), 2 * log2_rounds(p)};
 }
+// The two levels of comm/all_reduce.hpp over `nodes` nodes of `per_node` ranks: a reduce-scatter
+// and an all-gather of the bytes inside the node, and the all-reduce of each rank's 1/per_node
+// share among the nodes (what crosses the network).
+struct TwoLevelTraffic {
+  Traffic node, network;
+};
+inline TwoLevelTraffic two_level_all_reduce_traffic(std::uint64_t bytes, int nodes, int per_node) {
+  if (per_node <= 1 || nodes <= 1) return per_node <= 1 ? TwoLevelTraffic{{}, all_reduce_traffic(bytes, nodes)}
+                                                        : TwoLevelTraffic{all_reduce_traffic(bytes, per_node), {}};
+  const std::uint64_t share = (bytes + std::uint64_t(per_node) - 1) / std::uint64_t(per_node);
+  Traffic node = reduce_scatter_traffic(share, per_node);
+  node += all_gather_traffic(share, per_node);
+  return {node, all_reduce_traffic(share, nodes)};
+}
 // (Bruck's log p rounds, as MPI libraries run small all-to-alls; large ones go pairwise, where
 // the bytes dominate the rounds anyway.)
 inline Traffic all_to_all_traffic(std::uint64_t block, int p) {
