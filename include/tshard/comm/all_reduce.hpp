@@ -154,13 +154,18 @@ void two_level_all_reduce(MPI_Comm comm, const NodeGroups& g, T* data, Index n) 
   const Blocks b(n, L);
   const Index len = b.length(comm_rank(g.node));
   auto share = pooled_array<T>(std::size_t(std::max<Index>(b.size, 1)));
-  const bool whole = b.size * L == n;  // else the node's collectives take padded blocks
-  std::vector<T> padded(whole ? 0 : std::size_t(b.size * L), T(0));
-  if (!whole) std::copy(data, data + n, padded.begin());
-  reduce_scatter_block(g.node, whole ? data : padded.data(), share.get(), b.size, ReduceOp::Sum);
+  const bool whole = b.size * L == n;  // else the node's collectives take padded blocks (pooled: a bucket a step)
+  std::shared_ptr<T> padded;
+  if (!whole) {
+    padded = pooled_array<T>(std::size_t(b.size * L));
+    std::copy(data, data + n, padded.get());
+    std::fill(padded.get() + n, padded.get() + b.size * L, T(0));
+  }
+  T* blocks = whole ? data : padded.get();
+  reduce_scatter_block(g.node, blocks, share.get(), b.size, ReduceOp::Sum);
   exchange_all_reduce(g.across, share.get(), len);
-  all_gather(g.node, share.get(), b.size, whole ? data : padded.data());
-  if (!whole) std::copy(padded.begin(), padded.begin() + n, data);
+  all_gather(g.node, share.get(), b.size, blocks);
+  if (!whole) std::copy(padded.get(), padded.get() + n, data);
 }
 
 // ZeRO's reduce-scatter in two levels: send holds one block of n per rank of comm, in its rank

@@ -359,7 +359,7 @@ class Optimizer {
       bucket->dirty = true;
       if (!options_.overlap || no_sync_) return;
       bucket->start_reduction(true);
-      for (auto& other : buckets_) other->test();  // let MPI progress what is in flight
+      test_in_flight();
     };
     // While a backward runs, MPI moves a non-blocking collective only inside MPI calls: between
     // tape nodes, at most every 100 us, the reductions in flight are tested (Horovod's and
@@ -369,8 +369,7 @@ class Optimizer {
         const auto now = std::chrono::steady_clock::now();
         if (now - last_progress_ < std::chrono::microseconds(100)) return;
         last_progress_ = now;
-        for (auto& b : buckets_)
-          if (b->started) b->test();
+        test_in_flight();
       };
     hooks.gradients_read = [this, bucket] {
       if (bucket->dirty && no_sync_)
@@ -383,6 +382,11 @@ class Optimizer {
       hooks.after_use = [this, bucket] { streaming_.after_use(bucket, buckets_); };
     }
     return hooks;
+  }
+
+  // Lets MPI progress every reduction and prefetch in flight.
+  void test_in_flight() {
+    for (auto& b : buckets_) b->test();
   }
 
   // A parameter is updated once: a second registration (the same tensor through two modules,
