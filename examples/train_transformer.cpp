@@ -23,7 +23,8 @@
 // bytes next to their analytic count. --check also trains on a one-rank mesh, unpipelined, on
 // every rank and compares the curves.
 // Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
-// layer's gradient reduction during backward, non-blocking), --prefetch (ZeRO-3: start the next
+// bucket's gradient reduction during backward, non-blocking), --bucket-mb X (modules' gradients
+// reduced together, DDP's bucket_cap_mb: default 25, 0 one bucket a module), --prefetch (ZeRO-3: start the next
 // layer's parameter gather during this one's use, and count the gathers), --peak-n N (the peak's sgemm size),
 // --remat, --capacity-factor C (default 1.25), --aux-weight W (load balancing, default 0.01),
 // --activation-checkpoint full|selective (each block's activations recomputed in the backward
@@ -71,7 +72,7 @@ struct Options {
   bool use_double = false, check = false, overlap = false, prefetch = false;
   bool use_bf16 = false;  // --dtype bf16: bfloat16 weights, activations and messages; float master weights
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
-  double lr = 3e-3, clip = 1.0, dropout = 0.0;
+  double lr = 3e-3, clip = 1.0, dropout = 0.0, bucket_mb = 25;
   int peak_n = 384;
   int microbatches = 1;
   ts::nn::Schedule schedule = ts::nn::Schedule::GPipe;
@@ -108,7 +109,7 @@ Options parse(int argc, char** argv) {
       .value("--vocab", o.vocab).value("--hidden", o.hidden).value("--lr", o.lr).value("--clip", o.clip)
       .value("--dropout", o.dropout).value("--peak-n", o.peak_n).flag("--check", o.check)
       .flag("--overlap", o.overlap).flag("--no-overlap", o.overlap, false).flag("--prefetch", o.prefetch)
-      .value("--microbatches", o.microbatches).flag("--remat", o.remat)
+      .value("--bucket-mb", o.bucket_mb).value("--microbatches", o.microbatches).flag("--remat", o.remat)
       .choice("--activation-checkpoint", o.activation_checkpoint, {"full", "selective"})
       .value("--experts", o.experts).value("--save", o.save).value("--trace", o.trace).value("--data", o.data_file)
       .value("--eval", o.eval_file).value("--eval-every", o.eval_every).value("--write-data", o.write_data)
@@ -123,6 +124,7 @@ Options parse(int argc, char** argv) {
   if (o.batch < 1 || o.seq < 1 || o.dmodel < 1 || o.heads < 1 || o.vocab < 2 || o.layers < 0 || o.steps < 0)
     f.fail("sizes must be positive (and --vocab at least 2)");
   if (o.microbatches < 1) f.fail("--microbatches must be at least 1");
+  if (!(o.bucket_mb >= 0)) f.fail("--bucket-mb takes 0 (one bucket a module) or more");
   if (o.experts < 0) f.fail("--experts takes 0 (a dense MLP) or more");
   if (o.eval_every < 0) f.fail("--eval-every takes 0 (at the end only) or more steps");
   if (o.eval_every > 0 && o.eval_file.empty()) f.fail("--eval-every needs --eval FILE");
@@ -425,7 +427,8 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
-                     .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch});
+                     .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch,
+                     .bucket_bytes = std::int64_t(o.bucket_mb * double(1 << 20))});
   opt.add(model);
   opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
   run.dense = ts::all_reduce<"stage">(mesh, model.dense_parameters());

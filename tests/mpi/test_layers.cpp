@@ -220,10 +220,12 @@ TEST_CASE("ZeRO stages 0-3 give the single-rank parameters, losses and gradient 
   REQUIRE(want.norms[0] > 0.5);  // clipping is active
   on_every_dm_mesh([&](DM& mesh, auto sizes) {
     for (int zero = 0; zero <= 3; ++zero)
-      for (int variant = 0; variant < 4; ++variant) {
-        // variant 3: every bucket through tshard's all-reduce, in two levels where the data
-        // group's ranks make nodes of two (TSHARD_RANKS_PER_NODE, read when the buckets are made)
-        const bool overlap = variant == 0 || variant == 2, prefetch = variant == 2, own = variant == 3;
+      for (int variant = 0; variant < 5; ++variant) {
+        // variants 3 and 4: every bucket through tshard's all-reduce, in two levels where the
+        // data group's ranks make nodes of two (TSHARD_RANKS_PER_NODE, read when the buckets are
+        // made), blocking (3) and in flight during backward (4)
+        const bool overlap = variant == 0 || variant == 2 || variant == 4, prefetch = variant == 2,
+                   own = variant >= 3;
         if ((!overlap && zero % 2 && !own) || (prefetch && zero != 3)) continue;
         INFO("mesh " << sizes[0] << "x" << sizes[1] << ", zero " << zero << ", overlap " << overlap << ", prefetch " << prefetch
                      << ", tshard's all-reduce in two levels " << own);

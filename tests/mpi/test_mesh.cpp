@@ -291,6 +291,26 @@ bool two_levels_equal_flat(MPI_Comm comm, const ts::detail::NodeGroups& g) {
     ts::detail::reduce_scatter_block(comm, send.data(), flat.data(), n, ts::ReduceOp::Sum);
     ts::detail::two_level_reduce_scatter(comm, g, send.data(), got.data(), n);
     ok = ok && data == want && got == flat;
+    // In flight (the optimizer's overlapped buckets): two all-reduces and a reduce-scatter
+    // started together, moved along in an order of each rank's own, give the blocking bits.
+    std::vector<double> a(m), b(m), blocking_a(m), blocking_b(m), scattered(m), blocking_scattered(m);
+    for (Index i = 0; i < n; ++i) {
+      a[std::size_t(i)] = blocking_a[std::size_t(i)] = 1.0 / double(3 + r + i);
+      b[std::size_t(i)] = blocking_b[std::size_t(i)] = 0.1 * double(i) - 1.0 / double(7 + r);
+    }
+    for (auto& v : send) v = v / 3.0 + 0.01 * r;
+    ts::detail::two_level_all_reduce(comm, g, blocking_a.data(), n);
+    ts::detail::two_level_all_reduce(comm, g, blocking_b.data(), n);
+    ts::detail::two_level_reduce_scatter(comm, g, send.data(), blocking_scattered.data(), n);
+    std::shared_ptr<const ts::detail::NodeGroups> groups(&g, [](const ts::detail::NodeGroups*) {});
+    std::unique_ptr<ts::detail::PendingSequence<double>> pending[3] = {
+        ts::detail::start_two_level_all_reduce(comm, groups, a.data(), n),
+        ts::detail::start_two_level_reduce_scatter(comm, groups, send.data(), scattered.data(), n),
+        ts::detail::start_two_level_all_reduce(comm, groups, b.data(), n)};
+    for (int round = 0; round < 4; ++round)
+      for (int k = 0; k < 3; ++k) pending[(k + r) % 3]->test();
+    for (int k = 0; k < 3; ++k) pending[(3 - k + r) % 3]->wait();
+    ok = ok && a == blocking_a && b == blocking_b && scattered == blocking_scattered;
   }
   return ok;
 }

@@ -262,6 +262,104 @@ TEST_CASE("data_axis names several axes: one bucket group sums over all of them 
       }
 }
 
+namespace {
+// Collectives and bytes of the data-parallel gradient reductions in the stats since the last reset.
+std::pair<std::uint64_t, std::uint64_t> gradient_reductions() {
+  std::uint64_t calls = 0, bytes = 0;
+  for (auto& [name, op] : ts::comm_stats().operators())
+    if (name.find("gradient_reduction") != std::string::npos) {
+      calls += op.total().calls;
+      bytes += op.total().bytes_sent;
+    }
+  return {calls, bytes};
+}
+}  // namespace
+
+TEST_CASE("consecutive modules' gradients are reduced together up to bucket_bytes, as soon as all of them are ready",
+          "[module]") {
+  const auto gx = inputs(11, 12);
+  const Eigen::Tensor<double, 2> gy = inputs(11, 12) * 0.5;
+  // Each module's own parameters' bytes, in the order opt.add(model) meets them (parents first).
+  auto module_bytes = [](Stack& model) {
+    std::vector<std::int64_t> bytes;
+    model.for_each_module([&](ts::nn::Module& m, const std::string&) {
+      if (!m.has_own_parameters()) return;
+      std::int64_t b = 0;
+      m.for_each_own_slot([&](const std::string&, ts::nn::detail::ParameterSlot& p) { b += p.padded_size() * 8; });
+      bytes.push_back(b);
+    });
+    return bytes;
+  };
+  // Two micro-batches a step (no_sync on the first): a bucket reports ready in each, and
+  // starts only in the second.
+  auto run = [&](const M& mesh, int zero, bool overlap, std::int64_t cap) {
+    Stack model(mesh);
+    ts::nn::AdamW opt({.lr = 0.05, .zero_stage = zero, .overlap = overlap, .bucket_bytes = cap});
+    opt.add(model);
+    const auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gx);
+    const auto y = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, gy);
+    std::uint64_t calls = 0, bytes = 0;
+    int reduced_at_step = 0;
+    for (int s = 0; s < 2; ++s) {
+      opt.zero_grad();
+      ts::reset_comm_stats();
+      for (int k = 0; k < 2; ++k) {
+        opt.no_sync(k == 0);
+        ts::ad::backward(model, [&] { return ts::sum<0, 1>(ts::square(model(k == 0 ? x : y))) * 0.01; });
+      }
+      opt.step();
+      std::tie(calls, bytes) = gradient_reductions();
+      reduced_at_step = opt.last_reduction().buckets;
+    }
+    opt.gather_parameters();
+    std::vector<Eigen::Tensor<double, 2>> got{model.first.up.weight().gather(), model.second.down.weight().gather()};
+    for (const auto& v : {model.norm.gamma().gather(), model.first.scale.gather(), model.second.up.bias().gather()}) {
+      Eigen::Tensor<double, 2> flat(v.size(), 1);
+      for (Eigen::Index i = 0; i < v.size(); ++i) flat.data()[i] = v.data()[i];
+      got.push_back(flat);
+    }
+    return std::make_tuple(got, calls, bytes, reduced_at_step);
+  };
+  const M single(MPI_COMM_SELF, {1, 1});
+  const auto want = std::get<0>(run(single, 0, false, 0));
+  for (const auto& s : mesh_shapes(world_size(), 2)) {
+    const M mesh({s[0], s[1]});
+    Stack probe(mesh);  // (the sizes of this rank's blocks)
+    const auto bytes = module_bytes(probe);
+    const std::int64_t one_mlp = bytes[0] + bytes[1] + bytes[2];
+    for (int zero : {0, 1, 2, 3})
+      for (bool overlap : {false, true})
+        for (std::int64_t cap : {std::int64_t(0), one_mlp, std::int64_t(25) << 20}) {
+          INFO("mesh " << s[0] << "x" << s[1] << ", ZeRO " << zero << (overlap ? ", overlapped" : "") << ", cap " << cap);
+          const auto [got, calls, sent, at_step] = run(mesh, zero, overlap, cap);
+          for (std::size_t i = 0; i < want.size(); ++i) TS_REQUIRE_ALL(compare(got[i], want[i], 1e-12) == "");
+          if (s[0] == 1) continue;
+          // The buckets: consecutive modules while their bytes fit the cap (one each under ZeRO-3).
+          int buckets = 0;
+          std::int64_t open = -1;
+          for (auto b : bytes) {
+            if (open >= 0 && zero != 3 && open + b <= cap) {
+              open += b;
+            } else {
+              ++buckets;
+              open = b;
+            }
+          }
+          // One collective each (all small: packed), and with overlap every one started during
+          // the second micro-batch's backward, none left for step().
+          TS_REQUIRE_ALL(calls == std::uint64_t(buckets));
+          TS_REQUIRE_ALL(at_step == (overlap ? 0 : buckets));
+          if (cap == one_mlp && zero != 3) TS_REQUIRE_ALL(buckets == 3);
+          if (cap > one_mlp && zero != 3) TS_REQUIRE_ALL(buckets == 1);
+          if (cap == 0) TS_REQUIRE_ALL(buckets == int(bytes.size()));
+          // The bytes do not depend on how the gradients are grouped (beyond each all-reduce's
+          // rounding of its 2 (p - 1) / p share).
+          const auto [g0, calls0, sent0, at0] = run(mesh, zero, overlap, 0);
+          TS_REQUIRE_ALL(sent <= sent0 + calls0 && sent0 <= sent + calls0);
+        }
+      }
+}
+
 TEST_CASE("an optimizer keeps updating a layer that moved after opt.add; moved layers keep their parameters",
           "[module]") {
   const M mesh({world_size(), 1});

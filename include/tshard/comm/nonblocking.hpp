@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,7 +68,9 @@ class PendingCollective {
   // of collectives.hpp's reduce_scatter_exchange with every message in flight at once, summed
   // in the same order when it completes: the blocking form's bits. It stages the p - 1 other
   // ranks' contributions to this rank's block, (p - 1) n elements, until then.
-  void start_reduce_scatter(MPI_Comm comm, const T* send, T* recv, Index n) {
+  // `tag`: its own where others of the same communicator may start in another order on other
+  // ranks (the steps of a PendingSequence).
+  void start_reduce_scatter(MPI_Comm comm, const T* send, T* recv, Index n, int tag = kReductionTag) {
     const int p = comm_size(comm);
     if (!begin("reduce_scatter", comm, send, recv, n, bytes_of<T>(n) * std::uint64_t(p - 1))) return;
     const int me = comm_rank(comm);
@@ -83,9 +86,9 @@ class PendingCollective {
       for (int d = 1; d < p; ++d) {
         const int to = (me - d + p) % p, from = (me + d) % p;
         reqs_.emplace_back();
-        MPI_Irecv(staged(from) + off, int(c), mpi_datatype<T>(), from, kReductionTag, comm, &reqs_.back());
+        MPI_Irecv(staged(from) + off, int(c), mpi_datatype<T>(), from, tag, comm, &reqs_.back());
         reqs_.emplace_back();
-        MPI_Isend(send + Index(to) * n + off, int(c), mpi_datatype<T>(), to, kReductionTag, comm, &reqs_.back());
+        MPI_Isend(send + Index(to) * n + off, int(c), mpi_datatype<T>(), to, tag, comm, &reqs_.back());
       }
     }
   }
@@ -95,11 +98,13 @@ class PendingCollective {
   // this block's shares staged (in pooled memory: no allocation a step, unlike MPI's
   // non-blocking all-reduce, whose fresh buffers cost page faults every time), then, once they
   // are in (test() or wait()), this block summed and sent to every rank while the others arrive.
-  void start_exchange_all_reduce(MPI_Comm comm, T* data, Index n) {
+  // Its tag is drawn here unless given (next_exchange_tag drawn earlier, in program order).
+  void start_exchange_all_reduce(MPI_Comm comm, T* data, Index n, int tag = -1) {
     const int p = comm_size(comm);
     const Blocks b(n, p);
     if (!begin("all_reduce", comm, data, data, n, 2 * bytes_of<T>(n) * std::uint64_t(p - 1) / std::uint64_t(p))) return;
-    me_ = comm_rank(comm), p_ = p, comm_ = comm, data_ = data, total_ = n, tag_ = next_exchange_tag(comm);
+    me_ = comm_rank(comm), p_ = p, comm_ = comm, data_ = data, total_ = n;
+    tag_ = tag >= 0 ? tag : next_exchange_tag(comm);
     count_ = b.length(me_);
     staged_ = pooled_array<T>(std::size_t(std::max<Index>(1, count_ * (p - 1))));
     for (int d = 1; d < p; ++d) {
@@ -122,6 +127,21 @@ class PendingCollective {
         StridedBlock<T> block(c, n);
         MPI_Iallgather(send + off, int(c), mpi_datatype<T>(), recv + off, 1, block.get(), comm, &reqs_.back());
       }
+    }
+  }
+
+  // The all-gather above by point-to-point messages under `tag`: a step of a PendingSequence,
+  // which may start on some ranks before another sequence's gather and after it on others
+  // (MPI's collectives must start in one order everywhere; tagged messages need not).
+  void start_tagged_all_gather(MPI_Comm comm, const T* send, Index n, T* recv, int tag) {
+    const int p = comm_size(comm);
+    if (!begin("all_gather", comm, send, recv, n, bytes_of<T>(n) * std::uint64_t(p - 1))) return;
+    me_ = comm_rank(comm), p_ = p, comm_ = comm, tag_ = tag;
+    std::copy(send, send + n, recv + Index(me_) * n);
+    for (int q = 0; q < p; ++q) {
+      if (q == me_) continue;
+      post(q, recv + Index(q) * n, n, true);
+      post(q, const_cast<T*>(send), n, false);
     }
   }
 
@@ -249,5 +269,112 @@ class PendingCollective {
   double blocked_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
+
+// Non-blocking collectives run one after another, each started once the one before is complete
+// (in test() or wait()): the two levels of a gradient reduction in flight during backward. Each
+// step starts its collective on the PendingCollective it is handed; `then_` runs at the end.
+template <class T>
+class PendingSequence {
+ public:
+  using Step = std::function<void(PendingCollective<T>&)>;
+  PendingSequence(std::vector<Step> steps, std::function<void()> then = {})
+      : steps_(std::move(steps)), then_(std::move(then)), label_(&operator_stack().top()) {
+    advance();
+  }
+  PendingSequence(const PendingSequence&) = delete;
+  PendingSequence& operator=(const PendingSequence&) = delete;
+
+  bool in_flight() const { return current_ != nullptr; }
+  bool test() {
+    while (current_) {
+      if (!current_->test()) return false;
+      blocked_ += current_->wait();
+      advance();
+    }
+    return true;
+  }
+  // Completes every step; the seconds spent inside MPI for them (test() included).
+  double wait() {
+    while (current_) {
+      blocked_ += current_->wait();
+      advance();
+    }
+    const double b = blocked_;
+    blocked_ = 0;
+    return b;
+  }
+
+ private:
+  void advance() {
+    current_.reset();
+    if (next_ < steps_.size()) {
+      OperatorScope scope(label_, "");  // every step counted under the operator that started the first
+      current_ = std::make_unique<PendingCollective<T>>();
+      steps_[next_++](*current_);
+    } else if (then_) {
+      then_();
+      then_ = {};
+    }
+  }
+  std::vector<Step> steps_;
+  std::function<void()> then_;
+  std::size_t next_ = 0;
+  OperatorLabel* label_;
+  std::unique_ptr<PendingCollective<T>> current_;
+  double blocked_ = 0;
+};
+
+// all_reduce.hpp's two_level_all_reduce in flight: the node's reduce-scatter, the exchange
+// all-reduce of this rank's share among the nodes, the node's all-gather, in that order, the
+// same sums (the same bits). Tags are drawn now, in program order, on every rank alike.
+template <class T>
+std::unique_ptr<PendingSequence<T>> start_two_level_all_reduce(MPI_Comm comm, std::shared_ptr<const NodeGroups> g, T* data,
+                                                              Index n) {
+  using Step = typename PendingSequence<T>::Step;
+  if (!g->usable)
+    return std::make_unique<PendingSequence<T>>(
+        std::vector<Step>{[=](PendingCollective<T>& c) { c.start_exchange_all_reduce(comm, data, n); }});
+  const int L = g->per_node;
+  const Blocks b(n, L);
+  const Index len = b.length(comm_rank(g->node));
+  std::shared_ptr<T> share = pooled_array<T>(std::size_t(std::max<Index>(b.size, 1))), padded;
+  if (b.size * L != n) {
+    padded = pooled_array<T>(std::size_t(b.size * L));
+    std::copy(data, data + n, padded.get());
+    std::fill(padded.get() + n, padded.get() + b.size * L, T(0));
+  }
+  T* blocks = padded ? padded.get() : data;
+  const int node_tag = next_exchange_tag(g->node), across_tag = next_exchange_tag(g->across),
+            gather_tag = next_exchange_tag(g->node);
+  return std::make_unique<PendingSequence<T>>(
+      std::vector<Step>{
+          [=](PendingCollective<T>& c) { c.start_reduce_scatter(g->node, blocks, share.get(), b.size, node_tag); },
+          [=](PendingCollective<T>& c) { c.start_exchange_all_reduce(g->across, share.get(), len, across_tag); },
+          [=](PendingCollective<T>& c) { c.start_tagged_all_gather(g->node, share.get(), b.size, blocks, gather_tag); }},
+      [=] {
+        if (padded) std::copy(padded.get(), padded.get() + n, data);
+      });
+}
+
+// all_reduce.hpp's two_level_reduce_scatter in flight (send is copied now; recv is written at the end).
+template <class T>
+std::unique_ptr<PendingSequence<T>> start_two_level_reduce_scatter(MPI_Comm comm, std::shared_ptr<const NodeGroups> g,
+                                                                  const T* send, T* recv, Index n) {
+  using Step = typename PendingSequence<T>::Step;
+  if (!g->usable)
+    return std::make_unique<PendingSequence<T>>(
+        std::vector<Step>{[=](PendingCollective<T>& c) { c.start_reduce_scatter(comm, send, recv, n); }});
+  const int L = g->per_node, N = g->nodes;
+  auto grouped = pooled_array<T>(std::size_t(n) * std::size_t(L * N));
+  for (int slot = 0; slot < L * N; ++slot) {
+    const T* block = send + Index(g->rank_at[std::size_t(slot)]) * n;
+    std::copy(block, block + n, grouped.get() + Index(slot) * n);
+  }
+  auto mine = pooled_array<T>(std::size_t(std::max<Index>(n * N, 1)));
+  const int node_tag = next_exchange_tag(g->node), across_tag = next_exchange_tag(g->across);
+  return std::make_unique<PendingSequence<T>>(std::vector<Step>{
+      [=](PendingCollective<T>& c) { c.start_reduce_scatter(g->node, grouped.get(), mine.get(), n * N, node_tag); },
+      [=](PendingCollective<T>& c) { c.start_reduce_scatter(g->across, mine.get(), recv, n, across_tag); }});
+}
 
 }  // namespace tshard::detail

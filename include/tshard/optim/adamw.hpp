@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include <Eigen/Core>
 
@@ -16,11 +17,13 @@ namespace tshard::optim {
 // several axes: one group, ZeRO's chunks partitioned over all of it; a name the mesh lacks adds
 // no axis, and none at all means no data parallelism),
 // whether layers' gradient reductions start, non-blocking, during backward (PyTorch DDP's
-// overlap), and whether ZeRO-3 prefetches (below). Overlap is off by default: with OpenMPI's
-// non-blocking collectives and no progress thread, the overlapped reduction of a transformer's
-// gradients spent 54-209 ms per step inside MPI here against 37-52 ms for the blocking one in
-// step() (bench/run_transformer_step.sh); turn it on where the network progresses transfers
-// on its own.
+// overlap: the reductions in flight are tested between the backward's nodes, so MPI moves them
+// without a progress thread), and whether ZeRO-3 prefetches (below). Overlap is off by default:
+// on a machine with one core per rank, the backward and the transfers share the cores.
+// bucket_bytes (DDP's bucket_cap_mb, 25 MiB as its default) coalesces the gradients of
+// consecutive modules of one add(model) into one reduction up to that size (a module is never
+// split; 0: one reduction per module). ZeRO-3 keeps one module a bucket: its unit of gathering
+// parameters is the module (FSDP's wrapping).
 // The settings are doubles, so a double-precision run can follow a reference that writes
 // betas=(0.9, 0.95) exactly; the defaults are the float values they always were (1e-3f, ...),
 // so programs that keep them, or pass floats, compute bitwise what they did.
@@ -38,6 +41,7 @@ struct AdamWOptions {
   const char* data_axis = "data";
   bool overlap = false;
   bool prefetch = false;
+  std::int64_t bucket_bytes = std::int64_t(25) << 20;
 };
 
 // Adam with decoupled weight decay (Loshchilov and Hutter 2019), PyTorch's formula:

@@ -60,6 +60,10 @@ class Optimizer {
   explicit Optimizer(const Options& options) : options_(options) {
     if (options.zero_stage < 0 || options.zero_stage > 3)
       throw SpecError("tshard::optim: zero_stage " + std::to_string(options.zero_stage) + " is not 0, 1, 2 or 3");
+    if constexpr (requires { options.bucket_bytes; })
+      if (options.bucket_bytes < 0)
+        throw SpecError("tshard::optim: bucket_bytes " + std::to_string(options.bucket_bytes) +
+                        " is negative (0 reduces each module's gradients by themselves)");
   }
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -72,6 +76,7 @@ class Optimizer {
     static_assert(is_real_floating_v<T>, "tshard: optimizers update float, double or bfloat16 parameters");
     claim(&param, param.describe());
     auto& b = new_bucket<T>(param.mesh());
+    b.add_member();
     register_slot(b, param, grad, /*owned by a module*/ false);
     name_slot(name.empty() ? "parameter" + std::to_string(names_.size()) : std::move(name));
     state_like_.push_back([&param]() -> std::pair<std::shared_ptr<nn::StateTensor>, void*> {
@@ -81,28 +86,31 @@ class Optimizer {
   }
 
   // Every parameter a module registered, its submodules' included (a module written with
-  // register_parameter / register_module). Each module that owns parameters is one bucket whose
-  // gradients are reduced when ts::ad::backward has collected them. Under ZeRO-3 a layer's
-  // parameters are gathered only around its own forward (the layers of nn/ bracket it); a user
-  // module's own parameters, read anywhere in its forward, stay whole (ZeRO-2 for them). The
-  // data-parallel sums are deferred to this optimizer through the whole tree. `group` picks each
-  // parameter's settings by its name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the
-  // optimizer keeps the parameters' handles, so nothing dangles if the model goes first.
+  // register_parameter / register_module). The gradients of consecutive modules that own
+  // parameters are reduced together, up to the options' bucket_bytes (one module a bucket under
+  // ZeRO-3, or with bucket_bytes 0): a bucket's reduction starts when ts::ad::backward has
+  // collected all its modules' gradients. Under ZeRO-3 a layer's parameters are gathered only
+  // around its own forward (the layers of nn/ bracket it); a user module's own parameters, read
+  // anywhere in its forward, stay whole (ZeRO-2 for them). The data-parallel sums are deferred
+  // to this optimizer through the whole tree. `group` picks each parameter's settings by its
+  // name and shape (decay_matrices_only(wd) is nanoGPT's recipe); the optimizer keeps the
+  // parameters' handles, so nothing dangles if the model goes first.
   template <class Mod>
     requires std::is_base_of_v<Module, Mod>
   void add(Mod& model, const std::function<ParameterGroup(const ParameterInfo&)>& group = {}) {
     std::uint32_t deferred = 0;
     bool any = false;
+    OpenBucket open;  // the bucket the next module may join
     model.for_each_module([&](Module& m, const std::string& prefix) {
       if (!m.has_own_parameters()) return;
       any = true;
-      BucketBase* bucket = nullptr;
-      std::function<void()> finish;
+      ModuleBucket mine;
+      m.for_each_own_slot([&](const std::string&, nn::detail::ParameterSlot& slot) { mine.elements += reduced_elements(slot); });
       m.for_each_own_slot([&](const std::string& name, nn::detail::ParameterSlot& slot) {
-        add_module_slot(slot, prefix + name, group, m.streams_parameters(), bucket, finish, deferred);
+        add_module_slot(slot, prefix + name, group, m.streams_parameters(), mine, open, deferred);
       });
-      m.attach_hooks(hooks_for(bucket));
-      finish();
+      m.attach_hooks(hooks_for(mine.bucket, mine.member));
+      mine.finish();
     });
     if (any) model.defer_gradient_sums(deferred);
   }
@@ -175,7 +183,7 @@ class Optimizer {
     ++steps_;
     for (auto& u : updates_) u(options_, steps_);
     for (auto& b : buckets_) b->gather_parameters(false);
-    for (auto& b : buckets_) b->started = false;
+    for (auto& b : buckets_) b->new_round();
     ties_summed_ = false;
     reduction_ = this_step_;
     this_step_ = {};
@@ -351,13 +359,14 @@ class Optimizer {
     return *raw;
   }
 
-  // What a layer or module given whole calls: its bucket's reduction starts when its backward
-  // ends (with overlap), and under ZeRO-3 its parameters are present only around its uses.
-  LayerHooks hooks_for(BucketBase* bucket) {
+  // What a module given whole calls: its bucket's reduction starts when the backward has ended
+  // for every module of the bucket (with overlap), and under ZeRO-3 its parameters are present
+  // only around its uses.
+  LayerHooks hooks_for(BucketBase* bucket, int member) {
     LayerHooks hooks;
-    hooks.gradients_ready = [this, bucket] {
+    hooks.gradients_ready = [this, bucket, member] {
       bucket->dirty = true;
-      if (!options_.overlap || no_sync_) return;
+      if (!bucket->member_ready(member) || !options_.overlap || no_sync_) return;
       bucket->start_reduction(true);
       test_in_flight();
     };
@@ -397,34 +406,80 @@ class Optimizer {
                       " is registered twice (each parameter is added once)");
   }
 
-  // One registered parameter of a module: its bucket (made by the first parameter), its group.
+  // The bucket a module's parameters go to, made or joined at its first parameter.
+  struct ModuleBucket {
+    Index elements = 0;  // the module's own parameters' local elements
+    BucketBase* bucket = nullptr;
+    int member = 0;
+    std::function<void()> finish;
+  };
+  // The last bucket of an add(model), while more modules may join it.
+  struct OpenBucket {
+    BucketBase* bucket = nullptr;
+    const tshard::detail::MeshState* mesh = nullptr;
+    std::int64_t bytes = 0;
+  };
+  // The elements of a parameter's block the data-parallel sum reduces: none where it is split
+  // over a data axis (experts). The same on every rank of a data group, so that all of them
+  // group modules into buckets alike.
+  Index reduced_elements(nn::detail::ParameterSlot& slot) {
+    Index n = 0;
+    auto visit = [&]<class T>(T*) {
+      if (auto* typed = dynamic_cast<nn::detail::ElementParameterSlot<T>*>(&slot)) {
+        const ParameterView<T> view = typed->view();
+        if ((view.spec.split_axes() & data_mask(*view.mesh)) == 0) n = view.layout.padded_size();
+      }
+    };
+    visit(static_cast<float*>(nullptr));
+    visit(static_cast<double*>(nullptr));
+    visit(static_cast<bfloat16*>(nullptr));
+    return n;
+  }
+  // The options' bucket_bytes (an Options struct without one reduces module by module).
+  std::int64_t bucket_cap() const {
+    if constexpr (requires { options_.bucket_bytes; })
+      return options_.zero_stage == 3 ? 0 : std::int64_t(options_.bucket_bytes);
+    else
+      return 0;
+  }
+
+  // One registered parameter of a module: its bucket (made or joined by the first parameter), its group.
   template <class Slot>
   void add_module_slot(Slot& slot, const std::string& name, const std::function<ParameterGroup(const ParameterInfo&)>& group,
-                       bool streamable, BucketBase*& bucket, std::function<void()>& finish, std::uint32_t& deferred) {
+                       bool streamable, ModuleBucket& mine, OpenBucket& open, std::uint32_t& deferred) {
     ParameterGroup settings;
     if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
     bool done = false;
-    visit_slot<float>(slot, name, settings, streamable, bucket, finish, deferred, done);
-    visit_slot<double>(slot, name, settings, streamable, bucket, finish, deferred, done);
-    visit_slot<bfloat16>(slot, name, settings, streamable, bucket, finish, deferred, done);
+    visit_slot<float>(slot, name, settings, streamable, mine, open, deferred, done);
+    visit_slot<double>(slot, name, settings, streamable, mine, open, deferred, done);
+    visit_slot<bfloat16>(slot, name, settings, streamable, mine, open, deferred, done);
     if (!done)
       throw SpecError("tshard::optim::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
   }
   template <class T, class Slot>
-  void visit_slot(Slot& slot, const std::string& name, const ParameterGroup& settings, bool streamable, BucketBase*& bucket,
-                  std::function<void()>& finish, std::uint32_t& deferred, bool& done) {
+  void visit_slot(Slot& slot, const std::string& name, const ParameterGroup& settings, bool streamable, ModuleBucket& mine,
+                  OpenBucket& open, std::uint32_t& deferred, bool& done) {
     auto* typed = dynamic_cast<nn::detail::ElementParameterSlot<T>*>(&slot);
     if (!typed || done) return;
     done = true;
     const ParameterView<T> view = typed->view();
     claim(view.identity, view.describe);
-    if (!bucket) {
-      auto& b = new_bucket<T>(*view.mesh);
-      bucket = &b;
-      finish = [this, &b] { finish_bucket(b); };
+    if (!mine.bucket) {
+      const std::int64_t bytes = std::int64_t(mine.elements) * std::int64_t(sizeof(T));
+      // Joins the open bucket where it has room, the same element type and the same mesh.
+      if (open.bucket && open.mesh == view.mesh.get() && dynamic_cast<Bucket<T>*>(open.bucket) &&
+          open.bytes + bytes <= bucket_cap()) {
+        open.bytes += bytes;
+      } else {
+        open = {&new_bucket<T>(*view.mesh), view.mesh.get(), bytes};
+      }
+      mine.bucket = open.bucket;
+      mine.member = open.bucket->add_member();
+      auto& b = *dynamic_cast<Bucket<T>*>(open.bucket);
+      mine.finish = [this, &b] { finish_bucket(b); };
       deferred = data_mask(*view.mesh);
     }
-    auto* b = dynamic_cast<Bucket<T>*>(bucket);
+    auto* b = dynamic_cast<Bucket<T>*>(mine.bucket);
     if (!b) throw SpecError("tshard::optim: a module's own parameters have one element type");
     register_slot(*b, view, true, streamable);
     name_slot(name);
@@ -477,11 +532,17 @@ class Optimizer {
     b.slots.push_back(std::move(s));
   }
 
-  // The bucket's update closure; stage-3 parameters leave memory until their layer's next use.
+  // The bucket's update closure (registered once, whatever its members); stage-3 parameters
+  // leave memory until their layer's next use.
   template <class B>
   void finish_bucket(B& b) {
     using T = std::remove_pointer_t<decltype(b.slots.front().param())>;
     auto* bucket = &b;
+    if (b.updating) {
+      b.release_parameters();
+      return;
+    }
+    b.updating = true;
     updates_.push_back([bucket](const Options& o, long t) {
       const int c = bucket->data_coord();
       for (auto& s : bucket->slots) {

@@ -1,5 +1,7 @@
 // SGD with momentum: its settings, its pure update rule and the optimizer that applies it.
 #pragma once
+#include <cstdint>
+
 #include "tshard/optim/optimizer.hpp"
 
 namespace tshard::optim {
@@ -12,6 +14,7 @@ struct SGDOptions {
   const char* data_axis = "data";  // the axes gradients are summed over, as AdamW's
   bool overlap = false;
   bool prefetch = false;  // ZeRO-3's, as AdamW's
+  std::int64_t bucket_bytes = std::int64_t(25) << 20;  // gradients reduced together, as AdamW's
 };
 
 // SGD with momentum, PyTorch's formula: d = g + wd p; b = momentum b + d (b = d at the first

@@ -1,8 +1,9 @@
-// A bucket: the parameters data parallelism reduces together (one module's own, or one bare
-// parameter), with the data axis' communicator (one group over all of them where the optimizer
+// A bucket: the parameters data parallelism reduces together (the own parameters of one module,
+// or of several consecutive modules up to the optimizer's bucket_bytes, or one bare parameter), with the data axis' communicator (one group over all of them where the optimizer
 // names several data axes; "the data axis" below means that group). Their gradients' sum over the data axis (an
-// all-reduce, or a reduce-scatter under ZeRO-2 and -3), started non-blocking as soon as the
-// module's backward ends (PyTorch DDP's overlap) or blocking from step(); the all-gathers of
+// all-reduce, or a reduce-scatter under ZeRO-2 and -3, in two levels where the data ranks span
+// nodes), started non-blocking as soon as its modules' backward ends (PyTorch DDP's overlap) or
+// blocking from step(); the all-gathers of
 // updated chunks (ZeRO-1 and -2 after the update, ZeRO-3 before each use, prefetched or not);
 // the optimizer state's chunks, read and written whole for checkpoints.
 #pragma once
@@ -65,9 +66,43 @@ class BucketBase {
   virtual void write_state(int slot, int k, const void* block) = 0;
   // Stage 3: the master chunks taken again from the (gathered) parameters, after a load.
   virtual void reload_parameters() = 0;
+  // The modules whose gradients this bucket reduces together (DDP's buckets: consecutive
+  // modules coalesced up to a size, so that small layers do not each pay a collective's
+  // latency). Its reduction starts during backward once every member has reported its gradients
+  // ready since the last start, step() or zero_grad().
+  int add_member() {
+    ready_.push_back(false);
+    return int(ready_.size()) - 1;
+  }
+  int members() const { return int(ready_.size()); }
+  // Member k's gradients are ready; true when all members' are (the count then starts afresh:
+  // each micro-batch's backward reports every member again).
+  bool member_ready(int k) {
+    if (!ready_[std::size_t(k)]) {
+      ready_[std::size_t(k)] = true;
+      ++ready_count_;
+    }
+    if (ready_count_ < int(ready_.size())) return false;
+    forget_ready();
+    return true;
+  }
+  // A new step: nothing started, no member ready.
+  void new_round() {
+    started = false;
+    forget_ready();
+  }
   bool started = false;
   bool dirty = false;  // gradients arrived since the last reduction (a backward reported them ready)
   bool kept = false;  // stage 3: left present after a use because this bucket is used next too
+  bool updating = false;  // its parameters' update is registered with the optimizer
+
+ private:
+  void forget_ready() {
+    std::fill(ready_.begin(), ready_.end(), false);
+    ready_count_ = 0;
+  }
+  std::vector<bool> ready_;
+  int ready_count_ = 0;
 };
 
 template <class T>
@@ -176,7 +211,7 @@ class Bucket : public BucketBase {
   }
 
   void zero_grad() override {
-    started = false;
+    new_round();
     for (auto& s : slots) {
       s.reduced.reset();
       if (s.deferred) {
@@ -366,7 +401,7 @@ class Bucket : public BucketBase {
   int n_ = 1, c_ = 0, stage_ = 0;
   bool scatter_ = false;
   std::shared_ptr<T> send_, recv_;
-  std::vector<std::unique_ptr<tshard::detail::PendingCollective<T>>> pending_;
+  std::vector<std::unique_ptr<tshard::detail::PendingSequence<T>>> pending_;
   double blocking_seconds_ = 0;
   std::shared_ptr<T> prefetch_send_, prefetch_recv_;  // (declared first: they outlive prefetch_'s wait)
   Index prefetch_total_ = 0;  // elements of each rank's packed chunks in the prefetch
@@ -428,13 +463,19 @@ class Bucket : public BucketBase {
         tshard::detail::all_reduce(data_, send, send, n, ReduceOp::Sum);
       return;
     }
-    pending_.push_back(std::make_unique<tshard::detail::PendingCollective<T>>());
-    if (recv)
-      pending_.back()->start_reduce_scatter(data_, send, recv, n);
-    else if (tshard::detail::bytes_of<T>(n) >= tshard::detail::own_all_reduce_bytes())
-      pending_.back()->start_exchange_all_reduce(data_, send, n);  // (flat: one level)
-    else
-      pending_.back()->start_all_reduce(data_, send, n);
+    // In flight: the same sums as the blocking forms (two levels where the nodes allow), as
+    // sequences of non-blocking steps that test() and wait() move along.
+    using tshard::detail::PendingSequence;
+    if (recv) {
+      pending_.push_back(tshard::detail::start_two_level_reduce_scatter(data_, nodes_, send, recv, n));
+    } else if (tshard::detail::bytes_of<T>(n) >= tshard::detail::own_all_reduce_bytes()) {
+      pending_.push_back(tshard::detail::start_two_level_all_reduce(data_, nodes_, send, n));
+    } else {
+      using Step = typename PendingSequence<T>::Step;
+      MPI_Comm comm = data_;
+      pending_.push_back(std::make_unique<PendingSequence<T>>(
+          std::vector<Step>{[=](tshard::detail::PendingCollective<T>& c) { c.start_all_reduce(comm, send, n); }}));
+    }
   }
 };
 
