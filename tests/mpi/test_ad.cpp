@@ -642,6 +642,65 @@ TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite
       "multi-head, sequence over both axes, 2 heads", {2, 13, 4, 2}, {2, 13, 4, 2}, {});
 }
 
+TEST_CASE("ring attention over a split sequence equals the written-out attention, finite differences and one rank: "
+          "causal, bidirectional, windows, fewer key-value heads than ranks, sequences shorter than 2P chunks",
+          "[ad][attention][ring]") {
+  using ts::nn::ContextParallel;
+  using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;
+  using TK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+  const ts::nn::AttentionOptions ring{.context = ContextParallel::Ring};
+  check_attention<TQ, 5, TK>("ring: sequence over x, heads over y", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, ring);
+  check_attention<TQ, 5, TK>("ring: bidirectional", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
+                             {.causal = false, .context = ContextParallel::Ring});
+  check_attention<TQ, 5, TK>("ring: causal window 3", {2, 11, 3, 2, 2}, {2, 11, 3, 2},
+                             {.window = 3, .context = ContextParallel::Ring});
+  check_attention<TQ, 5, TK>("ring: bidirectional window 2", {2, 9, 3, 1, 2}, {2, 9, 3, 2},
+                             {.causal = false, .window = 2, .context = ContextParallel::Ring});
+  // One key-value head (MQA) for 3 query heads, the sequence over both axes: every rank attends.
+  check_attention<ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
+      "ring: one key-value head, sequence over both axes", {2, 13, 4, 3, 1}, {2, 13, 4, 1}, ring);
+  // Batch over y, the keys' sequence split otherwise (resharded to the queries' split first).
+  check_attention<ts::Spec<ts::S<"y">, ts::S<"x">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
+      "ring: batch over y, keys' sequence over both", {3, 9, 4, 2, 1}, {3, 9, 4, 1}, ring);
+  check_attention<ts::Spec<ts::R, ts::S<"y", "x">, ts::R, ts::R>, 4, ts::Spec<ts::R, ts::S<"y", "x">, ts::R, ts::R>>(
+      "ring: multi-head, sequence over both axes (y major)", {2, 13, 4, 2}, {2, 13, 4, 2}, ring);
+  // Several query and key blocks per chunk.
+  check_attention<TQ, 5, TK>("ring: 150 positions", {1, 150, 2, 1, 2}, {1, 150, 2, 2}, ring);
+  // Where the ring cannot go (fewer queries than keys) the all-to-all takes over; and asked for.
+  check_attention<TQ, 5, TK>("ring asked, cross-attention", {3, 5, 4, 2, 3}, {3, 7, 4, 3},
+                             {.causal = false, .context = ContextParallel::Ring});
+  check_attention<TQ, 5, TK>("all-to-all asked", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.context = ContextParallel::AllToAll});
+  // Which way ran: the ring's messages under its own operator, only where it was asked for
+  // (or chosen: one key-value head over more ranks than that).
+  const auto gq = global_random<5>({2, 9, 4, 2, 1}, 43);
+  const auto gk = global_random<4>({2, 9, 4, 1}, 44);
+  on_every_mesh("ring chosen", [&](const M& mesh) {
+    auto q = ts::distribute<TQ>(mesh, gq);
+    auto k = ts::distribute<TK>(mesh, gk);
+    auto ring_bytes = [&](const ts::nn::AttentionOptions& o) {
+      ts::reset_comm_stats();
+      (void)ts::nn::scaled_dot_product_attention(q, k, k, o);
+      std::uint64_t bytes = 0;
+      for (auto& [name, op] : ts::comm_stats().operators())
+        if (name.find("ring_attention") != std::string::npos) bytes += op.total().bytes_sent;
+      return bytes;
+    };
+    const bool split = mesh.size<"x">() > 1;
+    TS_REQUIRE_ALL((ring_bytes(ring) > 0) == split);
+    TS_REQUIRE_ALL(ring_bytes({.context = ContextParallel::AllToAll}) == 0);
+    TS_REQUIRE_ALL((ring_bytes({}) > 0) == (split && mesh.size() > 1));  // one head: Ulysses would idle ranks
+    return std::tuple<>{};
+  });
+  // The 2P chunks even out causal work: with T a multiple of 2P every ring rank's queries see
+  // the same number of keys (chunks i and 2P-1-i: (i + 1) + (2P - i) chunks' worth).
+  for (int P = 1; P <= 6; ++P) {
+    const ts::nn::detail::ZigzagChunks z(2 * P * 5, P);
+    std::vector<Eigen::Index> work(std::size_t(P), 0);
+    for (Eigen::Index t = 0; t < z.T; ++t) work[std::size_t(z.owner(t))] += t + 1;
+    CHECK(std::all_of(work.begin(), work.end(), [&](Eigen::Index w) { return w == work[0]; }));
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad options on every rank", "[attention]") {
   const M mesh({world_size(), 1});
   const Eigen::Index T = 256;

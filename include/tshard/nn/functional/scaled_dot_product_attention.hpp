@@ -6,10 +6,12 @@
 // read in place by every query head of their group (no copies per query head). The backward
 // recomputes each block's probabilities from the saved log-sum-exp (a custom VJP). Blocks the
 // mask removes entirely are skipped. Batch and key-value heads split over any mesh axes: each
-// rank attends its own heads and nothing moves. A sequence (or head dim) split over an axis, as
-// context parallelism lays activations out, is resharded so that the sequence is whole and the
-// key-value heads are split over that axis too, and the output back (DeepSpeed Ulysses'
-// all-to-alls, by annotation; with fewer heads than ranks some ranks idle, never an error).
+// rank attends its own heads and nothing moves. A sequence split over axes, as context
+// parallelism lays activations out, is attended by ring attention (nn/functional/
+// ring_attention.hpp: keys and values passed around the ring of those axes) or resharded so that
+// the sequence is whole and the key-value heads are split over those axes too, and the output
+// back (DeepSpeed Ulysses' all-to-alls, by annotation): AttentionOptions::context chooses. A
+// split head dim takes the all-to-all.
 //
 //   auto o = ts::nn::scaled_dot_product_attention(q, k, v);                    // causal
 //   auto e = ts::nn::scaled_dot_product_attention(q, k, v, {.causal = false}); // a ViT's, BERT's
@@ -28,176 +30,14 @@
 
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/core/spec_algebra.hpp"
+#include "tshard/nn/functional/attention_blocks.hpp"
+#include "tshard/nn/functional/ring_attention.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
 
-// Which keys a query sees, and the scale of the scores. causal: the keys at or before its own
-// position; with fewer queries than keys (S > T, a KV cache's decoding step) the queries are the
-// last T positions (flash-attention's bottom-right alignment). window W > 0: only the W nearest
-// (causal: p - W < s <= p for a query at position p; bidirectional: |t - s| < W), as Mistral's
-// sliding window. scale 0 means 1 / sqrt(Dh).
-struct AttentionOptions {
-  bool causal = true;
-  Eigen::Index window = 0;
-  double scale = 0;
-};
-
 namespace detail {
-
-using tshard::detail::Index;
-
-// The mask as geometry: what a query row sees, and which blocks need no element mask.
-struct AttentionGeometry {
-  Index T = 0, S = 0;
-  bool causal = true;
-  Index window = 0;
-  Index offset = 0;  // query row t is at position t + offset (causal: S - T)
-
-  bool visible(Index t, Index s) const {
-    const Index p = t + offset;
-    if (causal && s > p) return false;
-    if (window > 0 && (p - s >= window || (!causal && s - p >= window))) return false;
-    return true;
-  }
-  // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped.
-  std::pair<Index, Index> keys(Index t0, Index t1) const {
-    Index lo = 0, hi = S;
-    if (causal) hi = std::min(S, t1 + offset);
-    if (window > 0) {
-      lo = std::max<Index>(0, t0 + offset - window + 1);
-      if (!causal) hi = std::min(S, t1 + offset - 1 + window);
-    }
-    return {lo, std::max(lo, hi)};
-  }
-  // Whether every (t, s) of the block [t0, t1) x [s0, s1) is visible.
-  bool all_visible(Index t0, Index t1, Index s0, Index s1) const {
-    const Index p0 = t0 + offset, p1 = t1 + offset;
-    if (causal && s1 - 1 > p0) return false;
-    if (window > 0 && ((p1 - 1) - s0 >= window || (!causal && (s1 - 1) - p0 >= window))) return false;
-    return true;
-  }
-};
-
-// Offsets of element (b, t, d, g, h) in a local block [pB, T, D, pG, pH] (column-major); keys,
-// values and the log-sum-exp have no d or no g (extent 1).
-struct HeadLayout {
-  Index pB = 1, T = 1, D = 1, pG = 1;
-  Index at(Index b, Index t, Index d, Index g, Index h) const { return b + pB * (t + T * (d + D * (g + pG * h))); }
-};
-
-template <class A>
-using RowMatrix = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class A>
-using Column = Eigen::Matrix<A, Eigen::Dynamic, 1>;
-
-// Query blocks of 64 rows against key blocks of 128: a block's scores stay in cache.
-inline constexpr Index kQueryBlock = 64, kKeyBlock = 128;
-
-// The (g, t) rows of head h of batch row b as a matrix [G * T, D] (row g * T + t), in A.
-template <class T, class A>
-void pack_head(const T* x, const HeadLayout& l, Index b, Index h, Index G, RowMatrix<A>& out) {
-  out.resize(G * l.T, l.D);
-  for (Index g = 0; g < G; ++g)
-    for (Index d = 0; d < l.D; ++d)
-      for (Index t = 0; t < l.T; ++t) out(g * l.T + t, d) = A(x[l.at(b, t, d, g, h)]);
-}
-template <class T, class A>
-void unpack_head(const RowMatrix<A>& in, const HeadLayout& l, Index b, Index h, Index G, T* x) {
-  for (Index g = 0; g < G; ++g)
-    for (Index d = 0; d < l.D; ++d)
-      for (Index t = 0; t < l.T; ++t) x[l.at(b, t, d, g, h)] = T(in(g * l.T + t, d));
-}
-
-// scores := q_i k_j^T * scale on the block, with -inf where the mask hides a key.
-template <class A, class Block>
-void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& k, Index r0, Index t0, Index s0,
-                  const AttentionGeometry& geo, A scale) {
-  const Index br = s.rows(), bc = s.cols();
-  s.noalias() = q.middleRows(r0, br) * k.middleRows(s0, bc).transpose();
-  s *= scale;
-  if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
-  for (Index i = 0; i < br; ++i)
-    for (Index j = 0; j < bc; ++j)
-      if (!geo.visible(t0 + i, s0 + j)) s(i, j) = -std::numeric_limits<A>::infinity();
-}
-
-// One head's forward: o [G * T, D] and the log-sum-exp of every row (its softmax's normaliser).
-template <class A>
-void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v, Index G,
-                            const AttentionGeometry& geo, A scale, RowMatrix<A>& o, Column<A>& lse) {
-  const A inf = std::numeric_limits<A>::infinity();
-  o.setZero(G * geo.T, q.cols());
-  lse.resize(G * geo.T);
-  RowMatrix<A> scores(kQueryBlock, kKeyBlock);
-  Column<A> m(kQueryBlock), l(kQueryBlock);
-  for (Index g = 0; g < G; ++g)
-    for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
-      const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
-      m.head(br).setConstant(-inf);
-      l.head(br).setZero();
-      auto oi = o.middleRows(r0, br);
-      const auto [lo, hi] = geo.keys(t0, t0 + br);
-      for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
-        const Index bc = std::min(kKeyBlock, hi - s0);
-        auto p = scores.topLeftCorner(br, bc);
-        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
-        for (Index i = 0; i < br; ++i) {
-          const A top = std::max(m(i), p.row(i).maxCoeff());
-          if (top == -inf) {  // nothing visible yet on this row
-            p.row(i).setZero();
-            continue;
-          }
-          const A rescale = std::exp(m(i) - top);  // (0 on a row's first visible block)
-          p.row(i) = (p.row(i).array() - top).exp();
-          l(i) = rescale * l(i) + p.row(i).sum();
-          oi.row(i) *= rescale;
-          m(i) = top;
-        }
-        oi.noalias() += p * v.middleRows(s0, bc);
-      }
-      for (Index i = 0; i < br; ++i) {
-        if (l(i) > A(0)) oi.row(i) /= l(i);
-        lse(r0 + i) = l(i) > A(0) ? m(i) + std::log(l(i)) : -inf;  // (a row that sees no key: zeros)
-      }
-    }
-}
-
-// One head's backward (FlashAttention-2's): each block's probabilities again from the
-// log-sum-exp, then dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k, dk += ds^T q.
-template <class A>
-void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
-                             const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
-                             const AttentionGeometry& geo, A scale, RowMatrix<A>& dq, RowMatrix<A>& dk,
-                             RowMatrix<A>& dv) {
-  const A inf = std::numeric_limits<A>::infinity();
-  const Column<A> rowdot = (dout.array() * o.array()).rowwise().sum();
-  dq.setZero(q.rows(), q.cols());
-  dk.setZero(k.rows(), k.cols());
-  dv.setZero(v.rows(), v.cols());
-  RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
-  for (Index g = 0; g < G; ++g)
-    for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
-      const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
-      const auto [lo, hi] = geo.keys(t0, t0 + br);
-      for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
-        const Index bc = std::min(kKeyBlock, hi - s0);
-        auto p = pb.topLeftCorner(br, bc);
-        auto ds = dsb.topLeftCorner(br, bc);
-        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
-        for (Index i = 0; i < br; ++i) {
-          if (lse(r0 + i) == -inf) p.row(i).setZero();
-          else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
-        }
-        dv.middleRows(s0, bc).noalias() += p.transpose() * dout.middleRows(r0, br);
-        ds.noalias() = dout.middleRows(r0, br) * v.middleRows(s0, bc).transpose();
-        for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
-        dq.middleRows(r0, br).noalias() += scale * (ds * k.middleRows(s0, bc));
-        dk.middleRows(s0, bc).noalias() += scale * (ds.transpose() * q.middleRows(r0, br));
-      }
-    }
-}
 
 // What the types say, checked where the user calls: one sentence each.
 template <class Q, class K, class V>
@@ -238,6 +78,21 @@ struct attention_layout {
   using Queries = std::conditional_t<Rank == 5, Spec<Batch, R, R, R, Heads>, Spec<Batch, R, R, Heads>>;
   using Keys = Spec<Batch, R, R, Heads>;
 };
+// Ring attention's layout: the sequence split kept (over the axes the queries' sequence is split
+// over), the head and group dims whole (their axes moved onto the key-value heads).
+template <class QS, int Rank = QS::rank>
+struct ring_layout {
+  template <int D>
+  using axes = typename tshard::detail::dim_axes<tshard::detail::dim_at_t<QS, D>>::type;
+  using Heads = typename split_over<typename tshard::detail::concat_axes<
+      axes<Rank - 1>, axes<2>, std::conditional_t<Rank == 5, axes<3>, tshard::detail::AxisList<>>>::type>::type;
+  using Batch = tshard::detail::dim_at_t<QS, 0>;
+  using Sequence = tshard::detail::dim_at_t<QS, 1>;
+  using Queries = std::conditional_t<Rank == 5, Spec<Batch, Sequence, R, R, Heads>, Spec<Batch, Sequence, R, Heads>>;
+  using Keys = Spec<Batch, Sequence, R, Heads>;
+  static constexpr bool sequence_split = !std::is_same_v<Sequence, R>;
+};
+
 // Whether q, k, v are in that layout already (the kernel's own requirement).
 template <class Q, class K, class V>
 inline constexpr bool attention_aligned_v =
@@ -389,6 +244,111 @@ auto scaled_dot_product_attention_backward(const Q& q, const K& k, const V& v, c
   }
 }
 
+namespace detail {
+
+// The ring problem of q and k in ring_layout (the sequence split over the ring's axes), and the
+// row-slab views of their blocks.
+template <class A, class Q, class K>
+RingProblem<A> ring_problem(const Q& q, const K& k, const AttentionOptions& o) {
+  const auto at = attention_local<A>(q, k, o);
+  const auto& lq = tshard::detail::layout_of(q);
+  RingProblem<A> rp;
+  rp.comm = tshard::detail::state_of(q.mesh())->group(Q::spec_desc.dims[1]);
+  rp.me = tshard::detail::comm_rank(rp.comm);
+  rp.z = ZigzagChunks(tshard::detail::extents_of(q)[1], tshard::detail::comm_size(rp.comm));
+  rp.pB = lq.padded[0];
+  rp.D = lq.padded[2];
+  rp.pG = at.q.pG;
+  rp.pH = lq.padded[Q::rank - 1];
+  rp.G = at.G;
+  rp.rows = at.rows;
+  rp.heads = at.heads;
+  rp.causal = o.causal;
+  rp.window = o.window;
+  rp.scale = at.scale;
+  return rp;
+}
+template <class X>
+RowSlabs row_slabs(const X& x) {
+  const auto& l = tshard::detail::layout_of(x);
+  Index m = 1;
+  for (int d = 2; d < X::rank; ++d) m *= l.padded[d];
+  return RowSlabs{l.padded[0], l.padded[1], m};
+}
+// A tensor's block in the ring's order (A elements), and back into a block of its layout.
+template <class A, class X>
+std::vector<A> to_ring(const RingProblem<A>& rp, const X& x) {
+  std::vector<A> ring;
+  const auto& l = tshard::detail::layout_of(x);
+  relayout(rp.comm, rp.me, rp.z, row_slabs(x), l.offset[1], l.valid[1], const_cast<typename X::Scalar*>(x.data()), ring, true);
+  return ring;
+}
+template <class A, class X>
+void from_ring(const RingProblem<A>& rp, std::vector<A>& ring, X& x) {
+  const auto& l = tshard::detail::layout_of(x);
+  relayout(rp.comm, rp.me, rp.z, row_slabs(x), l.offset[1], l.valid[1], x.data(), ring, false);
+}
+
+// Ring attention of q, k, v in ring_layout (self-attention: T = S), differentiated by its own
+// backward; it keeps the log-sum-exp in the ring's order (O(T / P) per head).
+template <class Q, class K, class V>
+auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options) {
+  using A = accumulator_t<typename Q::Scalar>;
+  auto saved = std::make_shared<std::optional<std::vector<A>>>();
+  return ad::custom_vjp(
+      [saved, options](const auto& qv, const auto& kv, const auto& vv) {
+        tshard::detail::OperatorScope scope("ring_attention");
+        (void)attention_geometry(qv, kv, vv, options, "scaled_dot_product_attention");
+        const auto rp = ring_problem<A>(qv, kv, options);
+        std::vector<A> o, lse;
+        ring_attention_forward(rp, to_ring(rp, qv), to_ring(rp, kv), to_ring(rp, vv), o, lse);
+        auto out = zeros_like(qv);
+        from_ring(rp, o, out);
+        *saved = std::move(lse);
+        return out;
+      },
+      [saved, options](const auto& dout, const auto& out, const auto& qv, const auto& kv, const auto& vv) {
+        if (!*saved) throw SpecError("tshard::nn::scaled_dot_product_attention: its backward ran twice for one forward");
+        tshard::detail::OperatorScope scope("ring_attention_backward");
+        using O = std::decay_t<decltype(out)>;
+        const auto rp = ring_problem<A>(qv, kv, options);
+        std::vector<A> ring_dout;
+        if constexpr (std::is_same_v<std::decay_t<decltype(dout)>, O>)
+          ring_dout = to_ring(rp, dout);
+        else
+          ring_dout = to_ring(rp, tshard::detail::implicit_reshard<typename O::SpecType>(dout, "scaled_dot_product_attention"));
+        std::vector<A> dq, dk, dv;
+        ring_attention_backward(rp, to_ring(rp, qv), to_ring(rp, kv), to_ring(rp, vv), to_ring(rp, out), **saved, ring_dout,
+                                dq, dk, dv);
+        saved->reset();
+        auto gq = zeros_like(qv);
+        auto gk = zeros_like(kv);
+        auto gv = zeros_like(vv);
+        from_ring(rp, dq, gq);
+        from_ring(rp, dk, gk);
+        from_ring(rp, dv, gv);
+        return std::tuple{std::move(gq), std::move(gk), std::move(gv)};
+      },
+      q, k, v);
+}
+
+// Whether a sequence split takes the ring (see ContextParallel).
+template <class Q, class K>
+bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
+  if (o.context == ContextParallel::AllToAll || tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1])
+    return false;
+  if (o.context == ContextParallel::Ring) return true;
+  // Ulysses spreads the key-value heads over the heads' axes and the sequence's.
+  const auto& shape = q.mesh().shape();
+  Index parts = 1;
+  for (const auto* split : {&Q::spec_desc.dims[1], &Q::spec_desc.dims[Q::rank - 1], &Q::spec_desc.dims[2]})
+    parts *= tshard::detail::split_parts(*split, shape);
+  if constexpr (Q::rank == 5) parts *= tshard::detail::split_parts(Q::spec_desc.dims[3], shape);
+  return tshard::detail::extents_of(k)[3] % parts != 0;
+}
+
+}  // namespace detail
+
 // softmax(q k^T * scale + mask) v for queries [B, T, Dh, G, KV] (or [B, T, Dh, H]) and keys and
 // values [B, S, Dh, KV]: the output, laid out as q. Under ts::ad, one node whose rule is the
 // fused backward; it keeps the output and the log-sum-exp (O(T) per head), never the scores.
@@ -397,6 +357,12 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
   static_assert(detail::attention_types_checked<Q, K, V>());
   if constexpr (!detail::attention_aligned_v<Q, K, V>) {  // a sequence split (or another): resharded, and back
     using Layout = detail::attention_layout<typename Q::SpecType>;
+    using Ring = detail::ring_layout<typename Q::SpecType>;
+    if constexpr (Ring::sequence_split) {
+      if (detail::takes_ring(q, k, options))
+        return reshard<typename Q::SpecType>(detail::ring_attention(
+            reshard<typename Ring::Queries>(q), reshard<typename Ring::Keys>(k), reshard<typename Ring::Keys>(v), options));
+    }
     return reshard<typename Q::SpecType>(scaled_dot_product_attention(
         reshard<typename Layout::Queries>(q), reshard<typename Layout::Keys>(k), reshard<typename Layout::Keys>(v), options));
   } else {

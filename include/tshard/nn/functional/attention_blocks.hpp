@@ -1,0 +1,193 @@
+// The blocks of fused attention (FlashAttention-2's algorithm, Dao 2023), what
+// scaled_dot_product_attention and ring attention share: the mask as geometry, one head's
+// queries, keys and values packed as matrices, and one head's forward (output and log-sum-exp,
+// with a running maximum and sum over key blocks) and backward (each block's probabilities again
+// from the log-sum-exp).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include <Eigen/Core>
+
+#include "tshard/core/shard.hpp"
+
+namespace tshard::nn {
+
+// Which keys a query sees, and the scale of the scores. causal: the keys at or before its own
+// position; with fewer queries than keys (S > T, a KV cache's decoding step) the queries are the
+// last T positions (flash-attention's bottom-right alignment). window W > 0: only the W nearest
+// (causal: p - W < s <= p for a query at position p; bidirectional: |t - s| < W), as Mistral's
+// sliding window. scale 0 means 1 / sqrt(Dh).
+// context: how a sequence split over mesh axes (context parallelism) is attended. Ring: keys and
+// values travel around the ring of those axes (any number of heads; self-attention). AllToAll
+// (DeepSpeed Ulysses): the split moves from the sequence to the key-value heads and back. Auto:
+// the all-to-all where the key-value heads divide evenly over every rank it spreads them over,
+// else the ring (fewer key-value heads than context ranks: GQA, MQA), and the all-to-all
+// wherever the ring cannot go (fewer queries than keys).
+enum class ContextParallel { Auto, Ring, AllToAll };
+struct AttentionOptions {
+  bool causal = true;
+  Eigen::Index window = 0;
+  double scale = 0;
+  ContextParallel context = ContextParallel::Auto;
+};
+
+namespace detail {
+
+using tshard::detail::Index;
+
+// The mask as geometry: what a query row sees, and which blocks need no element mask.
+struct AttentionGeometry {
+  Index T = 0, S = 0;
+  bool causal = true;
+  Index window = 0;
+  Index offset = 0;  // query row t is at position t + offset (causal: S - T)
+
+  bool visible(Index t, Index s) const {
+    const Index p = t + offset;
+    if (causal && s > p) return false;
+    if (window > 0 && (p - s >= window || (!causal && s - p >= window))) return false;
+    return true;
+  }
+  // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped.
+  std::pair<Index, Index> keys(Index t0, Index t1) const {
+    Index lo = 0, hi = S;
+    if (causal) hi = std::min(S, t1 + offset);
+    if (window > 0) {
+      lo = std::max<Index>(0, t0 + offset - window + 1);
+      if (!causal) hi = std::min(S, t1 + offset - 1 + window);
+    }
+    return {lo, std::max(lo, hi)};
+  }
+  // Whether every (t, s) of the block [t0, t1) x [s0, s1) is visible.
+  bool all_visible(Index t0, Index t1, Index s0, Index s1) const {
+    const Index p0 = t0 + offset, p1 = t1 + offset;
+    if (causal && s1 - 1 > p0) return false;
+    if (window > 0 && ((p1 - 1) - s0 >= window || (!causal && (s1 - 1) - p0 >= window))) return false;
+    return true;
+  }
+};
+
+// Offsets of element (b, t, d, g, h) in a local block [pB, T, D, pG, pH] (column-major); keys,
+// values and the log-sum-exp have no d or no g (extent 1).
+struct HeadLayout {
+  Index pB = 1, T = 1, D = 1, pG = 1;
+  Index at(Index b, Index t, Index d, Index g, Index h) const { return b + pB * (t + T * (d + D * (g + pG * h))); }
+};
+
+template <class A>
+using RowMatrix = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class A>
+using Column = Eigen::Matrix<A, Eigen::Dynamic, 1>;
+
+// Query blocks of 64 rows against key blocks of 128: a block's scores stay in cache.
+inline constexpr Index kQueryBlock = 64, kKeyBlock = 128;
+
+// The (g, t) rows of head h of batch row b as a matrix [G * T, D] (row g * T + t), in A.
+template <class T, class A>
+void pack_head(const T* x, const HeadLayout& l, Index b, Index h, Index G, RowMatrix<A>& out) {
+  out.resize(G * l.T, l.D);
+  for (Index g = 0; g < G; ++g)
+    for (Index d = 0; d < l.D; ++d)
+      for (Index t = 0; t < l.T; ++t) out(g * l.T + t, d) = A(x[l.at(b, t, d, g, h)]);
+}
+template <class T, class A>
+void unpack_head(const RowMatrix<A>& in, const HeadLayout& l, Index b, Index h, Index G, T* x) {
+  for (Index g = 0; g < G; ++g)
+    for (Index d = 0; d < l.D; ++d)
+      for (Index t = 0; t < l.T; ++t) x[l.at(b, t, d, g, h)] = T(in(g * l.T + t, d));
+}
+
+// scores := q_i k_j^T * scale on the block, with -inf where the mask hides a key.
+template <class A, class Block>
+void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& k, Index r0, Index t0, Index s0,
+                  const AttentionGeometry& geo, A scale) {
+  const Index br = s.rows(), bc = s.cols();
+  s.noalias() = q.middleRows(r0, br) * k.middleRows(s0, bc).transpose();
+  s *= scale;
+  if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
+  for (Index i = 0; i < br; ++i)
+    for (Index j = 0; j < bc; ++j)
+      if (!geo.visible(t0 + i, s0 + j)) s(i, j) = -std::numeric_limits<A>::infinity();
+}
+
+// One head's forward: o [G * T, D] and the log-sum-exp of every row (its softmax's normaliser).
+template <class A>
+void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v, Index G,
+                            const AttentionGeometry& geo, A scale, RowMatrix<A>& o, Column<A>& lse) {
+  const A inf = std::numeric_limits<A>::infinity();
+  o.setZero(G * geo.T, q.cols());
+  lse.resize(G * geo.T);
+  RowMatrix<A> scores(kQueryBlock, kKeyBlock);
+  Column<A> m(kQueryBlock), l(kQueryBlock);
+  for (Index g = 0; g < G; ++g)
+    for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
+      const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
+      m.head(br).setConstant(-inf);
+      l.head(br).setZero();
+      auto oi = o.middleRows(r0, br);
+      const auto [lo, hi] = geo.keys(t0, t0 + br);
+      for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
+        const Index bc = std::min(kKeyBlock, hi - s0);
+        auto p = scores.topLeftCorner(br, bc);
+        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
+        for (Index i = 0; i < br; ++i) {
+          const A top = std::max(m(i), p.row(i).maxCoeff());
+          if (top == -inf) {  // nothing visible yet on this row
+            p.row(i).setZero();
+            continue;
+          }
+          const A rescale = std::exp(m(i) - top);  // (0 on a row's first visible block)
+          p.row(i) = (p.row(i).array() - top).exp();
+          l(i) = rescale * l(i) + p.row(i).sum();
+          oi.row(i) *= rescale;
+          m(i) = top;
+        }
+        oi.noalias() += p * v.middleRows(s0, bc);
+      }
+      for (Index i = 0; i < br; ++i) {
+        if (l(i) > A(0)) oi.row(i) /= l(i);
+        lse(r0 + i) = l(i) > A(0) ? m(i) + std::log(l(i)) : -inf;  // (a row that sees no key: zeros)
+      }
+    }
+}
+
+// One head's backward (FlashAttention-2's): each block's probabilities again from the
+// log-sum-exp, then dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k, dk += ds^T q.
+template <class A>
+void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
+                             const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
+                             const AttentionGeometry& geo, A scale, RowMatrix<A>& dq, RowMatrix<A>& dk,
+                             RowMatrix<A>& dv) {
+  const A inf = std::numeric_limits<A>::infinity();
+  const Column<A> rowdot = (dout.array() * o.array()).rowwise().sum();
+  dq.setZero(q.rows(), q.cols());
+  dk.setZero(k.rows(), k.cols());
+  dv.setZero(v.rows(), v.cols());
+  RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
+  for (Index g = 0; g < G; ++g)
+    for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
+      const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
+      const auto [lo, hi] = geo.keys(t0, t0 + br);
+      for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
+        const Index bc = std::min(kKeyBlock, hi - s0);
+        auto p = pb.topLeftCorner(br, bc);
+        auto ds = dsb.topLeftCorner(br, bc);
+        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
+        for (Index i = 0; i < br; ++i) {
+          if (lse(r0 + i) == -inf) p.row(i).setZero();
+          else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
+        }
+        dv.middleRows(s0, bc).noalias() += p.transpose() * dout.middleRows(r0, br);
+        ds.noalias() = dout.middleRows(r0, br) * v.middleRows(s0, bc).transpose();
+        for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
+        dq.middleRows(r0, br).noalias() += scale * (ds * k.middleRows(s0, bc));
+        dk.middleRows(s0, bc).noalias() += scale * (ds.transpose() * q.middleRows(r0, br));
+      }
+    }
+}
+
+}  // namespace detail
+}  // namespace tshard::nn
