@@ -5,19 +5,23 @@
 #     length, B 2, 4 heads, Dh 16, with its FLOP rate against an sgemm's in the same run;
 #  2. train_llama --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps 2 at
 #     each --seq, --attention fused against --attention einsum (skipped above --written-max, as
-#     it needs T^2 memory): tokens/s, the buffer pool's peak and the resident memory's.
-#   bash bench/run_long_context.sh [--seq 1024,2048,4096,8192,16384] [--written-max 4096] [--reps 3]
+#     it needs T^2 memory): tokens/s, the buffer pool's peak and the resident memory's;
+#  3. the same with --mesh context=C for each C of --contexts (the sequence split over C ranks:
+#     with 2 key-value heads, C = 2 takes the all-to-all and C = 4 the ring), tokens/s over all
+#     ranks and rank 0's pool peak (on a machine with fewer cores than C, the rates mean nothing).
+#   bash bench/run_long_context.sh [--seq 1024,2048,4096,8192,16384] [--written-max 4096] [--reps 3] [--contexts 2,4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_attention train_llama
-seqs=1024,2048,4096,8192,16384 written_max=4096 reps=3 steps=2
-[[ -n $bench_tiny ]] && seqs=64,160 written_max=64 reps=1 steps=1
+seqs=1024,2048,4096,8192,16384 written_max=4096 reps=3 steps=2 contexts=2,4
+[[ -n $bench_tiny ]] && seqs=64,160 written_max=64 reps=1 steps=1 contexts=2
 while (($#)); do
   case $1 in
     --seq) seqs=$2; shift 2 ;;
     --written-max) written_max=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
+    --contexts) contexts=$2; shift 2 ;;
     *) echo "run_long_context.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -25,6 +29,18 @@ attention_seqs=$seqs
 [[ -z $bench_tiny ]] && attention_seqs=$(echo "$seqs" | tr , '\n' | awk '$1 <= 8192' | paste -sd,)
 echo "== attention alone"
 mpirun -np 1 "$bench_dir"/bench/tshard_bench_attention --seq "$attention_seqs" --written-max "$written_max" --reps "$reps"
+# One train_llama run on RANKS ranks at sequence T: its tokens/s, rank 0's pool peak and the
+# resident memory line's figure.
+llama_row() {
+  local t=$1 label=$2 ranks=$3
+  shift 3
+  mpirun -np "$ranks" "$bench_dir"/examples/train_llama --seq "$t" --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 \
+    --vocab 256 --steps "$steps" "$@" | awk -v t="$t" -v a="$label" '
+      /^mesh/ { for (i = 1; i <= NF; i++) if ($i == "tokens/s,") s = $(i - 1) }
+      /^buffer pool/ { for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i + 1) / 1024 }
+      /^resident memory/ { for (i = 1; i <= NF; i++) if ($i == "model") r = $(i + 1) }
+      END { printf "%7s %-8s %12s %18.1f %22s\n", t, a, s, p, r }'
+}
 echo "== train_llama, one rank, float: --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps $steps"
 printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
 for t in ${seqs//,/ }; do
@@ -33,13 +49,14 @@ for t in ${seqs//,/ }; do
       printf "%7s %-8s %12s\n" "$t" "$attention" "not run (T^2 memory; --written-max $written_max)"
       continue
     fi
-    out=$(mpirun -np 1 "$bench_dir"/examples/train_llama --seq "$t" --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 \
-      --vocab 256 --steps "$steps" --attention "$attention")
-    echo "$out" | awk -v t="$t" -v a="$attention" '
-      /^mesh/ { for (i = 1; i <= NF; i++) if ($i == "tokens/s,") s = $(i - 1) }
-      /^buffer pool/ { for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i + 1) / 1024 }
-      /^resident memory/ { for (i = 1; i <= NF; i++) if ($i == "model") r = $(i + 1) }
-      END { printf "%7s %-8s %12s %18.1f %22s\n", t, a, s, p, r }'
+    llama_row "$t" "$attention" 1 --attention "$attention"
   done
 done
-echo "reproduce: bash bench/run_long_context.sh --seq $seqs --written-max $written_max --reps $reps"
+for c in ${contexts//,/ }; do
+  way=ring
+  ((2 % c == 0)) && way=all-to-all
+  echo "== train_llama, --mesh context=$c ($way), float, the same sizes"
+  printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
+  for t in ${seqs//,/ }; do llama_row "$t" "$way" "$c" --mesh context="$c"; done
+done
+echo "reproduce: bash bench/run_long_context.sh --seq $seqs --written-max $written_max --reps $reps --contexts $contexts"
