@@ -1,9 +1,10 @@
 // The Attention layer: q, k, v projections [D, Dh, H] with the heads split like the QKV spec, an
 // output projection [Dh, H, D] whose product is a partial over the heads' axes (one all-reduce in
 // forward and one in backward, as Megatron), causal attention between them: the fused blockwise
-// kernel (nn/functional/scaled_dot_product_attention.hpp: no T x T scores) where the sequence and
-// head dims are whole on each rank, else the written-out one whose dims may all be split
-// (nn/functional/attention.hpp). Both are custom VJPs.
+// kernel (nn/functional/scaled_dot_product_attention.hpp: no T x T scores; a sequence split over
+// an axis goes round a ring or through Ulysses' all-to-alls), or, where the projections are
+// partial sums (the model dim split), the written-out one (nn/functional/attention.hpp), which
+// resolves them. Both are custom VJPs.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -60,8 +61,8 @@ class Attention : public Module {
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
     using Q = decltype(einsum<"btd,dkh->btkh">(x, wq_));
-    if constexpr (!Q::is_partial && Q::spec_desc.dims[1].count == 0 && Q::spec_desc.dims[2].count == 0) {
-      auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]: T and Dh whole here
+    if constexpr (!Q::is_partial) {
+      auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]
       auto k = einsum<"btd,dkh->btkh">(x, wk_);
       auto v = einsum<"btd,dkh->btkh">(x, wv_);
       return einsum<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v), wo_) + bo_;
