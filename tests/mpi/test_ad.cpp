@@ -520,6 +520,23 @@ TEST_CASE("untracked code records nothing; a gradient of a value the loss ignore
   (void)loss;
 }
 
+TEST_CASE("a residual split over y plus a row-parallel product (partial over y) differentiates through the "
+          "reduce-scatter: its transpose is an all-gather",
+          "[ad]") {
+  const auto gx = global_random<2>({7, 5}, 61), gw = global_random<2>({5, 6}, 62), gr = global_random<2>({7, 6}, 63);
+  on_every_mesh("sequence-parallel residual", [&](const M& mesh) {
+    auto x = ts::distribute<ts::Spec<ts::R, ts::S<"y">>>(mesh, gx);   // contracted dim over y: a partial product
+    auto w = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, gw);
+    auto r = ts::distribute<ts::Spec<ts::S<"y">, ts::R>>(mesh, gr);   // the residual's rows over y
+    auto f = [](const auto& x, const auto& w, const auto& r) {
+      auto y = r + ts::einsum<"ij,jk->ik">(x, w);
+      static_assert(std::is_same_v<typename decltype(y)::SpecType, ts::Spec<ts::S<"y">, ts::R>>);
+      return ts::sum<0, 1>(ts::square(y));
+    };
+    return checked_gradients("residual", f, x, w, r);
+  });
+}
+
 TEST_CASE("a user's custom VJP is used in place of the derived one", "[ad]") {
   const auto ga = global_random<2>({6, 5}, 25);
   on_every_mesh("custom_vjp", [&](const M& mesh) {

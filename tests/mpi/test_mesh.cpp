@@ -316,9 +316,10 @@ bool two_levels_equal_flat(MPI_Comm comm, const ts::detail::NodeGroups& g) {
 }
 }  // namespace
 
-// The non-blocking exchange all-reduce (the optimizer's overlapped buckets): three in flight on
-// one communicator, tested and completed in an order of each rank's own, give the blocking
-// form's bits: their messages never match another's.
+// The non-blocking exchange all-reduce (the optimizer's overlapped buckets, each held in a
+// PendingSequence): three in flight on one communicator, tested and completed in an order of
+// each rank's own, give the blocking form's bits: their messages never match another's, and
+// waiting for one moves the others (their second phases start only when tested).
 TEST_CASE("non-blocking exchange all-reduces in flight together complete in any order with the blocking bits", "[comm]") {
   using ts::detail::Index;
   on_groups_and_chunk_limits({1, 2, 3, 4}, [](MPI_Comm group, int p, int r, Index limit) {
@@ -329,11 +330,14 @@ TEST_CASE("non-blocking exchange all-reduces in flight together complete in any 
       want[std::size_t(k)] = got[std::size_t(k)];
       ts::detail::exchange_all_reduce(group, want[std::size_t(k)].data(), sizes[k]);
     }
-    std::vector<ts::detail::PendingCollective<double>> pending(3);
-    for (int k = 0; k < 3; ++k) pending[std::size_t(k)].start_exchange_all_reduce(group, got[std::size_t(k)].data(), sizes[k]);
+    using Sequence = ts::detail::PendingSequence<double>;
+    std::vector<std::unique_ptr<Sequence>> pending;
+    for (int k = 0; k < 3; ++k)
+      pending.push_back(std::make_unique<Sequence>(std::vector<Sequence::Step>{
+          [&, k](ts::detail::PendingCollective<double>& c) { c.start_exchange_all_reduce(group, got[std::size_t(k)].data(), sizes[k]); }}));
     for (int round = 0; round < 3; ++round)  // each rank tests them in its own rotation
-      for (int k = 0; k < 3; ++k) pending[std::size_t((k + r) % 3)].test();
-    for (int k = 0; k < 3; ++k) pending[std::size_t((3 - k + r) % 3)].wait();
+      for (int k = 0; k < 3; ++k) pending[std::size_t((k + r) % 3)]->test();
+    for (int k = 0; k < 3; ++k) pending[std::size_t((3 - k + r) % 3)]->wait();
     INFO("group of " << p << ", chunk limit " << limit);
     TS_REQUIRE_ALL(got == want);
   });

@@ -133,6 +133,58 @@ TEST_CASE("partial sums stay partial under +, -, scalar * and negation, and reso
   });
 }
 
+TEST_CASE("a partial sum meeting an operand split over its axes resolves by reduce-scatter into that split", "[ops]") {
+  // Megatron's sequence-parallel residual: x split over y on a dim the partial has whole.
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const int k = sizes[1];
+    Eigen::Tensor<double, 2> want(7, 5);
+    want.setZero();
+    for (int c = 0; c < k; ++c) want += values(7, 5, 3 + c);
+    using P = ts::PartialSum<"y">;
+    auto p = ts::from_local<ts::Spec<ts::S<"x">, ts::R>, P>(mesh, {7, 5}, [&] {
+      auto l = ts::padded_local_shape<ts::Spec<ts::S<"x">, ts::R>>(mesh, {7, 5});
+      const Eigen::Tensor<double, 2> mine = values(7, 5, 3 + mesh.coord<"y">());
+      Eigen::Tensor<double, 2> blk(l[0], l[1]);
+      blk.setZero();
+      const Eigen::Index off = std::min<Eigen::Index>(mesh.coord<"x">() * l[0], 7);
+      for (Eigen::Index i = 0; i < l[0] && off + i < 7; ++i)
+        for (int j = 0; j < 5; ++j) blk(i, j) = mine(off + i, j);
+      return blk;
+    }());
+    const Eigen::Tensor<double, 2> gx = values(7, 5, 11);
+    auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, gx);
+    ts::reset_comm_stats();
+    auto sum = x + p;
+    auto product = p * x;  // either side, any operator
+    static_assert(std::is_same_v<typename decltype(sum)::SpecType, ts::Spec<ts::S<"x">, ts::S<"y">>> && !decltype(sum)::is_partial);
+    std::uint64_t scattered = 0, all_reduced = 0, bytes = 0;
+    for (auto& [name, op] : ts::comm_stats().operators()) {
+      scattered += op.calls("reduce_scatter");
+      all_reduced += op.calls("all_reduce");
+      bytes += op.total().bytes_sent;
+    }
+    // Two reduce-scatters (one per operator), no all-reduce: each rank sends every other rank of
+    // its y line that rank's block of its rows (a ring's bytes, half an all-reduce's): at least
+    // the valid elements, at most the padded blocks.
+    const Eigen::Index rows = ts::detail::shard_valid(7, sizes[0], mesh.coord<"x">());
+    std::uint64_t others = 0;
+    for (int q = 0; q < k; ++q)
+      if (q != mesh.coord<"y">()) others += std::uint64_t(rows * ts::detail::shard_valid(5, k, q));
+    const std::uint64_t padded = std::uint64_t((7 + sizes[0] - 1) / sizes[0]) * std::uint64_t((5 + k - 1) / k) * std::uint64_t(k - 1);
+    TS_REQUIRE_ALL(all_reduced == 0 && scattered == (k > 1 ? 2u : 0u));
+    TS_REQUIRE_ALL(bytes >= 2 * others * sizeof(double) && bytes <= 2 * padded * sizeof(double));
+    Eigen::Tensor<double, 2> ws = gx + want, wp = want * gx;
+    TS_REQUIRE_ALL(compare(sum.gather(), ws, 1e-12) == "" && compare(product.gather(), wp, 1e-12) == "");
+    // A broadcast dim (x of one row) keeps the all-reduce.
+    auto row = ts::distribute<ts::Spec<ts::R, ts::S<"y">>>(mesh, Eigen::Tensor<double, 2>(gx.slice(std::array<Eigen::Index, 2>{0, 0}, std::array<Eigen::Index, 2>{1, 5})));
+    auto broadcast = p + row;
+    Eigen::Tensor<double, 2> wb = want;
+    for (Eigen::Index i = 0; i < 7; ++i)
+      for (Eigen::Index j = 0; j < 5; ++j) wb(i, j) += gx(0, j);
+    TS_REQUIRE_ALL(compare(broadcast.gather(), wb, 1e-12) == "");
+  });
+}
+
 TEST_CASE("sum, max, min and mean over split dims give partials that resolve to the serial value", "[ops]") {
   on_every_mesh([](M2& mesh, auto) {
     const auto g = values(7, 5, 8);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tshard/comm/all_reduce.hpp"
@@ -99,6 +100,8 @@ class PendingCollective {
   // non-blocking all-reduce, whose fresh buffers cost page faults every time), then, once they
   // are in (test() or wait()), this block summed and sent to every rank while the others arrive.
   // Its tag is drawn here unless given (next_exchange_tag drawn earlier, in program order).
+  // Its second phase starts only when this rank tests or waits for it: wait for several in one
+  // order on every rank, or hold each in a PendingSequence, whose wait moves all of them.
   void start_exchange_all_reduce(MPI_Comm comm, T* data, Index n, int tag = -1) {
     const int p = comm_size(comm);
     const Blocks b(n, p);
@@ -270,22 +273,57 @@ class PendingCollective {
   std::chrono::steady_clock::time_point start_;
 };
 
+// Every PendingSequence in flight on this thread. A sequence's later steps start only when this
+// rank tests or waits for it; ranks may wait for their sequences in different orders, so waiting
+// for one moves all of them (else rank a could wait for x, whose next step rank b has yet to
+// start, while b waits for y, whose next step a has yet to start).
+class SequenceInFlight {
+ public:
+  virtual ~SequenceInFlight() = default;
+  virtual bool test() = 0;
+
+ protected:
+  static std::vector<SequenceInFlight*>& all() {
+    thread_local std::vector<SequenceInFlight*> in_flight;
+    return in_flight;
+  }
+  void enlist() { all().push_back(this); }
+  void delist() {
+    auto& v = all();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+  // Tests every sequence in flight once; true when any moved on (a copy of the list: a test may
+  // complete one, which leaves it).
+  static bool test_all() {
+    const auto in_flight = all();
+    bool moved = false;
+    for (auto* s : in_flight) moved |= s->test();
+    return moved;
+  }
+};
+
 // Non-blocking collectives run one after another, each started once the one before is complete
 // (in test() or wait()): the two levels of a gradient reduction in flight during backward. Each
 // step starts its collective on the PendingCollective it is handed; `then_` runs at the end.
 template <class T>
-class PendingSequence {
+class PendingSequence : public SequenceInFlight {
  public:
   using Step = std::function<void(PendingCollective<T>&)>;
   PendingSequence(std::vector<Step> steps, std::function<void()> then = {})
       : steps_(std::move(steps)), then_(std::move(then)), label_(&operator_stack().top()) {
+    enlist();
     advance();
   }
   PendingSequence(const PendingSequence&) = delete;
   PendingSequence& operator=(const PendingSequence&) = delete;
+  ~PendingSequence() override {
+    if (current_) wait();
+    delist();
+  }
 
   bool in_flight() const { return current_ != nullptr; }
-  bool test() {
+  // Moves the sequence on as far as MPI allows; true once it is complete.
+  bool test() override {
     while (current_) {
       if (!current_->test()) return false;
       blocked_ += current_->wait();
@@ -293,11 +331,18 @@ class PendingSequence {
     }
     return true;
   }
-  // Completes every step; the seconds spent inside MPI for them (test() included).
+  // Completes every step, moving every other sequence in flight on meanwhile; the seconds spent
+  // inside MPI for it (test() included).
   double wait() {
-    while (current_) {
-      blocked_ += current_->wait();
-      advance();
+    if (current_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
+        while (current_)
+          if (!test_all()) std::this_thread::yield();  // (ranks may share cores)
+      }
+      // (the time inside MPI is each test's, counted by the collectives tested)
+      profile_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     const double b = blocked_;
     blocked_ = 0;
@@ -311,9 +356,10 @@ class PendingSequence {
       OperatorScope scope(label_, "");  // every step counted under the operator that started the first
       current_ = std::make_unique<PendingCollective<T>>();
       steps_[next_++](*current_);
-    } else if (then_) {
-      then_();
+    } else {
+      if (then_) then_();
       then_ = {};
+      delist();
     }
   }
   std::vector<Step> steps_;

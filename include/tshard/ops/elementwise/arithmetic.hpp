@@ -61,6 +61,41 @@ void binary_run(MeshState& mesh, BinaryKind k, const SpecDesc& da, const Extents
 }
 
 
+// A partial sum X combined with a plain operand Y of its rank split, on dims where X is whole,
+// over axes X sums over (Megatron's sequence-parallel residual: x {S<model> on T} + a row-parallel
+// product partial over model): X resolves by reduce-scatter straight into Y's split (GSPMD's
+// choice), not by an all-reduce whose result is then sliced. `type` is X's resolved spec with
+// those dims split as Y's; `moves` whether any is.
+template <class X, class Y>
+struct scatter_target {
+  using M = typename X::MeshT;
+  static constexpr bool applies = is_partial_sum_v<X> && !Y::is_partial && X::rank == Y::rank;
+  static constexpr SpecDesc dx = make_desc<typename X::SpecType, typename X::PartialType>(M::axis_names);
+  static constexpr SpecDesc dy = make_desc<typename Y::SpecType, NoPartial>(M::axis_names);
+  static constexpr auto choice = [] {
+    std::array<int, std::size_t(X::rank)> c{};
+    for (int d = 0; d < X::rank; ++d) {
+      const std::uint32_t m = dy.dims[d].mask();
+      c[std::size_t(d)] = applies && dx.dims[d].count == 0 && m != 0 && (m & dx.partial_axes) == m &&
+                          (m & dx.split_axes()) == 0;
+    }
+    return c;
+  }();
+  static constexpr bool moves = [] {
+    for (int c : choice)
+      if (c) return true;
+    return false;
+  }();
+  using type = typename merge_dims<typename X::SpecType, typename Y::SpecType, choice>::type;
+  // At run time: only where those dims of x do not broadcast against y's.
+  static bool fits(const X& x, const Y& y) {
+    const Extents ex = extents_of(x), ey = extents_of(y);
+    for (int d = 0; d < X::rank; ++d)
+      if (choice[std::size_t(d)] && ex[d] != ey[d]) return false;
+    return true;
+  }
+};
+
 // expiring_a / expiring_b: the same operands where the caller gave them as rvalues (their
 // buffers may then hold the result).
 template <BinaryKind K, class T, class M, class SA, class PA, class SB, class PB>
@@ -75,6 +110,18 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
                         is_partial_sum_v<B> && same_name_set(PA::names, PB::names);
   OperatorScope scope(name);
   if constexpr ((PA::is_partial || PB::is_partial) && !keep) {
+    using ToA = scatter_target<A, B>;
+    using ToB = scatter_target<B, A>;
+    using Resolved = decltype(binary<K>(resolved(a, name), resolved(b, name), name));
+    if constexpr (ToA::moves) {
+      using Scattered = ShardedTensor<T, M, typename ToA::type>;
+      if constexpr (std::is_same_v<decltype(binary<K>(std::declval<const Scattered&>(), b, name)), Resolved>)
+        if (ToA::fits(a, b)) return binary<K>(implicit_reshard<typename ToA::type>(a, name), b, name);
+    } else if constexpr (ToB::moves) {
+      using Scattered = ShardedTensor<T, M, typename ToB::type>;
+      if constexpr (std::is_same_v<decltype(binary<K>(a, std::declval<const Scattered&>(), name)), Resolved>)
+        if (ToB::fits(b, a)) return binary<K>(a, implicit_reshard<typename ToB::type>(b, name), name);
+    }
     return binary<K>(resolved(a, name), resolved(b, name), name);
   } else {
     constexpr int Rank = max_rank_v<A, B>;
