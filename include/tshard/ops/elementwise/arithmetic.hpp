@@ -86,7 +86,8 @@ struct scatter_target {
       if (c) return true;
     return false;
   }();
-  using type = typename merge_dims<typename X::SpecType, typename Y::SpecType, choice>::type;
+  using type = typename std::conditional_t<moves, merge_dims<typename X::SpecType, typename Y::SpecType, choice>,
+                                            std::type_identity<typename X::SpecType>>::type;
   // At run time: only where those dims of x do not broadcast against y's.
   static bool fits(const X& x, const Y& y) {
     const Extents ex = extents_of(x), ey = extents_of(y);
