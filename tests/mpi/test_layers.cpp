@@ -88,6 +88,36 @@ TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank v
               dims);
 }
 
+TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-rank values, whose gradients equal finite "
+          "differences",
+          "[layers]") {
+  // Tokens split over "model" in the residual stream: a column-parallel Linear all-gathers them, a
+  // row-parallel one reduce-scatters its partial into them; MLP, Attention and the block take the
+  // activation spec from their template argument or specs struct. 4 tokens on 3, 4 or 6 ranks.
+  using Tokens = ts::Spec<ts::S<"data">, ts::S<"model">, ts::R>;
+  using Hidden = ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>;
+  using Column = ts::Spec<ts::R, ts::S<"model">>;
+  using Row = ts::Spec<ts::S<"model">, ts::R>;
+  const std::array<Eigen::Index, 3> dims{3, 4, 6};
+  check_layer([](const DM& m) { return ts::nn::Linear<double, DM, Column, Hidden>(m, 6, 6, 3); }, dims);
+  check_layer([](const DM& m) { return ts::nn::Linear<double, DM, Row, Tokens>(m, 6, 6, 3); }, dims);
+  check_layer([](const DM& m) { return ts::nn::Linear<double, DM, Row, Tokens>(m, 6, 6, 3, false); }, dims);
+  check_layer_on_meshes([](const DM& m) { return ts::nn::MLP<double, DM, Column, Row, Tokens>(m, 6, 7, 9); }, dims);
+  check_layer_on_meshes(
+      [](const DM& m) { return ts::nn::Attention<double, DM, ts::Spec<ts::R, ts::R, ts::S<"model">>, ts::Spec<ts::R, ts::S<"model">, ts::R>, Tokens>(m, 6, 3, 5); },
+      dims);
+  using Sequence = ts::nn::MegatronSequenceParallelSpecs<"model", "data">;
+  static_assert(std::is_same_v<Sequence::activation, Tokens>);
+  check_layer([](const DM& m) {
+    return ts::nn::TransformerBlock<double, DM, Sequence>(m, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4});
+  }, dims);
+  // The pinned layouts hold in the types: the block's output is the residual stream's.
+  DM mesh({1, world_size()});
+  ts::nn::TransformerBlock<double, DM, Sequence> block(mesh, {.dmodel = 6, .heads = 3, .hidden = 5});
+  auto y = block(ts::distribute<Acts>(mesh, random_tensor<3>(dims, 1)));
+  static_assert(std::is_same_v<decltype(y), ts::ShardedTensor<double, DM, Tokens>>);
+}
+
 TEST_CASE("eval(): forwards without dropout or a counted step; an evaluation between a recorded forward and its pullback "
           "leaves it as it was",
           "[layers]") {
@@ -544,5 +574,67 @@ TEST_CASE("a Megatron block moves the analytic bytes: 2 activation all-reduces f
         TS_REQUIRE_ALL(grads == chunks * sizeof(double) * std::uint64_t(d - 1) &&
                        gathers == chunks * sizeof(double) * std::uint64_t(d - 1));
     }
+  });
+}
+
+TEST_CASE("a sequence-parallel Megatron block moves tensor parallelism's bytes in all-gathers and reduce-scatters",
+          "[layers]") {
+  // Korthikanti et al.: per block, forward, an all-gather before attention and before the MLP and a
+  // reduce-scatter after each; backward, their transposes; the layer norms' and the row-parallel
+  // biases' gradients (sums over the split tokens) all-reduced over "model".
+  const Eigen::Index B = 5, T = 12, D = 6;  // T divides every model size of 1-6 ranks
+  const T3 x = random_tensor<3>({B, T, D}, 1);
+  using Sequence = ts::nn::MegatronSequenceParallelSpecs<"model", "data">;
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    const int d = sizes[0], m = sizes[1];
+    INFO("mesh " << d << "x" << m);
+    ts::nn::TransformerBlock<double, DM, Sequence> block(mesh, {.dmodel = D, .heads = 3, .hidden = 7, .seed = 2});
+    ts::nn::TransformerBlock<double, DM> plain(mesh, {.dmodel = D, .heads = 3, .hidden = 7, .seed = 2});
+    ts::nn::AdamW opt({});
+    opt.add(block);
+    auto in = ts::distribute<Sequence::activation>(mesh, x);
+    opt.zero_grad();
+    ts::reset_comm_stats();
+    auto [y, pullback] = ts::ad::vjp(block, [&](const auto& v) { return block(v); }, in);
+    const auto forward = ts::comm_stats();
+    ts::reset_comm_stats();
+    auto [dx] = pullback(y);
+    opt.step();
+    const auto backward = ts::comm_stats();
+    auto count = [](const ts::CommStats& s, const char* kind) {
+      std::uint64_t n = 0;
+      for (auto& [name, op] : s.operators()) n += op.calls(kind);
+      return n;
+    };
+    // Activations [ceil(B/d), T, D] per rank; an all-gather or a reduce-scatter over m ranks sends
+    // (m-1)/m of them: the four move what Megatron's two all-reduces move.
+    const std::uint64_t act = std::uint64_t((B + d - 1) / d * T * D) * sizeof(double);
+    const std::uint64_t one = act * std::uint64_t(m - 1) / std::uint64_t(m);
+    const std::uint64_t k = m > 1 ? 2u : 0u;
+    TS_REQUIRE_ALL(count(forward, "all_gather") == k && count(forward, "reduce_scatter") == k &&
+                   count(forward, "all_reduce") == 0);
+    TS_REQUIRE_ALL(forward.total().bytes_sent == 4 * one);
+    TS_REQUIRE_ALL(count(backward, "all_gather") == k && count(backward, "reduce_scatter") == k);
+    // Gradients over "model": ln1, ln2 (weight and bias), bo and fc2's bias, D elements each, one
+    // all-reduce each; over "data": every parameter element of this rank, as the plain block.
+    const std::uint64_t norms = 6 * std::uint64_t(D) * sizeof(double) * 2 * std::uint64_t(m - 1) / std::uint64_t(m);
+    std::uint64_t elements = 0;
+    block.for_each_slot([&](const std::string&, ts::nn::detail::ParameterSlot& p, const ts::nn::Module&) {
+      elements += std::uint64_t(p.padded_size());
+    });
+    const auto grads = sent_under(backward, "gradient_reduction");
+    TS_REQUIRE_ALL(grads == 2 * elements * sizeof(double) * std::uint64_t(d - 1) / std::uint64_t(d));
+    TS_REQUIRE_ALL(backward.total().bytes_sent - grads == 4 * one + norms);
+    // The same values and updated parameters as tensor parallelism's block (whose gradients
+    // are checked against one rank above): the sums kept partial over "data" for the optimizer
+    // are complete after its step.
+    ts::nn::AdamW plain_opt({});
+    plain_opt.add(plain);
+    plain_opt.zero_grad();
+    auto [y_plain, plain_pullback] = ts::ad::vjp(plain, [&](const auto& v) { return plain(v); }, ts::distribute<Acts>(mesh, x));
+    plain_pullback(y_plain);
+    plain_opt.step();
+    TS_REQUIRE_ALL(compare(T3(y.gather()), T3(y_plain.gather()), 1e-12) == "");
+    TS_REQUIRE_ALL(close(parameters_of(block, false), parameters_of(plain, false), 1e-12));
   });
 }

@@ -185,6 +185,46 @@ TEST_CASE("a partial sum meeting an operand split over its axes resolves by redu
   });
 }
 
+TEST_CASE("a partial sum over two axes resolved into a partial over one sums over the other only", "[ops]") {
+  // What a gradient left to a data-parallel owner takes: a sum over {x, y} kept partial over x.
+  on_every_mesh([](M2& mesh, auto sizes) {
+    const int kx = sizes[0], ky = sizes[1];
+    using Rows = ts::Spec<ts::R, ts::S<"y">>;  // y splits too: the sum over y is a reduce-scatter
+    Eigen::Tensor<double, 2> want(7, 5);
+    want.setZero();
+    for (int c = 0; c < kx * ky; ++c) want += values(7, 5, 3 + c);
+    auto mine = [&] { return values(7, 5, 3 + mesh.coord<"x">() * ky + mesh.coord<"y">()); };
+    auto p = ts::from_local<ts::Spec<ts::R, ts::R>, ts::PartialSum<"x", "y">>(mesh, {7, 5}, mine());
+    auto& state = *ts::detail::state_of(mesh);
+    using Kept = ts::ShardedTensor<double, M2, ts::Spec<ts::R, ts::R>, ts::PartialSum<"x">>;
+    using KeptRows = ts::ShardedTensor<double, M2, Rows, ts::PartialSum<"x">>;
+    ts::reset_comm_stats();
+    auto kept = ts::detail::implicit_reshard(state, p.spec_desc, Kept::spec_desc, ts::detail::extents_of(p), p.data(), "test");
+    auto rows = ts::detail::implicit_reshard(state, p.spec_desc, KeptRows::spec_desc, ts::detail::extents_of(p), p.data(), "test");
+    std::uint64_t all_reduced = 0, scattered = 0, bytes = 0;
+    for (auto& [name, op] : ts::comm_stats().operators()) {
+      all_reduced += op.calls("all_reduce");
+      scattered += op.calls("reduce_scatter");
+      bytes += op.total().bytes_sent;
+    }
+    // One all-reduce and one reduce-scatter over y's ky ranks, nothing over x: with y of one rank
+    // nothing moves; else at most an all-reduce's and a reduce-scatter's bytes over y.
+    TS_REQUIRE_ALL(all_reduced == (ky > 1 ? 1u : 0u) && scattered == (ky > 1 ? 1u : 0u));
+    const std::uint64_t block = (5 + ky - 1) / ky;
+    TS_REQUIRE_ALL(ky > 1 ? bytes > 0 && bytes <= (2 * 35 + 7 * block * (ky - 1)) * sizeof(double) : bytes == 0);
+    // Summed over x, both are the whole sum.
+    Eigen::Tensor<double, 2> a(7, 5);
+    std::copy(kept.data, kept.data + 35, a.data());
+    auto resolved = ts::reshard<ts::Spec<ts::R, ts::R>>(ts::from_local<ts::Spec<ts::R, ts::R>, ts::PartialSum<"x">>(mesh, {7, 5}, std::move(a)));
+    TS_REQUIRE_ALL(compare(resolved.gather(), want, 1e-12) == "");
+    const auto l = ts::padded_local_shape<Rows>(mesh, {7, 5});
+    Eigen::Tensor<double, 2> b(l[0], l[1]);
+    std::copy(rows.data, rows.data + b.size(), b.data());
+    auto resolved_rows = ts::reshard<Rows>(ts::from_local<Rows, ts::PartialSum<"x">>(mesh, {7, 5}, std::move(b)));
+    TS_REQUIRE_ALL(compare(resolved_rows.gather(), want, 1e-12) == "");
+  });
+}
+
 TEST_CASE("sum, max, min and mean over split dims give partials that resolve to the serial value", "[ops]") {
   on_every_mesh([](M2& mesh, auto) {
     const auto g = values(7, 5, 8);

@@ -38,6 +38,9 @@ struct Spec {
   static constexpr int rank = int(sizeof...(Dims));
 };
 
+// In place of a spec where a layer's output layout may be pinned: the layout propagation gives.
+struct Deduced {};
+
 // How a partial value is completed.
 enum class ReduceOp { Sum, Max, Min };
 
@@ -75,6 +78,14 @@ template <class X>
 struct is_spec : std::false_type {};
 template <class... D>
 struct is_spec<Spec<D...>> : std::true_type {};
+template <class S>
+inline constexpr bool is_deduced = std::is_same_v<S, Deduced>;
+// A pinned spec's rank; -1 for Deduced or anything not a Spec.
+template <class S>
+constexpr int pinned_rank() {
+  if constexpr (is_spec<S>::value) return S::rank;
+  else return -1;
+}
 
 // Spec with every dim replicated, of a given rank.
 template <int Rank, class... D>

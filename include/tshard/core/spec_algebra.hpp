@@ -120,6 +120,33 @@ struct drop_dims {
   using dropped_axes = typename concat_axes<typename dim_axes<dim_at_t<SpecT, Drop>>::type...>::type;
 };
 
+// Whether two dim specs name a common mesh axis.
+template <class A, class B>
+constexpr bool dims_share_axis() {
+  for (auto x : A::names)
+    for (auto y : B::names)
+      if (x == y) return true;
+  return false;
+}
+// Whether dim spec D names a mesh axis that some dim of spec Other names.
+template <class D, class Other>
+struct shares_axis;
+template <class D, class... O>
+struct shares_axis<D, Spec<O...>> : std::bool_constant<(dims_share_axis<D, O>() || ...)> {};
+
+// SpecT's dims but the last, each R where it shares a mesh axis with spec Avoid, then Last: the
+// layout of an operand whose product with a tensor laid out as Avoid (over the operand's last
+// dim, laid out as Last) lands in SpecT's leading dims without a conflict.
+template <class SpecT, class Avoid, class Last, class Seq = std::make_index_sequence<std::size_t(SpecT::rank - 1)>>
+struct leading_dims_then;
+template <class SpecT, class Avoid, class Last, std::size_t... I>
+struct leading_dims_then<SpecT, Avoid, Last, std::index_sequence<I...>> {
+  using type = Spec<std::conditional_t<shares_axis<dim_at_t<SpecT, int(I)>, Avoid>::value, R, dim_at_t<SpecT, int(I)>>...,
+                    Last>;
+};
+template <class SpecT, class Avoid, class Last>
+using leading_dims_then_t = typename leading_dims_then<SpecT, Avoid, Last>::type;
+
 // The spec with dims permuted: output dim i is input dim Perm[i].
 template <class SpecT, int... Perm>
 struct permute_dims {

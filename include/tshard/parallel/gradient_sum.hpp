@@ -13,10 +13,10 @@ using tshard::detail::Index;
 using tshard::detail::SpecDesc;
 
 // grad (laid out as `gd`) += a contribution laid out as `cd` (maybe partial). Sums over the
-// axes in `deferred` are left to the owner: a partial sum over exactly those axes is added
-// locally, and a complete contribution is added on the first rank along them only (adding
-// zeros elsewhere keeps the owner's sum exact). A gradient split over a deferred axis has
-// nothing to defer.
+// axes in `deferred` are left to the owner: a partial sum over some of them stays partial over
+// those (summed here over its other axes only), and a contribution complete along the others is
+// added on their first rank only (adding zeros elsewhere keeps the owner's sum exact). A
+// gradient split over a deferred axis has nothing to defer.
 template <class T>
 void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDesc& gd, const Extents& shape, const T* c,
                          const SpecDesc& cd, std::uint32_t deferred, const char* op) {
@@ -27,12 +27,20 @@ void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDes
     });
   };
   if (deferred && !(gd.split_axes() & deferred)) {
-    if (cd.partial == tshard::detail::PartialKind::Sum && cd.partial_axes == deferred && cd.without_partial() == gd)
-      return add(c);
-    const auto aligned = tshard::detail::implicit_reshard(mesh, cd, gd, shape, c, op);
+    const std::uint32_t kept = cd.partial == tshard::detail::PartialKind::Sum ? cd.partial_axes & deferred : 0u;
+    SpecDesc want = gd;
+    if (kept) {
+      want.partial = tshard::detail::PartialKind::Sum;
+      want.partial_axes = kept;
+    }
     bool first = true;
     for (int a = 0; a < mesh.shape().axes(); ++a)
-      if ((deferred & (1u << a)) && mesh.coords()[a] != 0) first = false;
+      if ((deferred & ~kept & (1u << a)) && mesh.coords()[a] != 0) first = false;
+    if (cd == want) {
+      if (first) add(c);
+      return;
+    }
+    const auto aligned = tshard::detail::implicit_reshard(mesh, cd, want, shape, c, op);
     if (first) add(aligned.data);
     return;
   }

@@ -20,8 +20,20 @@ struct MegatronSpecs {
   using norm = Spec<R>;
 };
 
+// Megatron's sequence parallelism (Korthikanti et al. 2022): the same weights, with the residual
+// stream's tokens split over Model too (and its batch over Batch, where named), so layer norms,
+// dropout and residual sums work on 1/Model of the tokens. Each attention and MLP all-gathers its
+// input's tokens and reduce-scatters its output into them: the bytes of the two all-reduces
+// tensor parallelism makes, in four collectives.
+template <FixedString Model = "model", FixedString... Batch>
+struct MegatronSequenceParallelSpecs : MegatronSpecs<Model> {
+  static_assert(sizeof...(Batch) <= 1, "tshard: MegatronSequenceParallelSpecs<Model, Batch> names at most one batch axis");
+  using activation = Spec<std::conditional_t<sizeof...(Batch) == 0, R, S<Batch...>>, S<Model>, R>;
+};
+
 }  // namespace tshard::parallel
 
 namespace tshard::nn {
+using parallel::MegatronSequenceParallelSpecs;
 using parallel::MegatronSpecs;
 }  // namespace tshard::nn

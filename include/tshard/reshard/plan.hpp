@@ -69,6 +69,14 @@ class Planner {
     ReshardPlan p;
     SpecDesc cur = src;
     if (cur.partial != PartialKind::None) resolve_partial(cur, dst, p);
+    if (cur.partial != PartialKind::None) {
+      // Summed over the axes dst keeps partial only (a sum left to an owner): the rest moves the
+      // values as they are, as above.
+      const ReshardPlan rest = plan(cur.without_partial(), dst.without_partial());
+      if (!(rest.steps.size() == 1 && rest.steps[0].kind == StepKind::Local))
+        for (auto& st : rest.steps) p.add(st);
+      return p;
+    }
     std::optional<ReshardPlan> staged = staged_plan(cur, dst);
     ReshardPlan direct;
     if (!(cur == dst)) direct.add(ReshardStep{StepKind::Direct, cur, dst, -1, -1, {}, busiest_direct_traffic(cur, dst)});
@@ -171,11 +179,17 @@ class Planner {
              reduce_scatter_traffic(std::uint64_t(max_padded(next)) * bytes_, int(best_k))});
       cur = next;
     }
-    if (cur.partial != PartialKind::None) {
+    // dst may keep the sum over some of the partial axes (of the same kind): those stay partial.
+    const std::uint32_t keep = dst.partial == cur.partial && (dst.partial_axes & ~cur.partial_axes) == 0 ? dst.partial_axes : 0u;
+    if (cur.partial != PartialKind::None && (cur.partial_axes & ~keep)) {
       SpecDesc next = cur.without_partial();
+      if (keep) {
+        next.partial = cur.partial;
+        next.partial_axes = keep;
+      }
       std::vector<int> axes;
       for (int a = 0; a < mesh_.axes(); ++a)
-        if (cur.partial_axes & (1u << a)) axes.push_back(a);
+        if (cur.partial_axes & ~keep & (1u << a)) axes.push_back(a);
       p.add({StepKind::AllReduce, cur, next, -1, -1, axes, all_reduce_traffic(std::uint64_t(max_padded(cur)) * bytes_, int(axes_size(axes)))});
       cur = next;
     }

@@ -103,12 +103,15 @@ inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, cons
     if (st.kind != StepKind::Local) refuse_implicit(mesh, have, want, shape, op);
 }
 
-// A partial over axes whose sizes multiply to 1 is already final (one value per group).
+// A partial over axes whose sizes multiply to 1 is already final (one value per group); so is
+// the part of one over axes `want` does not keep partial.
 inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
-  if (have.partial == PartialKind::None || want.partial != PartialKind::None || !(have.without_partial() == want))
+  if (have.partial == PartialKind::None || !(have.without_partial() == want.without_partial())) return false;
+  if (want.partial != PartialKind::None && (want.partial != have.partial || (want.partial_axes & ~have.partial_axes)))
     return false;
+  const std::uint32_t summed = have.partial_axes & ~want.partial_axes;
   for (int a = 0; a < mesh.axes(); ++a)
-    if ((have.partial_axes & (1u << a)) && mesh.sizes[a] != 1) return false;
+    if ((summed & (1u << a)) && mesh.sizes[a] != 1) return false;
   return true;
 }
 

@@ -20,13 +20,19 @@ namespace tshard::nn {
 
 // The layer: x [B, T, D] -> [B, T, D]. QKVSpec lays out Wq, Wk, Wv [D, Dh, H]; OutSpec lays out
 // Wo [Dh, H, D]; the bias [D] follows Wo's last dim. Dh = ceil(D / H), so any (D, H) works.
-template <class T, class M, class QKVSpec = Spec<R, R, S<"model">>, class OutSpec = Spec<R, S<"model">, R>>
+// ActSpec pins the layout of x and of the output (tokens split over the heads' axis: Megatron's
+// sequence parallelism, x all-gathered once before the projections and the output projection's
+// partial reduce-scattered into ActSpec).
+template <class T, class M, class QKVSpec = Spec<R, R, S<"model">>, class OutSpec = Spec<R, S<"model">, R>,
+          class ActSpec = Deduced>
 class Attention : public Module {
   static_assert(tshard::detail::is_spec<QKVSpec>::value && QKVSpec::rank == 3,
                 "tshard: Attention's QKV spec is a rank-3 tshard::Spec<model dim, head dim, heads>");
   static_assert(tshard::detail::is_spec<OutSpec>::value && OutSpec::rank == 3,
                 "tshard: Attention's output spec is a rank-3 tshard::Spec<head dim, heads, model dim>");
   static_assert(is_real_floating_v<T>, "tshard: Attention's element type is float, double or bfloat16");
+  static_assert(tshard::detail::is_deduced<ActSpec> || tshard::detail::pinned_rank<ActSpec>() == 3,
+                "tshard: Attention's activation spec is tshard::Deduced or a rank-3 tshard::Spec<batch, time, model dim>");
 
  public:
   using Proj = ShardedTensor<T, M, QKVSpec>;
@@ -60,21 +66,49 @@ class Attention : public Module {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
+    if constexpr (tshard::detail::is_deduced<ActSpec>) {
+      return attend(x);
+    } else {
+      using In = tshard::detail::leading_dims_then_t<ActSpec, QKVSpec, tshard::detail::dim_at_t<QKVSpec, 0>>;
+      if constexpr (std::is_same_v<typename X::SpecType, In> && !X::is_partial)
+        return attend(x);
+      else
+        return attend(reshard<In>(x));  // once for the three projections
+    }
+  }
+
+ private:
+  // The projections, attention and output projection; the output in ActSpec where it is pinned.
+  template <class X>
+  auto attend(const X& x) {
     using Q = decltype(einsum<"btd,dkh->btkh">(x, wq_));
     if constexpr (!Q::is_partial) {
       auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]
       auto k = einsum<"btd,dkh->btkh">(x, wk_);
       auto v = einsum<"btd,dkh->btkh">(x, wv_);
-      return einsum<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v), wo_) + bo_;
+      return project<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v));
     } else {
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);
-      return einsum<"tbkh,khd->btd">(attention(q, k, v), wo_) + bo_;
+      return project<"tbkh,khd->btd">(attention(q, k, v));
+    }
+  }
+  // The output projection plus its bias.
+  template <FixedString Eq, class A>
+  auto project(const A& a) {
+    if constexpr (tshard::detail::is_deduced<ActSpec>) {
+      return einsum<Eq>(a, wo_) + bo_;
+    } else {
+      using Y = ShardedTensor<T, M, ActSpec>;
+      auto y = einsum<Eq, ActSpec>(a, wo_);
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y + bo_)>, Y>)
+        return Y(y + bo_);
+      else
+        return reshard<ActSpec>(y + bo_);
     }
   }
 
- private:
   static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
   Proj init_proj(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed) const {
     return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, bound(dmodel));

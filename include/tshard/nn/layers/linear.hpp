@@ -1,7 +1,9 @@
-// Linear<T, Mesh, WeightSpec>: y = x W + b with W [in, out] laid out as WeightSpec and b [out]
-// laid out like W's dim 1. One class is data-, column- or row-parallel by annotation alone
+// Linear<T, Mesh, WeightSpec, OutSpec>: y = x W + b with W [in, out] laid out as WeightSpec and b
+// [out] laid out like W's dim 1. One class is data-, column- or row-parallel by annotation alone
 // (GSPMD section 4; Megatron's column and row patterns): activations and gradients follow by
-// propagation, and the weight gradient is resolved into the weight's layout.
+// propagation, and the weight gradient is resolved into the weight's layout. A pinned OutSpec
+// fixes the output's layout too (Megatron's sequence parallelism: a column-parallel layer
+// all-gathers its tokens, a row-parallel one reduce-scatters its partial into them).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -17,10 +19,13 @@
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
-template <class T, class M, class WeightSpec>
+template <class T, class M, class WeightSpec, class OutSpec = Deduced>
 class Linear : public Module {
   static_assert(tshard::detail::is_spec<WeightSpec>::value && WeightSpec::rank == 2,
                 "tshard: Linear's weight spec is a rank-2 tshard::Spec<in, out>");
+  static_assert(tshard::detail::is_deduced<OutSpec> || tshard::detail::pinned_rank<OutSpec>() == 2 ||
+                    tshard::detail::pinned_rank<OutSpec>() == 3,
+                "tshard: Linear's output spec is tshard::Deduced or a Spec of rank 2 ([B, out]) or 3 ([B, T, out])");
   static_assert(is_real_floating_v<T>, "tshard: Linear's element type is float, double or bfloat16");
 
  public:
@@ -48,19 +53,44 @@ class Linear : public Module {
 
   // x W + b for x [.., in] of rank 2 or 3, forward only: under ts::ad its gradient is derived
   // (two einsums and a sum). A row-parallel product's partial is resolved before the bias, as in
-  // Megatron (one result type whether the layer has a bias or not).
+  // Megatron (one result type whether the layer has a bias or not). With OutSpec pinned, the
+  // input first takes the layout whose product lands there (OutSpec's leading dims, whole where
+  // they would share an axis with the weight), and the product is moved into OutSpec,
+  // a partial by reduce-scatter where OutSpec splits.
   template <ShardedTensorType X>
   auto operator()(const X& x) {
     tshard::detail::OperatorScope scope("linear");
     auto in_use = use();
     check_input(x, "tshard::nn::Linear");
+    if constexpr (!tshard::detail::is_deduced<OutSpec>) {
+      static_assert(OutSpec::rank == X::rank, "tshard: Linear's pinned output spec has the rank of its input");
+      using In = tshard::detail::leading_dims_then_t<OutSpec, WeightSpec, tshard::detail::dim_at_t<WeightSpec, 0>>;
+      using Out = ShardedTensor<T, M, OutSpec>;
+      auto product = [&] {
+        if constexpr (std::is_same_v<typename X::SpecType, In> && !X::is_partial)
+          return times_weight<OutSpec>(x);
+        else
+          return times_weight<OutSpec>(reshard<In>(x));
+      }();
+      if (!with_bias_) return product;
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(product + bias_)>, Out>)
+        return Out(product + bias_);
+      else
+        return reshard<OutSpec>(product + bias_);
+    } else {
+      return deduced(x);
+    }
+  }
+
+ private:
+  template <class X>
+  auto deduced(const X& x) {
     auto product = times_weight(x);
     using Out = ShardedTensor<T, M, typename decltype(product)::SpecType>;
     if (with_bias_) return with_bias(std::move(product));
     return tshard::detail::implicit_reshard<typename Out::SpecType>(product, "linear");
   }
 
- private:
   // product + b in the product's spec. Where the partial resolved and the bias's split give
   // another layout (an input split over the weight's output axis: its contraction is a partial
   // over it), the sum is moved back into it.
@@ -83,13 +113,19 @@ class Linear : public Module {
                        std::to_string(tshard::detail::extents_of(weight_)[0]) + " input features (weight " +
                        weight_.describe() + ")");
   }
-  // x W for x [B, in] or [B, T, in].
-  template <class X>
+  // x W for x [B, in] or [B, T, in], in the layout propagation gives or in Pinned.
+  template <class Pinned = Deduced, class X>
   auto times_weight(const X& x) {
-    if constexpr (X::rank == 2)
+    if constexpr (!tshard::detail::is_deduced<Pinned>) {
+      if constexpr (X::rank == 2)
+        return einsum<"bi,io->bo", Pinned>(x, weight_);
+      else
+        return einsum<"bti,io->bto", Pinned>(x, weight_);
+    } else if constexpr (X::rank == 2) {
       return einsum<"bi,io->bo">(x, weight_);
-    else
+    } else {
       return einsum<"bti,io->bto">(x, weight_);
+    }
   }
 
   // In the module's parameter slots (registered as "weight" and "bias"): a moved layer keeps them.

@@ -10,9 +10,23 @@
 namespace tshard::nn {
 
 // x [.., D] -> fc2(gelu(fc1(x))) with fc1 [D, F] laid out as InSpec and fc2 [F, D] as OutSpec.
-template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = Spec<S<"model">, R>>
+// ActSpec pins the layout of x and of the output (tokens split over the weights' axis: Megatron's
+// sequence parallelism, an all-gather before fc1 and a reduce-scatter after fc2); the hidden
+// activations then keep ActSpec's leading dims where they do not share fc1's axes.
+template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = Spec<S<"model">, R>,
+          class ActSpec = Deduced>
 class MLP : public Module {
+  static auto hidden_spec() {
+    if constexpr (tshard::detail::is_deduced<ActSpec>)
+      return std::type_identity<Deduced>{};
+    else
+      return std::type_identity<tshard::detail::leading_dims_then_t<ActSpec, InSpec, tshard::detail::dim_at_t<InSpec, 1>>>{};
+  }
+
  public:
+  using Fc1 = Linear<T, M, InSpec, typename decltype(hidden_spec())::type>;
+  using Fc2 = Linear<T, M, OutSpec, ActSpec>;
+
   MLP(const M& mesh, Eigen::Index dmodel, Eigen::Index hidden, std::uint64_t seed)
       : fc1_(mesh, dmodel, hidden, seed), fc2_(mesh, hidden, dmodel, seed + 1) {
     register_module("fc1", fc1_);
@@ -27,12 +41,12 @@ class MLP : public Module {
     return fc2_(gelu(fc1_(x)));
   }
 
-  Linear<T, M, InSpec>& fc1() { return fc1_; }
-  Linear<T, M, OutSpec>& fc2() { return fc2_; }
+  Fc1& fc1() { return fc1_; }
+  Fc2& fc2() { return fc2_; }
 
  private:
-  Linear<T, M, InSpec> fc1_;
-  Linear<T, M, OutSpec> fc2_;
+  Fc1 fc1_;
+  Fc2 fc2_;
 };
 
 }  // namespace tshard::nn

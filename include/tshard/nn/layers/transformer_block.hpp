@@ -38,6 +38,14 @@ constexpr auto model_axis_of() {
   if constexpr (requires { Specs::model_axis; }) return Specs::model_axis;
   else return FixedString("model");
 }
+// The layout a specs struct pins for the block's activations [B, T, D], Deduced where it names none.
+template <class Specs>
+auto activation_of() {
+  if constexpr (requires { typename Specs::activation; }) return std::type_identity<typename Specs::activation>{};
+  else return std::type_identity<Deduced>{};
+}
+template <class Specs>
+using activation_of_t = typename decltype(activation_of<Specs>())::type;
 template <class Specs>
 constexpr auto expert_axis_of() {
   if constexpr (requires { Specs::expert_axis; }) return Specs::expert_axis;
@@ -47,7 +55,8 @@ constexpr auto expert_axis_of() {
 // The block's submodules, as Megatron's layer specs name them: a specs struct may give its own
 // `template <class T, class M> using norm_layer / attention_layer / mlp_layer = ...` (modules
 // built as (mesh, dmodel), (mesh, dmodel, heads, seed) and (mesh, dmodel, hidden, seed), callable
-// on [B, T, D]); absent ones are LayerNorm, Attention and MLP on the struct's specs.
+// on [B, T, D]); absent ones are LayerNorm, Attention and MLP on the struct's specs (and its
+// `activation` spec, where it pins one).
 template <class Specs, class T, class M>
 struct block_layers {
   static auto norm() {
@@ -60,13 +69,13 @@ struct block_layers {
     if constexpr (requires { typename Specs::template attention_layer<T, M>; })
       return std::type_identity<typename Specs::template attention_layer<T, M>>{};
     else
-      return std::type_identity<Attention<T, M, typename Specs::qkv, typename Specs::attention_out>>{};
+      return std::type_identity<Attention<T, M, typename Specs::qkv, typename Specs::attention_out, activation_of_t<Specs>>>{};
   }
   static auto mlp() {
     if constexpr (requires { typename Specs::template mlp_layer<T, M>; })
       return std::type_identity<typename Specs::template mlp_layer<T, M>>{};
     else
-      return std::type_identity<MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out>>{};
+      return std::type_identity<MLP<T, M, typename Specs::mlp_in, typename Specs::mlp_out, activation_of_t<Specs>>>{};
   }
   using Norm = typename decltype(norm())::type;
   using SelfAttention = typename decltype(attention())::type;
@@ -124,6 +133,18 @@ class TransformerBlock : public Module {
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
+    using Pinned = detail::activation_of_t<Specs>;
+    if constexpr (!tshard::detail::is_deduced<Pinned> && !std::is_same_v<typename X::SpecType, Pinned>) {
+      tshard::detail::OperatorScope scope("transformer_block");
+      return (*this)(reshard<Pinned>(x));  // the residual stream in the specs' layout
+    } else {
+      return residual(x);
+    }
+  }
+
+ private:
+  template <class X>
+  auto residual(const X& x) {
     tshard::detail::OperatorScope scope("transformer_block");
     auto in_use = use();
     const MicroBatch& mb = micro_batch();  // the model's own context, set by its pipeline
@@ -141,7 +162,6 @@ class TransformerBlock : public Module {
     return h + branch((*mlp_)(ln2_(h)), 1);
   }
 
- private:
   BlockOptions o_;
   Norm ln1_;
   SelfAttention attention_;
