@@ -225,6 +225,31 @@ TEST_CASE("a partial sum over two axes resolved into a partial over one sums ove
   });
 }
 
+TEST_CASE("a partial sum over two axes kept partial over one lands in a split over a third", "[ops]") {
+  // The gradient of a weight split over z whose contribution sums over x and y, x left to an
+  // owner: an all-reduce over y and a local slice over z (the slice once went missing).
+  using M3 = ts::Mesh<"x", "y", "z">;
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    M3 mesh({sizes[0], sizes[1], sizes[2]});
+    INFO("mesh " << sizes[0] << "x" << sizes[1] << "x" << sizes[2]);
+    const int ky = sizes[1];
+    Eigen::Tensor<double, 2> want(7, 5);
+    want.setZero();
+    for (int c = 0; c < sizes[0] * ky; ++c) want += values(7, 5, 3 + c);
+    auto p = ts::from_local<ts::Spec<ts::R, ts::R>, ts::PartialSum<"x", "y">>(
+        mesh, {7, 5}, values(7, 5, 3 + mesh.coord<"x">() * ky + mesh.coord<"y">()));
+    using Kept = ts::ShardedTensor<double, M3, ts::Spec<ts::S<"z">, ts::R>, ts::PartialSum<"x">>;
+    auto kept = ts::detail::implicit_reshard(*ts::detail::state_of(mesh), p.spec_desc, Kept::spec_desc,
+                                             ts::detail::extents_of(p), p.data(), "test");
+    const auto l = ts::padded_local_shape<ts::Spec<ts::S<"z">, ts::R>>(mesh, {7, 5});
+    Eigen::Tensor<double, 2> block(l[0], l[1]);
+    std::copy(kept.data, kept.data + block.size(), block.data());
+    auto resolved = ts::reshard<ts::Spec<ts::S<"z">, ts::R>>(
+        ts::from_local<ts::Spec<ts::S<"z">, ts::R>, ts::PartialSum<"x">>(mesh, {7, 5}, std::move(block)));
+    TS_REQUIRE_ALL(compare(resolved.gather(), want, 1e-12) == "");
+  }
+}
+
 TEST_CASE("sum, max, min and mean over split dims give partials that resolve to the serial value", "[ops]") {
   on_every_mesh([](M2& mesh, auto) {
     const auto g = values(7, 5, 8);

@@ -13,10 +13,11 @@ using tshard::detail::Index;
 using tshard::detail::SpecDesc;
 
 // grad (laid out as `gd`) += a contribution laid out as `cd` (maybe partial). Sums over the
-// axes in `deferred` are left to the owner: a partial sum over some of them stays partial over
-// those (summed here over its other axes only), and a contribution complete along the others is
-// added on their first rank only (adding zeros elsewhere keeps the owner's sum exact). A
-// gradient split over a deferred axis has nothing to defer.
+// axes in `deferred` are left to the owner: a partial sum stays partial over the deferred axes
+// it names (`kept`), summed here over its non-deferred axes only; along the deferred axes it
+// does not name, the contribution is complete and is added on their first rank only (adding
+// zeros elsewhere keeps the owner's sum exact). A gradient split over a deferred axis has
+// nothing to defer.
 template <class T>
 void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDesc& gd, const Extents& shape, const T* c,
                          const SpecDesc& cd, std::uint32_t deferred, const char* op) {

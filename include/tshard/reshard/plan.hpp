@@ -4,7 +4,8 @@
 // mesh axes it touches (GSPMD section 3.3; the per-axis transitions of Elemental's
 // redistributions):
 //   partial -> S     reduce-scatter over the partial axes the target splits a dim by,
-//   partial -> R     all-reduce over the (remaining) partial axes,
+//   partial -> R     all-reduce over the (remaining) partial axes (a target partial over some of
+//                    them keeps those: a sum left to an owner),
 //   R -> S           local slice (no communication),
 //   S -> R           all-gather over the trailing axes a dim drops,
 //   S(d1) -> S(d2)   all-to-all over the axis that moves between dims.
@@ -70,10 +71,13 @@ class Planner {
     SpecDesc cur = src;
     if (cur.partial != PartialKind::None) resolve_partial(cur, dst, p);
     if (cur.partial != PartialKind::None) {
-      // Summed over the axes dst keeps partial only (a sum left to an owner): the rest moves the
-      // values as they are, as above.
+      // Still partial over the axes dst keeps partial (a sum left to an owner), summed over the
+      // others: the rest moves the values as they are, as above (a plain copy after the sum is
+      // not needed; a local slice is).
       const ReshardPlan rest = plan(cur.without_partial(), dst.without_partial());
-      if (!(rest.steps.size() == 1 && rest.steps[0].kind == StepKind::Local))
+      const bool copy_only = rest.steps.size() == 1 && rest.steps[0].kind == StepKind::Local &&
+                             rest.steps[0].from == rest.steps[0].to;
+      if (!copy_only)
         for (auto& st : rest.steps) p.add(st);
       return p;
     }

@@ -134,7 +134,7 @@ class TransformerBlock : public Module {
   auto operator()(const X& x) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
     using Pinned = detail::activation_of_t<Specs>;
-    if constexpr (!tshard::detail::is_deduced<Pinned> && !std::is_same_v<typename X::SpecType, Pinned>) {
+    if constexpr (!tshard::detail::is_deduced<Pinned> && (!std::is_same_v<typename X::SpecType, Pinned> || X::is_partial)) {
       tshard::detail::OperatorScope scope("transformer_block");
       return (*this)(reshard<Pinned>(x));  // the residual stream in the specs' layout
     } else {
