@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <utility>
 
 namespace tshard {
 
@@ -123,18 +124,36 @@ std::shared_ptr<T> pooled_array(std::size_t count) {
   return std::shared_ptr<T>(p, PoolDeleter{});
 }
 
-// Scoped scratch space from the pool, for packing and unpacking inside one operation.
+// Scratch space from the pool, for packing and unpacking inside one operation (or kept between
+// an operation and its backward): counted in the pool's bytes and peak like a tensor. Movable,
+// so staging buffers can be swapped and kept. Elements (arithmetic types: nothing is constructed
+// or destroyed) start unspecified unless a fill value is given.
 template <class T>
 class Scratch {
  public:
-  explicit Scratch(std::size_t count) : data_(static_cast<T*>(buffer_pool().acquire(count * sizeof(T)))) {}
+  Scratch() = default;
+  explicit Scratch(std::size_t count)
+      : data_(static_cast<T*>(buffer_pool().acquire(count * sizeof(T)))), size_(count) {}
+  Scratch(std::size_t count, T fill) : Scratch(count) { std::fill_n(data_, count, fill); }
   ~Scratch() { buffer_pool().release(data_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
+  Scratch(Scratch&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
   T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T& operator[](std::size_t i) const { return data_[i]; }
+  T* begin() const { return data_; }
+  T* end() const { return data_ + size_; }
 
  private:
-  T* data_;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
 };
 
 }  // namespace detail

@@ -10,6 +10,9 @@
 // exchanged into that order on entry and back on exit, so positions stay the global ones and
 // nothing changes for the user. Any T works (the last chunks shorter or empty), any number of
 // key-value heads (every rank attends every head of its chunks), causal or not, with a window.
+// Every buffer that grows with T (the ring-order copies, the travelling blocks and gradient sums,
+// the outputs kept for the backward) comes from the buffer pool, so its peak counts them; queries
+// are packed per visit, so only one (batch row, head, chunk) unit at a time is an Eigen matrix.
 #pragma once
 #include <mpi.h>
 
@@ -18,10 +21,13 @@
 #include <limits>
 #include <vector>
 
+#include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/point_to_point.hpp"
 #include "tshard/nn/functional/attention_blocks.hpp"
 
 namespace tshard::nn::detail {
+
+using tshard::detail::Scratch;
 
 // The ring's 2P chunks of a sequence of T: chunk j is [j c, min(T, (j + 1) c)), c = ceil(T / 2P);
 // ring rank i holds chunks i and 2P-1-i as 2c rows (the second from row c), padded.
@@ -67,10 +73,10 @@ inline constexpr int kRelayoutTag = 0x7e20, kRingTag = 0x7e21, kRingGradTag = 0x
 // ascending order.
 template <class X, class A>
 void relayout(MPI_Comm comm, int me, const ZigzagChunks& z, const RowSlabs& slabs, Index begin, Index valid, X* block,
-              std::vector<A>& ring, bool to_ring) {
+              Scratch<A>& ring, bool to_ring) {
   const int P = z.P;
   const Index w = slabs.width(), bs = tshard::detail::padded_extent(z.T, P);
-  if (to_ring) ring.assign(std::size_t(2 * z.c * w), A(0));
+  if (to_ring) ring = Scratch<A>(std::size_t(2 * z.c * w), A(0));
   // This rank's block rows by their ring owner, and its ring rows by their block owner.
   const std::size_t peers = std::size_t(P);
   std::vector<std::vector<Index>> block_rows(peers), ring_rows(peers);
@@ -81,18 +87,18 @@ void relayout(MPI_Comm comm, int me, const ZigzagChunks& z, const RowSlabs& slab
   }
   auto& out_rows = to_ring ? block_rows : ring_rows;  // what this rank sends, per peer
   auto& in_rows = to_ring ? ring_rows : block_rows;
-  std::vector<std::vector<A>> sent(peers), received(peers);
+  std::vector<Scratch<A>> sent(peers), received(peers);
   std::vector<tshard::detail::PendingMessage> messages;
   for (int q = 0; q < P; ++q) {
     auto& rows = out_rows[std::size_t(q)];
     auto& buf = sent[std::size_t(q)];
-    buf.resize(std::size_t(rows.size()) * std::size_t(w));
+    buf = Scratch<A>(rows.size() * std::size_t(w));
     for (std::size_t i = 0; i < rows.size(); ++i) {
       A* at = buf.data() + Index(i) * w;
       if (to_ring) slabs.copy_out(block, rows[i] - begin, at);
       else std::copy_n(ring.data() + z.row(rows[i]) * w, w, at);
     }
-    received[std::size_t(q)].resize(std::size_t(in_rows[std::size_t(q)].size()) * std::size_t(w));
+    received[std::size_t(q)] = Scratch<A>(in_rows[std::size_t(q)].size() * std::size_t(w));
   }
   for (int q = 0; q < P; ++q) {
     if (q == me) continue;
@@ -155,24 +161,23 @@ struct RingProblem {
       for (Index t = 0; t < len; ++t)
         for (Index d = 0; d < D; ++d) ring[(base + t) * width + b + pB * (d + D * (g + pg * h))] = in(g * len + t, d);
   }
-  void add_into(const RowMatrix<A>& in, Index b, Index h, int k, Index len, A* ring) const {
-    const Index base = k * z.c, w = k_width();
-    for (Index t = 0; t < len; ++t)
-      for (Index d = 0; d < D; ++d) ring[(base + t) * w + b + pB * (d + D * h)] += in(t, d);
+  void add_into(const RowMatrix<A>& in, Index width, Index groups, Index b, Index h, int k, Index len, A* ring) const {
+    const Index base = k * z.c, pg = groups == 1 ? 1 : pG;
+    for (Index g = 0; g < groups; ++g)
+      for (Index t = 0; t < len; ++t)
+        for (Index d = 0; d < D; ++d) ring[(base + t) * width + b + pB * (d + D * (g + pg * h))] += in(g * len + t, d);
   }
-  // This rank's (batch row, head, chunk) units: f(b, h, c, the chunk's length, its index).
-  std::size_t units() const { return std::size_t(rows * heads * 2); }
-  std::size_t unit(Index b, Index h, int c) const { return std::size_t((h * rows + b) * 2 + c); }
-  template <class F>
-  void for_each_unit(F&& f) const {
-    for (Index h = 0; h < heads; ++h)
-      for (Index b = 0; b < rows; ++b)
-        for (int c = 0; c < 2; ++c) f(b, h, c, z.length(z.chunk(me, c)), unit(b, h, c));
+  // The log-sum-exps of unit (b, h, chunk k) of length len, [G * len].
+  void pack_lse(const A* lse, Index b, Index h, int k, Index len, Column<A>& out) const {
+    out.resize(G * len);
+    for (Index g = 0; g < G; ++g)
+      for (Index t = 0; t < len; ++t) out(g * len + t) = lse[lse_at(b, g, h, k, t)];
   }
   // The block that starts round the ring from this rank: [keys | values].
-  std::vector<A> visiting_block(const std::vector<A>& k, const std::vector<A>& v) const {
-    std::vector<A> block(k);
-    block.insert(block.end(), v.begin(), v.end());
+  Scratch<A> visiting_block(const Scratch<A>& k, const Scratch<A>& v) const {
+    Scratch<A> block(k.size() + v.size());
+    std::copy_n(k.data(), k.size(), block.data());
+    std::copy_n(v.data(), v.size(), block.data() + k.size());
     return block;
   }
   // f(b, h, query chunk qc, key chunk kc, their chunk numbers ja, jb, the key chunk's length)
@@ -199,49 +204,48 @@ struct RingProblem {
           }
         }
   }
-  Index lse_at(Index b, Index g, Index h, int k, Index t) const {
-    return (k * z.c + t) * lse_width() + b + pB * (g + pG * h);
+  std::size_t lse_at(Index b, Index g, Index h, int k, Index t) const {
+    return std::size_t((k * z.c + t) * lse_width() + b + pB * (g + pG * h));
   }
 };
 
-// Merges a partial output (o, lse over some keys) into the running one (normalised outputs
-// weighted by exp(lse)): softmax over the union of the keys.
+// Merges a partial output of unit (b, h, chunk k) of length len (part [G * len, D] and its
+// log-sum-exps, over some keys) into the running one in ring rows (o: normalised outputs, q's
+// width; lse: their log-sum-exps, weights exp(lse)): softmax over the union of the keys.
 template <class A>
-void merge_partial(RowMatrix<A>& o, Column<A>& lse, const RowMatrix<A>& part, const Column<A>& part_lse) {
+void merge_partial(const RingProblem<A>& rp, const RowMatrix<A>& part, const Column<A>& part_lse, Index b, Index h, int k,
+                   Index len, A* o, A* lse) {
   const A inf = std::numeric_limits<A>::infinity();
-  for (Index i = 0; i < o.rows(); ++i) {
-    const A b = part_lse(i);
-    if (b == -inf) continue;
-    const A a = lse(i);
-    if (a == -inf) {
-      o.row(i) = part.row(i);
-      lse(i) = b;
-      continue;
+  const Index w = rp.q_width(), stride = rp.pB;
+  for (Index g = 0; g < rp.G; ++g)
+    for (Index t = 0; t < len; ++t) {
+      const Index i = g * len + t;
+      const A pb = part_lse(i);
+      if (pb == -inf) continue;
+      A* row = o + (k * rp.z.c + t) * w + b + rp.pB * rp.D * (g + rp.pG * h);  // element d at d * stride
+      A& la = lse[rp.lse_at(b, g, h, k, t)];
+      if (la == -inf) {
+        for (Index d = 0; d < rp.D; ++d) row[d * stride] = part(i, d);
+        la = pb;
+        continue;
+      }
+      const A top = std::max(la, pb), wa = std::exp(la - top), wb = std::exp(pb - top), sum = wa + wb;
+      for (Index d = 0; d < rp.D; ++d) row[d * stride] = (row[d * stride] * wa + part(i, d) * wb) / sum;
+      la = top + std::log(sum);
     }
-    const A top = std::max(a, b), wa = std::exp(a - top), wb = std::exp(b - top), sum = wa + wb;
-    o.row(i) = (o.row(i) * wa + part.row(i) * wb) / sum;
-    lse(i) = top + std::log(sum);
-  }
 }
 
 // The forward: the output (ring rows, q's width) and the log-sum-exp (ring rows, lse width).
 template <class A>
-void ring_attention_forward(const RingProblem<A>& rp, const std::vector<A>& q, const std::vector<A>& k,
-                            const std::vector<A>& v, std::vector<A>& o, std::vector<A>& lse) {
+void ring_attention_forward(const RingProblem<A>& rp, const Scratch<A>& q, const Scratch<A>& k, const Scratch<A>& v,
+                            Scratch<A>& o, Scratch<A>& lse) {
   const int P = rp.z.P, me = rp.me, next = (me + 1) % P, prev = (me + P - 1) % P;
   const Index kv = 2 * rp.z.c * rp.k_width();
-  const A inf = std::numeric_limits<A>::infinity();
   // The visiting keys and values (one buffer: [keys | values]), and the next ones arriving.
-  std::vector<A> here = rp.visiting_block(k, v), coming(here.size());
-  const std::size_t units = rp.units();
-  std::vector<RowMatrix<A>> qs(units), os(units);
-  std::vector<Column<A>> ls(units);
-  rp.for_each_unit([&](Index b, Index h, int c, Index len, std::size_t u) {
-    rp.pack(q.data(), rp.q_width(), rp.G, b, h, c, len, qs[u]);
-    os[u].setZero(rp.G * len, rp.D);
-    ls[u].setConstant(rp.G * len, -inf);
-  });
-  RowMatrix<A> kh, vh, part;
+  Scratch<A> here = rp.visiting_block(k, v), coming(here.size());
+  o = Scratch<A>(std::size_t(2 * rp.z.c * rp.q_width()), A(0));
+  lse = Scratch<A>(std::size_t(2 * rp.z.c * rp.lse_width()), -std::numeric_limits<A>::infinity());
+  RowMatrix<A> qh, kh, vh, part;
   Column<A> part_lse;
   for (int s = 0; s < P; ++s) {
     const int src = (me - s + P) % P;
@@ -251,50 +255,34 @@ void ring_attention_forward(const RingProblem<A>& rp, const std::vector<A>& q, c
       out = tshard::detail::PendingMessage::send(rp.comm, next, here.data(), 2 * kv, kRingTag);
     }
     rp.for_each_visible(here.data(), src, kh, vh, [&](Index b, Index h, int qc, int, Index ja, Index jb, Index) {
-      const auto u = rp.unit(b, h, qc);
-      attention_forward_head<A>(qs[u], kh, vh, rp.G, rp.geometry(ja, jb), rp.scale, part, part_lse);
-      merge_partial(os[u], ls[u], part, part_lse);
+      const Index len = rp.z.length(ja);
+      rp.pack(q.data(), rp.q_width(), rp.G, b, h, qc, len, qh);
+      attention_forward_head<A>(qh, kh, vh, rp.G, rp.geometry(ja, jb), rp.scale, part, part_lse);
+      merge_partial(rp, part, part_lse, b, h, qc, len, o.data(), lse.data());
     });
     if (s + 1 < P) {
       tshard::detail::wait_all({&in, &out});
       std::swap(here, coming);
     }
   }
-  o.assign(std::size_t(2 * rp.z.c * rp.q_width()), A(0));
-  lse.assign(std::size_t(2 * rp.z.c * rp.lse_width()), -inf);
-  rp.for_each_unit([&](Index b, Index h, int c, Index len, std::size_t u) {
-    rp.unpack(os[u], rp.q_width(), rp.G, b, h, c, len, o.data());
-    for (Index g = 0; g < rp.G; ++g)
-      for (Index t = 0; t < len; ++t) lse[std::size_t(rp.lse_at(b, g, h, c, t))] = ls[u](g * len + t);
-  });
 }
 
 // The backward: dq, dk, dv (ring rows) from q, k, v, the output, its log-sum-exp and dL/doutput.
 // The keys and values go round again; each rank adds its share of their gradients to the sums
 // that travel with them, which are home after the last hop.
 template <class A>
-void ring_attention_backward(const RingProblem<A>& rp, const std::vector<A>& q, const std::vector<A>& k,
-                             const std::vector<A>& v, const std::vector<A>& o, const std::vector<A>& lse,
-                             const std::vector<A>& dout, std::vector<A>& dq, std::vector<A>& dk, std::vector<A>& dv) {
+void ring_attention_backward(const RingProblem<A>& rp, const Scratch<A>& q, const Scratch<A>& k, const Scratch<A>& v,
+                             const Scratch<A>& o, const Scratch<A>& lse, const Scratch<A>& dout, Scratch<A>& dq,
+                             Scratch<A>& dk, Scratch<A>& dv) {
   const int P = rp.z.P, me = rp.me, next = (me + 1) % P, prev = (me + P - 1) % P;
   const Index kv = 2 * rp.z.c * rp.k_width();
-  std::vector<A> here = rp.visiting_block(k, v), coming(here.size());
+  Scratch<A> here = rp.visiting_block(k, v), coming(here.size());
   // The gradient sums of the visiting block: this rank's share, the sums that arrive with it
   // (from the ranks it visited before) and the sums that leave.
-  std::vector<A> share(here.size()), arriving(here.size()), leaving(here.size());
-  const std::size_t units = rp.units();
-  std::vector<RowMatrix<A>> qs(units), os(units), dos(units), dqs(units);
-  std::vector<Column<A>> ls(units);
-  rp.for_each_unit([&](Index b, Index h, int c, Index len, std::size_t u) {
-    rp.pack(q.data(), rp.q_width(), rp.G, b, h, c, len, qs[u]);
-    rp.pack(o.data(), rp.q_width(), rp.G, b, h, c, len, os[u]);
-    rp.pack(dout.data(), rp.q_width(), rp.G, b, h, c, len, dos[u]);
-    dqs[u].setZero(rp.G * len, rp.D);
-    ls[u].resize(rp.G * len);
-    for (Index g = 0; g < rp.G; ++g)
-      for (Index t = 0; t < len; ++t) ls[u](g * len + t) = lse[std::size_t(rp.lse_at(b, g, h, c, t))];
-  });
-  RowMatrix<A> kh, vh, dqp, dkp, dvp;
+  Scratch<A> share(here.size()), arriving(here.size()), leaving(here.size());
+  dq = Scratch<A>(std::size_t(2 * rp.z.c * rp.q_width()), A(0));
+  RowMatrix<A> qh, oh, doh, kh, vh, dqp, dkp, dvp;
+  Column<A> lh;
   auto arrival = tshard::detail::PendingMessage::receive(rp.comm, prev, arriving.data(), 2 * kv, kRingGradTag);
   tshard::detail::PendingMessage departure;
   for (int s = 0; s < P; ++s) {
@@ -304,13 +292,17 @@ void ring_attention_backward(const RingProblem<A>& rp, const std::vector<A>& q, 
       in = tshard::detail::PendingMessage::receive(rp.comm, prev, coming.data(), 2 * kv, kRingTag);
       out = tshard::detail::PendingMessage::send(rp.comm, next, here.data(), 2 * kv, kRingTag);
     }
-    std::fill(share.begin(), share.end(), A(0));
+    std::fill_n(share.data(), share.size(), A(0));
     rp.for_each_visible(here.data(), src, kh, vh, [&](Index b, Index h, int qc, int kc, Index ja, Index jb, Index lb) {
-      const auto u = rp.unit(b, h, qc);
-      attention_backward_head<A>(qs[u], kh, vh, os[u], dos[u], ls[u], rp.G, rp.geometry(ja, jb), rp.scale, dqp, dkp, dvp);
-      dqs[u] += dqp;
-      rp.add_into(dkp, b, h, kc, lb, share.data());
-      rp.add_into(dvp, b, h, kc, lb, share.data() + kv);
+      const Index len = rp.z.length(ja);
+      rp.pack(q.data(), rp.q_width(), rp.G, b, h, qc, len, qh);
+      rp.pack(o.data(), rp.q_width(), rp.G, b, h, qc, len, oh);
+      rp.pack(dout.data(), rp.q_width(), rp.G, b, h, qc, len, doh);
+      rp.pack_lse(lse.data(), b, h, qc, len, lh);
+      attention_backward_head<A>(qh, kh, vh, oh, doh, lh, rp.G, rp.geometry(ja, jb), rp.scale, dqp, dkp, dvp);
+      rp.add_into(dqp, rp.q_width(), rp.G, b, h, qc, len, dq.data());
+      rp.add_into(dkp, rp.k_width(), 1, b, h, kc, lb, share.data());
+      rp.add_into(dvp, rp.k_width(), 1, b, h, kc, lb, share.data() + kv);
     });
     // The sums of the block that arrived a hop ago (none with its first visit): this rank's
     // share added, on they go with it, and the next block's are awaited.
@@ -330,13 +322,10 @@ void ring_attention_backward(const RingProblem<A>& rp, const std::vector<A>& q, 
   // This rank's own block's sums, home after the last hop.
   arrival.wait();
   departure.wait();
-  const auto& sums = arriving;
-  dk.assign(sums.begin(), sums.begin() + kv);
-  dv.assign(sums.begin() + kv, sums.end());
-  dq.assign(std::size_t(2 * rp.z.c * rp.q_width()), A(0));
-  rp.for_each_unit([&](Index b, Index h, int c, Index len, std::size_t u) {
-    rp.unpack(dqs[u], rp.q_width(), rp.G, b, h, c, len, dq.data());
-  });
+  dk = Scratch<A>(std::size_t(kv));
+  dv = Scratch<A>(std::size_t(kv));
+  std::copy_n(arriving.data(), kv, dk.data());
+  std::copy_n(arriving.data() + kv, kv, dv.data());
 }
 
 }  // namespace tshard::nn::detail

@@ -277,14 +277,14 @@ RowSlabs row_slabs(const X& x) {
 }
 // A tensor's block in the ring's order (A elements), and back into a block of its layout.
 template <class A, class X>
-std::vector<A> to_ring(const RingProblem<A>& rp, const X& x) {
-  std::vector<A> ring;
+Scratch<A> to_ring(const RingProblem<A>& rp, const X& x) {
+  Scratch<A> ring;
   const auto& l = tshard::detail::layout_of(x);
   relayout(rp.comm, rp.me, rp.z, row_slabs(x), l.offset[1], l.valid[1], const_cast<typename X::Scalar*>(x.data()), ring, true);
   return ring;
 }
 template <class A, class X>
-void from_ring(const RingProblem<A>& rp, std::vector<A>& ring, X& x) {
+void from_ring(const RingProblem<A>& rp, Scratch<A>& ring, X& x) {
   const auto& l = tshard::detail::layout_of(x);
   relayout(rp.comm, rp.me, rp.z, row_slabs(x), l.offset[1], l.valid[1], x.data(), ring, false);
 }
@@ -294,13 +294,13 @@ void from_ring(const RingProblem<A>& rp, std::vector<A>& ring, X& x) {
 template <class Q, class K, class V>
 auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options) {
   using A = accumulator_t<typename Q::Scalar>;
-  auto saved = std::make_shared<std::optional<std::vector<A>>>();
+  auto saved = std::make_shared<std::optional<Scratch<A>>>();  // the log-sum-exp, pooled
   return ad::custom_vjp(
       [saved, options](const auto& qv, const auto& kv, const auto& vv) {
         tshard::detail::OperatorScope scope("ring_attention");
         (void)attention_geometry(qv, kv, vv, options, "scaled_dot_product_attention");
         const auto rp = ring_problem<A>(qv, kv, options);
-        std::vector<A> o, lse;
+        Scratch<A> o, lse;
         ring_attention_forward(rp, to_ring(rp, qv), to_ring(rp, kv), to_ring(rp, vv), o, lse);
         auto out = zeros_like(qv);
         from_ring(rp, o, out);
@@ -312,12 +312,12 @@ auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& 
         tshard::detail::OperatorScope scope("ring_attention_backward");
         using O = std::decay_t<decltype(out)>;
         const auto rp = ring_problem<A>(qv, kv, options);
-        std::vector<A> ring_dout;
+        Scratch<A> ring_dout;
         if constexpr (std::is_same_v<std::decay_t<decltype(dout)>, O>)
           ring_dout = to_ring(rp, dout);
         else
           ring_dout = to_ring(rp, tshard::detail::implicit_reshard<typename O::SpecType>(dout, "scaled_dot_product_attention"));
-        std::vector<A> dq, dk, dv;
+        Scratch<A> dq, dk, dv;
         ring_attention_backward(rp, to_ring(rp, qv), to_ring(rp, kv), to_ring(rp, vv), to_ring(rp, out), **saved, ring_dout,
                                 dq, dk, dv);
         saved->reset();
