@@ -694,6 +694,12 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
   on_every_mesh("ring chosen", [&](const M& mesh) {
     auto q = ts::distribute<TQ>(mesh, gq);
     auto k = ts::distribute<TK>(mesh, gk);
+    auto ring_calls = [&] {
+      std::uint64_t calls = 0;
+      for (auto& [name, op] : ts::comm_stats().operators())
+        if (name.find("ring_attention") != std::string::npos) calls += op.total().calls;
+      return calls;
+    };
     auto ring_bytes = [&](const ts::nn::AttentionOptions& o) {
       ts::reset_comm_stats();
       (void)ts::nn::scaled_dot_product_attention(q, k, k, o);
@@ -704,6 +710,12 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
     };
     const bool split = mesh.size<"x">() > 1;
     TS_REQUIRE_ALL((ring_bytes(ring) > 0) == split);
+    // A sequence axis of one rank: no ring, forward or backward (nothing sent to oneself).
+    ts::reset_comm_stats();
+    (void)ts::ad::value_and_grad([&](const auto& qq, const auto& kk) {
+      return ts::sum<0, 1, 2, 3, 4>(ts::square(ts::nn::scaled_dot_product_attention(qq, kk, kk, ring)));
+    }, q, k);
+    TS_REQUIRE_ALL((ring_calls() > 0) == split);
     TS_REQUIRE_ALL(ring_bytes({.context = ContextParallel::AllToAll}) == 0);
     TS_REQUIRE_ALL((ring_bytes({}) > 0) == (split && mesh.size() > 1));  // one head: Ulysses would idle ranks
     return std::tuple<>{};

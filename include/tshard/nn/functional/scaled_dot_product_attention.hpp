@@ -337,9 +337,11 @@ template <class Q, class K>
 bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
   if (o.context == ContextParallel::AllToAll || tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1])
     return false;
+  // A sequence axis of one rank splits nothing: the local kernel, with nothing sent to itself.
+  const auto& shape = q.mesh().shape();
+  if (tshard::detail::split_parts(Q::spec_desc.dims[1], shape) == 1) return false;
   if (o.context == ContextParallel::Ring) return true;
   // Ulysses spreads the key-value heads over the heads' axes and the sequence's.
-  const auto& shape = q.mesh().shape();
   Index parts = 1;
   for (const auto* split : {&Q::spec_desc.dims[1], &Q::spec_desc.dims[Q::rank - 1], &Q::spec_desc.dims[2]})
     parts *= tshard::detail::split_parts(*split, shape);
