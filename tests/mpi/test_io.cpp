@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tshard/io/safetensors_shards.hpp"
+#include "tshard/train/data.hpp"
 #include "tshard/train/hf_config.hpp"
 
 namespace ts = tshard;
@@ -74,6 +75,38 @@ TEST_CASE("load_npy reads C-order files, numpy's default, on any spec", "[io]") 
     for_each_type(Specs2{}, [&]<class S>(S*) {
       INFO("mesh " << sizes[0] << "x" << sizes[1] << " " << spec_name<S>(mesh));
       TS_REQUIRE_ALL(compare(ts::io::load_npy<double, S>(mesh, path).gather(), want) == "");
+    });
+  });
+  remove_on_rank0(path);
+}
+
+TEST_CASE("a token file gives a batch's ids and next-token labels on any split of rows and positions", "[io][data]") {
+  // 9 rows of 6 tokens (seq 5): batches of 4 rows, the last whole batch's rows cycled.
+  const std::string path = scratch_file("tokens.npy");
+  const Eigen::Index rows = 9, seq = 5, batch = 4;
+  Eigen::Tensor<std::int32_t, 2> file(rows, seq + 1);
+  for (Eigen::Index r = 0; r < rows; ++r)
+    for (Eigen::Index t = 0; t <= seq; ++t) file(r, t) = std::int32_t(100 * r + t);
+  {
+    M2 world({world_size(), 1});
+    ts::io::save_npy(path, ts::distribute<ts::Spec<ts::S<"x">, ts::R>>(world, file));
+  }
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    // Positions over y (a label past a shard's last position is the next shard's first token).
+    for_each_type(Specs2{}, [&]<class Rows>(Rows*) {
+      INFO("mesh " << sizes[0] << "x" << sizes[1] << " rows " << spec_name<Rows>(mesh));
+      ts::train::TokenFile tokens(mesh.comm(), path, seq, batch, "--data");
+      for (long step : {0L, 1L, 2L})
+        for (Eigen::Index first : {Eigen::Index(0), Eigen::Index(1)})
+          for (Eigen::Index shift : {Eigen::Index(0), Eigen::Index(1)}) {
+            const Eigen::Index count = batch - first;
+            const Eigen::Tensor<std::int32_t, 2> got = tokens.batch_ids<Rows>(mesh, step, batch, first, count, shift).gather();
+            Eigen::Tensor<std::int32_t, 2> want(count, seq);
+            for (Eigen::Index b = 0; b < count; ++b)
+              for (Eigen::Index t = 0; t < seq; ++t) want(b, t) = file((step % 2) * batch + first + b, t + shift);
+            INFO("step " << step << " first row " << first << " shift " << shift);
+            TS_REQUIRE_ALL(compare(got, want) == "");
+          }
     });
   });
   remove_on_rank0(path);

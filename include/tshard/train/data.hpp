@@ -21,6 +21,7 @@
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/text.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/spec_algebra.hpp"
 #include "tshard/io/npy.hpp"
 #include "tshard/tensor/factories.hpp"
 #include "tshard/train/flags.hpp"
@@ -160,14 +161,17 @@ class TokenFile {
 
   // Rows [first, first + count), shifted; then rows [next, next + next_count) start to be read
   // (none where next_count is 0). A block is read once for its ids and its labels.
+  // The block is read with Rows' row split and whole rows: a label's token may lie past a
+  // position split's boundary (over "context", say).
   template <class Rows, MeshType M>
   ShardedTensor<std::int32_t, M, Rows> ids(const M& mesh, Index first, Index count, Index shift, Index next = 0,
                                            Index next_count = 0) {
-    using Block = ShardedTensor<std::int32_t, M, Rows>;
+    using WholeRows = Spec<tshard::detail::dim_at_t<Rows, 0>, R>;
+    using Block = ShardedTensor<std::int32_t, M, WholeRows>;
     if (!block_ || block_first_ != first || block_count_ != count) {
-      block_ = std::make_shared<Block>(file_.template read<Rows>(mesh, first, count));
+      block_ = std::make_shared<Block>(file_.template read<WholeRows>(mesh, first, count));
       block_first_ = first, block_count_ = count;
-      if (next_count > 0) file_.template prefetch<Rows>(mesh, next, next_count);
+      if (next_count > 0) file_.template prefetch<WholeRows>(mesh, next, next_count);
     }
     const Block& block = *static_cast<const Block*>(block_.get());
     const auto offset = block.local_offset();
