@@ -1,6 +1,7 @@
 // A decoder-only transformer language model trained with tshard's nn layer on any {data, stage,
-// model} mesh: token and position embeddings (the vocabulary split over "model"), L pre-layernorm
-// blocks (heads and the MLP's hidden dim split over "model", Megatron's pattern by annotation),
+// context, model} mesh: token and position embeddings (the vocabulary split over "model"), L
+// pre-layernorm blocks (heads and the MLP's hidden dim split over "model", Megatron's pattern by
+// annotation; positions over "context", the fused attention passing keys and values round a ring),
 // a final layernorm, an output projection whose logits stay split over the vocabulary,
 // cross-entropy that never gathers them, AdamW with optional weight-update sharding over "data"
 // (--zero 1|2|3) and global gradient-norm clipping. "stage" cuts the blocks into a pipeline
@@ -15,6 +16,7 @@
 //
 //   mpirun -np 4 ./train_transformer --mesh data=2,model=2 --steps 20 --layers 2 --double
 //   mpirun -np 4 ./train_transformer --mesh data=2,stage=2 --microbatches 4 --schedule 1f1b --experts 4
+//   mpirun -np 4 ./train_transformer --mesh context=2,model=2 --seq 64 --check
 //
 // Output: "step <n> loss <value>" per step (%.17g), then a progress line (tokens/s, MFU against
 // the sgemm peak of all ranks measured at start), the optimizer's memory next to ZeRO's
@@ -62,8 +64,8 @@
 #include <vector>
 
 namespace ts = tshard;
-using M = ts::Mesh<"data", "stage", "model">;
-using Sub = ts::Mesh<"data", "model">;  // one pipeline stage
+using M = ts::Mesh<"data", "stage", "context", "model">;
+using Sub = ts::Mesh<"data", "context", "model">;  // one pipeline stage
 
 struct Options {
   ts::train::MeshSizes<M> mesh;  // without --mesh, every rank on data; with it, a missing axis is 1
@@ -97,7 +99,7 @@ Options parse(int argc, char** argv) {
   Options o;
   ts::train::Flags f("train_transformer", argc, argv);
   std::string schedule = "gpipe";
-  f.mesh<M>("--mesh", o.mesh, {"data", "model", "stage"})
+  f.mesh<M>("--mesh", o.mesh, {"data", "model", "stage", "context"})
       .value("--steps", o.steps).value("--layers", o.layers).value("--seed", o.seed).value("--zero", o.zero)
       .flag("--double", o.use_double)
       .custom("--dtype", [&](const std::string& v) {
@@ -137,21 +139,21 @@ Options parse(int argc, char** argv) {
 
 // The model as a pipeline stage: stage s of K holds its share of the blocks, the first stage the
 // embeddings, the last the final layernorm, the output projection and the loss. Every layer lives
-// on the stage's {data, model} mesh; seeds depend on the global layer index, so the stages hold
+// on the stage's {data, context, model} mesh; seeds depend on the global layer index, so the stages hold
 // exactly the layers of the unpipelined model. It is written forward only (a ts::nn::Module with
 // forward and loss): the pipeline derives its gradients, micro-batch by micro-batch.
 template <class T>
 class LanguageModel : public ts::nn::Module {
-  using Rows = ts::Spec<ts::S<"data">, ts::R>;  // [B, T] ids: batch over data
+  using Rows = ts::Spec<ts::S<"data">, ts::S<"context">>;  // [B, T] ids: batch over data, positions over context
   using Ids = ts::ShardedTensor<std::int32_t, Sub, Rows>;
   using Acc = ts::accumulator_t<T>;             // the loss's sums (float for bfloat16)
-  using ActivationSpec = ts::Spec<ts::S<"data">, ts::R, ts::R>;
+  using ActivationSpec = ts::Spec<ts::S<"data">, ts::S<"context">, ts::R>;
 
  public:
   using Activation = ts::ShardedTensor<T, Sub, ActivationSpec>;  // [b, T, D] between stages
 
   LanguageModel(const M& mesh, const Options& o, const ts::nn::Pipeline<M>& pipe)
-      : mesh_(mesh), sub_(mesh.submesh<"data", "model">()), o_(o), first_(pipe.first()), last_(pipe.last()) {
+      : mesh_(mesh), sub_(mesh.submesh<"data", "context", "model">()), o_(o), first_(pipe.first()), last_(pipe.last()) {
     if (first_) {
       tokens_.emplace(sub_, o.vocab, o.dmodel, std::uint64_t(o.seed) * 1000 + 1);
       positions_.emplace(sub_, o.seq, o.dmodel, std::uint64_t(o.seed) * 1000 + 2);
@@ -332,7 +334,7 @@ class LanguageModel : public ts::nn::Module {
 int write_data(const M& mesh, const Options& o) {
   const long n = o.sequences > 0 ? o.sequences : long(o.steps) * o.batch;
   const auto task = o.task();
-  auto tokens = ts::from_function<std::int32_t, ts::Spec<ts::S<"data", "stage", "model">, ts::R>>(
+  auto tokens = ts::from_function<std::int32_t, ts::Spec<ts::S<"data", "stage", "context", "model">, ts::R>>(
       mesh, {Eigen::Index(n), o.seq + 1},
       [&](const auto& i) { return task.token(long(i[0] / o.batch), i[0] % o.batch, i[1]); });
   ts::io::save_npy(o.write_data, tokens);
@@ -427,7 +429,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
   ts::nn::Pipeline<M> pipe(mesh, {.microbatches = microbatches, .schedule = o.schedule, .remat = o.remat});
   LanguageModel<T> model(mesh, o, pipe);
   ts::nn::AdamW opt({.lr = float(o.lr), .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.01f,
-                     .zero_stage = zero, .overlap = o.overlap, .prefetch = o.prefetch,
+                     .zero_stage = zero, .data_axis = "data,context", .overlap = o.overlap, .prefetch = o.prefetch,
                      .bucket_bytes = std::int64_t(o.bucket_mb * double(1 << 20))});
   opt.add(model);
   opt.set_norm_mesh(mesh);  // the gradient norm sums over every stage
@@ -501,7 +503,7 @@ Run train(const M& mesh, const Options& o, int zero, int microbatches) {
     }
   }
   ts::all_reduce(mesh, std::span<double>(moe));
-  const double per_stage_line = double(mesh.size<"data">()) * mesh.size<"model">();  // ranks that counted each stage's routing
+  const double per_stage_line = double(mesh.size<"data">()) * mesh.size<"context">() * mesh.size<"model">();  // ranks that counted each stage's routing
   run.moe_bytes = moe[0] / std::max(1, o.steps);
   run.moe_all_to_all_bytes = moe[1] / std::max(1, o.steps);
   run.assignments = std::int64_t(moe[2] / per_stage_line);
@@ -548,7 +550,7 @@ int run_all(const M& mesh, const Options& o) {
   bool ok = true;
   double worst = 0;
   if (o.check) {  // the single-rank curve, unpipelined, on every rank alone
-    M self(MPI_COMM_SELF, {1, 1, 1});
+    M self(MPI_COMM_SELF, {1, 1, 1, 1});
     Options plain = o;  // the plain model: activation checkpointing must not change the curve
     plain.activation_checkpoint.clear();
     const Run serial = train<T>(self, plain, 0, 1);
@@ -577,9 +579,9 @@ int run_all(const M& mesh, const Options& o) {
     // 6 N per token for the dense weights, plus attention's scores and context (12 L T D).
     const double flops = tokens * (6 * run.dense + 12.0 * o.layers * double(o.seq) * double(o.dmodel));
     const double per_step = run.seconds / timed;
-    std::printf("mesh {data, stage, model} = {%d, %d, %d}, zero %d%s, %s: %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.2f GFLOP/s "
+    std::printf("mesh %s, zero %d%s, %s: %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.2f GFLOP/s "
                 "(sgemm n=%d on every rank), gradient reduction not hidden %.1f ms/step\n",
-                mesh.size<"data">(), mesh.size<"stage">(), mesh.size<"model">(), o.zero, o.overlap ? " (overlapped)" : "",
+                ts::train::mesh_sizes_text(mesh, {"context"}).c_str(), o.zero, o.overlap ? " (overlapped)" : "",
                 sizeof(T) == 8 ? "double" : sizeof(T) == 4 ? "float" : "bf16", tokens / per_step, flops / per_step / 1e9, 100 * flops / per_step / peak,
                 peak / 1e9, o.peak_n, 1e3 * run.blocked / std::max(1, o.steps));
     if (o.profile && run.split.seconds > 0) {
@@ -594,13 +596,13 @@ int run_all(const M& mesh, const Options& o) {
       std::printf("ZeRO-3 parameter gathers in the last step: %d prefetched, %d kept from the use before, %d waited for, "
                   "%d prefetched in vain\n",
                   run.gathers.prefetched, run.gathers.kept, run.gathers.blocking, run.gathers.discarded);
-    // ZeRO's formulas over the parameters replicated on data, with p, g and k bytes per element
+    // ZeRO's formulas over the parameters replicated on data and context, with p, g and k bytes per element
     // of parameters, gradients and optimizer state (4, 4, 8 in float; in bf16 2, 2 and 12: the
     // moments and a master copy in float, as the ZeRO paper's mixed precision); the experts'
     // (split over data) are held whole at every stage: (p + g + k) Psi_split more.
     using Acc = ts::accumulator_t<T>;
     const double pb = sizeof(T), gb = sizeof(T), kb = 2.0 * sizeof(Acc) + (std::is_same_v<T, Acc> ? 0 : sizeof(Acc));
-    const double psi = double(run.memory.model_elements) * sizeof(T), n = mesh.size<"data">();
+    const double psi = double(run.memory.model_elements) * sizeof(T), n = double(mesh.size<"data">()) * mesh.size<"context">();
     const double split = double(run.memory.data_split_elements) * sizeof(T), r = (psi - split) / sizeof(T);
     const double expect[4] = {(pb + gb + kb) * r, (pb + gb) * r + kb * r / n, pb * r + (gb + kb) * r / n,
                               (pb + gb + kb) * r / n};
@@ -615,11 +617,11 @@ int run_all(const M& mesh, const Options& o) {
     run.meter.print(mesh);
     if (o.experts > 0) {
       // GShard's all-to-alls: [G, C, D, E] per MoE layer and micro-batch, twice forward, twice backward
-      // (once more forward under remat, and again under activation checkpointing), on every model rank. Data rank i holds experts E_i and
+      // (once more forward under remat, and again under activation checkpointing), on every context and model rank. Data rank i holds experts E_i and
       // groups G_i (the chunk rule) and sends rank j the block [G_i, C, D, E_j]: over all ranks,
       // (E G - sum_i E_i G_i) C D elements.
       const int pd = mesh.size<"data">();
-      const double pm = mesh.size<"model">(), mbs = o.microbatches, groups = double(o.batch) / mbs;
+      const double pm = double(mesh.size<"context">()) * mesh.size<"model">(), mbs = o.microbatches, groups = double(o.batch) / mbs;
       auto shard = [&](double n, int i) {
         const double chunk = std::ceil(n / pd);
         return std::clamp(n - i * chunk, 0.0, chunk);

@@ -2,11 +2,12 @@
 # -DEXE; -DWORK). Checkpoints:
 #  1. 3 steps on data=2 with ZeRO-3 saves a checkpoint;
 #  2. a resumed run killed with SIGKILL in the middle of its save leaves that checkpoint whole;
-#  3. resumed on data=3 with ZeRO-2 and on stage=2 (pipelined), the curve goes on as the
-#     single-rank run's (--check);
+#  3. resumed on data=3 with ZeRO-2, on stage=2 (pipelined) and on context=2, the curve goes on
+#     as the single-rank run's (--check);
 #  4. a corrupted tensor fails its checksum, another --layers is refused: both non-zero.
 # Sharded input: the synthetic task written as a token file (--write-data), then trained on
-# with --data on data=3 and pipelined on stage=2: the single-rank synthetic curve (--check),
+# with --data on data=3, pipelined on stage=2 and with positions over context=3 (a label past a
+# rank's last position): the single-rank synthetic curve (--check),
 # with the held-out loss and accuracy (--eval, 7 sequences: a shorter last batch) alike.
 set(tiny --layers 2 --batch 4 --seq 5 --dmodel 12 --heads 3 --vocab 13 --dropout 0.1 --double --peak-n 64)
 set(dir ${WORK}/ckpt)
@@ -37,6 +38,7 @@ if(NOT out MATCHES "step 3 loss" OR NOT out MATCHES "largest relative difference
   message(FATAL_ERROR "the resumed run did not go on from step 3:\n${out}")
 endif()
 run(TRUE ${MPI_2} ${EXE} --mesh stage=2 --microbatches 2 --steps 5 --resume ${dir} --check ${tiny})
+run(TRUE ${MPI_2} ${EXE} --mesh context=2 --steps 5 --resume ${dir} --check ${tiny})
 run(FALSE ${MPI_2} ${EXE} --mesh data=2 --steps 5 --resume ${dir} ${tiny} --layers 3)
 if(NOT out MATCHES "written with --layers 2")
   message(FATAL_ERROR "another --layers was not refused clearly:\n${out}")
@@ -60,6 +62,7 @@ if(NOT out MATCHES "eval after step 2: loss [0-9.]+ accuracy [0-9.]+ over 7 held
   message(FATAL_ERROR "--eval did not report the held-out loss and accuracy:\n${out}")
 endif()
 run(TRUE ${MPI_2} ${EXE} --mesh stage=2 --microbatches 2 --steps 4 --data ${tokens} --eval ${held_out} --check ${tiny})
+run(TRUE ${MPI_3} ${EXE} --mesh context=3 --steps 4 --data ${tokens} --eval ${held_out} --check ${tiny})
 run(FALSE ${MPI_2} ${EXE} --steps 1 --eval ${tokens} ${tiny} --seq 6)
 if(NOT out MATCHES "--eval '.*' must hold int32")
   message(FATAL_ERROR "a held-out file of another shape was not reported clearly:\n${out}")
