@@ -118,6 +118,45 @@ TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-ra
   static_assert(std::is_same_v<decltype(y), ts::ShardedTensor<double, DM, Tokens>>);
 }
 
+TEST_CASE("a pinned Linear takes rank-2 inputs and partial sums: the one-rank values and gradients", "[layers]") {
+  // x [B, F] = sum over z's last dim, a partial over "model" where z splits it; the layer moves
+  // it into its input layout (the partial resolved on the way) and its product into OutSpec.
+  using Z = ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>;
+  using Features = ts::Spec<ts::S<"data">, ts::S<"model">>;  // [B, F]: features over model
+  using Tokens = ts::Spec<ts::S<"model">, ts::R>;            // [B, F]: rows over model
+  const Eigen::Tensor<double, 3> z = random_tensor<3>({5, 6, 3}, 31);
+  const Eigen::Tensor<double, 2> w = random_tensor<2>({5, 7}, 32);
+  auto check = [&](auto make, const char* what) {
+    auto run = [&](auto& lin, const DM& mesh) {
+      lin.zero_grad();
+      auto [y, pullback] = ts::ad::vjp(lin, [&](const auto& zz) { return lin(ts::sum<2>(zz)); }, ts::distribute<Z>(mesh, z));
+      using Y = std::remove_cvref_t<decltype(y)>;
+      auto [dz] = pullback(ts::distribute<typename Y::SpecType>(mesh, w));
+      return std::tuple{Eigen::Tensor<double, 2>(y.gather()), Eigen::Tensor<double, 3>(dz.gather()), parameters_of(lin, true)};
+    };
+    DM self(MPI_COMM_SELF, {1, 1});
+    auto serial = make(self);
+    const auto [y0, dz0, g0] = run(serial, self);
+    on_every_dm_mesh([&](DM& mesh, auto sizes) {
+      INFO(what << " on mesh " << sizes[0] << "x" << sizes[1]);
+      auto lin = make(mesh);
+      const auto [y, dz, g] = run(lin, mesh);
+      TS_REQUIRE_ALL(compare(y, y0, 1e-12) == "");
+      TS_REQUIRE_ALL(compare(dz, dz0, 1e-12) == "");
+      TS_REQUIRE_ALL(close(g, g0, 1e-12));
+    });
+  };
+  using Column = ts::Spec<ts::R, ts::S<"model">>;
+  using Row = ts::Spec<ts::S<"model">, ts::R>;
+  check([](const DM& m) { return ts::nn::Linear<double, DM, Column, Features>(m, 6, 7, 3); }, "column-parallel into features");
+  check([](const DM& m) { return ts::nn::Linear<double, DM, Row, Tokens>(m, 6, 7, 3); }, "row-parallel into rows");
+  check([](const DM& m) { return ts::nn::Linear<double, DM, Column, Tokens>(m, 6, 7, 3, false); }, "column-parallel into rows");
+  // The pinned spec is the result's type.
+  DM mesh({1, world_size()});
+  ts::nn::Linear<double, DM, Row, Tokens> lin(mesh, 6, 7, 3);
+  static_assert(std::is_same_v<decltype(lin(ts::sum<2>(ts::distribute<Z>(mesh, z)))), ts::ShardedTensor<double, DM, Tokens>>);
+}
+
 TEST_CASE("eval(): forwards without dropout or a counted step; an evaluation between a recorded forward and its pullback "
           "leaves it as it was",
           "[layers]") {

@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "tshard/reshard/execute.hpp"
 #include "tshard/reshard/redistribute.hpp"
@@ -33,6 +34,22 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
     return out;
   }
 }
+
+namespace detail {
+// x itself where it is already laid out as NewSpec and whole (no partial sum pending), else
+// reshard<NewSpec>(x): what a layer that pins a layout does with a tensor, with no copy and no
+// tape node where nothing moves. An lvalue comes back as a reference, an rvalue moved.
+template <class NewSpec, class X>
+decltype(auto) laid_out_as(X&& x) {
+  using Plain = std::remove_cvref_t<X>;
+  if constexpr (std::is_same_v<typename Plain::SpecType, NewSpec> && !Plain::is_partial) {
+    if constexpr (std::is_lvalue_reference_v<X>) return static_cast<const Plain&>(x);
+    else return Plain(std::move(x));
+  } else {
+    return reshard<NewSpec>(x);
+  }
+}
+}  // namespace detail
 
 // dst = t laid out as dst's spec, in dst's existing storage (no allocation of the result).
 template <class T, class M, class S2, class S, class P>

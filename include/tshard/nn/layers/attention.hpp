@@ -70,10 +70,7 @@ class Attention : public Module {
       return attend(x);
     } else {
       using In = tshard::detail::leading_dims_then_t<ActSpec, QKVSpec, tshard::detail::dim_at_t<QKVSpec, 0>>;
-      if constexpr (std::is_same_v<typename X::SpecType, In> && !X::is_partial)
-        return attend(x);
-      else
-        return attend(reshard<In>(x));  // once for the three projections
+      return attend(tshard::detail::laid_out_as<In>(x));  // moved once for the three projections
     }
   }
 
@@ -102,10 +99,7 @@ class Attention : public Module {
     } else {
       using Y = ShardedTensor<T, M, ActSpec>;
       auto y = einsum<Eq, ActSpec>(a, wo_);
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y + bo_)>, Y>)
-        return Y(y + bo_);
-      else
-        return reshard<ActSpec>(y + bo_);
+      return Y(tshard::detail::laid_out_as<ActSpec>(y + bo_));
     }
   }
 

@@ -66,17 +66,9 @@ class Linear : public Module {
       static_assert(OutSpec::rank == X::rank, "tshard: Linear's pinned output spec has the rank of its input");
       using In = tshard::detail::leading_dims_then_t<OutSpec, WeightSpec, tshard::detail::dim_at_t<WeightSpec, 0>>;
       using Out = ShardedTensor<T, M, OutSpec>;
-      auto product = [&] {
-        if constexpr (std::is_same_v<typename X::SpecType, In> && !X::is_partial)
-          return times_weight<OutSpec>(x);
-        else
-          return times_weight<OutSpec>(reshard<In>(x));
-      }();
+      auto product = times_weight<OutSpec>(tshard::detail::laid_out_as<In>(x));
       if (!with_bias_) return product;
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(product + bias_)>, Out>)
-        return Out(product + bias_);
-      else
-        return reshard<OutSpec>(product + bias_);
+      return Out(tshard::detail::laid_out_as<OutSpec>(product + bias_));
     } else {
       return deduced(x);
     }

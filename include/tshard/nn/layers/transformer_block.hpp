@@ -134,11 +134,11 @@ class TransformerBlock : public Module {
   auto operator()(const X& x) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
     using Pinned = detail::activation_of_t<Specs>;
-    if constexpr (!tshard::detail::is_deduced<Pinned> && (!std::is_same_v<typename X::SpecType, Pinned> || X::is_partial)) {
-      tshard::detail::OperatorScope scope("transformer_block");
-      return (*this)(reshard<Pinned>(x));  // the residual stream in the specs' layout
-    } else {
+    if constexpr (tshard::detail::is_deduced<Pinned>) {
       return residual(x);
+    } else {
+      tshard::detail::OperatorScope scope("transformer_block");
+      return residual(tshard::detail::laid_out_as<Pinned>(x));  // the residual stream in the specs' layout
     }
   }
 
