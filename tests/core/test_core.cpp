@@ -11,6 +11,7 @@
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec.hpp"
+#include "tshard/core/spec_algebra.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 #include "tshard/io/npy_format.hpp"
 #include "tshard/io/safetensors_format.hpp"
@@ -174,6 +175,20 @@ TEST_CASE("spec types become descriptors with readable names") {
   static_assert(names_unique(spec_traits<Y>::all_names()));
   static_assert(!names_unique(spec_traits<ts::Spec<ts::S<"a">, ts::S<"a">>>::all_names()));
   static_assert(!spec_traits<ts::Spec<ts::S<"nope">>>::axes_known(axes));
+}
+
+TEST_CASE("a pinned layer's input layout keeps each leading dim's axes up to the first the weight splits") {
+  // Linear's input for an output pinned to SpecT, beside a weight laid out as Avoid: a split's
+  // first axis is major, so a prefix of its axes holds whole blocks of the full split.
+  using ts::R, ts::S, ts::Spec, ts::detail::leading_dims_then_t;
+  using Column = Spec<R, S<"model">>;
+  static_assert(std::is_same_v<leading_dims_then_t<Spec<S<"data", "model">, R>, Column, R>, Spec<S<"data">, R>>);
+  static_assert(std::is_same_v<leading_dims_then_t<Spec<S<"model", "data">, R>, Column, R>, Spec<R, R>>);
+  static_assert(std::is_same_v<leading_dims_then_t<Spec<S<"a", "b", "model", "c">, R>, Column, R>, Spec<S<"a", "b">, R>>);
+  static_assert(std::is_same_v<leading_dims_then_t<Spec<S<"data">, S<"model">, R>, Column, S<"x">>,
+                               Spec<S<"data">, R, S<"x">>>);
+  static_assert(std::is_same_v<leading_dims_then_t<Spec<R, R>, Column, R>, Spec<R, R>>);
+  SUCCEED("checked at compile time");
 }
 
 TEST_CASE("copy_box moves an N-D box between buffers of different extents") {

@@ -134,15 +134,43 @@ struct shares_axis;
 template <class D, class... O>
 struct shares_axis<D, Spec<O...>> : std::bool_constant<(dims_share_axis<D, O>() || ...)> {};
 
-// SpecT's dims but the last, each R where it shares a mesh axis with spec Avoid, then Last: the
-// layout of an operand whose product with a tensor laid out as Avoid (over the operand's last
-// dim, laid out as Last) lands in SpecT's leading dims without a conflict.
+// The longest prefix of a dim spec's axes that no dim of spec Avoid names (R where the first
+// is named): S<"data", "model"> beside a weight split over "model" keeps S<"data">, whose
+// blocks hold the S<"data", "model"> blocks (a split's first axis is major).
+template <FixedString... A>
+struct axes_list {};
+template <FixedString... A>
+struct dim_of_axes {
+  using type = S<A...>;
+};
+template <>
+struct dim_of_axes<> {
+  using type = R;
+};
+template <class Avoid, class Kept, class Rest>
+struct clash_free_prefix_of;
+template <class Avoid, FixedString... K>
+struct clash_free_prefix_of<Avoid, axes_list<K...>, axes_list<>> : dim_of_axes<K...> {};
+template <class Avoid, FixedString... K, FixedString A, FixedString... Rest>
+struct clash_free_prefix_of<Avoid, axes_list<K...>, axes_list<A, Rest...>>
+    : std::conditional_t<shares_axis<S<A>, Avoid>::value, dim_of_axes<K...>,
+                         clash_free_prefix_of<Avoid, axes_list<K..., A>, axes_list<Rest...>>> {};
+template <class D, class Avoid>
+struct clash_free_prefix {
+  using type = R;
+};
+template <FixedString... A, class Avoid>
+struct clash_free_prefix<S<A...>, Avoid> : clash_free_prefix_of<Avoid, axes_list<>, axes_list<A...>> {};
+
+// SpecT's dims but the last, each cut to its axes' longest prefix that spec Avoid does not name,
+// then Last: the layout of an operand whose product with a tensor laid out as Avoid (over the
+// operand's last dim, laid out as Last) lands in SpecT's leading dims without a conflict, their
+// blocks moved into SpecT's by local slicing.
 template <class SpecT, class Avoid, class Last, class Seq = std::make_index_sequence<std::size_t(SpecT::rank - 1)>>
 struct leading_dims_then;
 template <class SpecT, class Avoid, class Last, std::size_t... I>
 struct leading_dims_then<SpecT, Avoid, Last, std::index_sequence<I...>> {
-  using type = Spec<std::conditional_t<shares_axis<dim_at_t<SpecT, int(I)>, Avoid>::value, R, dim_at_t<SpecT, int(I)>>...,
-                    Last>;
+  using type = Spec<typename clash_free_prefix<dim_at_t<SpecT, int(I)>, Avoid>::type..., Last>;
 };
 template <class SpecT, class Avoid, class Last>
 using leading_dims_then_t = typename leading_dims_then<SpecT, Avoid, Last>::type;
