@@ -4,7 +4,7 @@
 // annotation; positions over "context", the fused attention passing keys and values round a ring),
 // a final layernorm, an output projection whose logits stay split over the vocabulary,
 // cross-entropy that never gathers them, AdamW with optional weight-update sharding over "data"
-// (--zero 1|2|3) and global gradient-norm clipping. "stage" cuts the blocks into a pipeline
+// and "context" (--zero 1|2|3) and global gradient-norm clipping. "stage" cuts the blocks into a pipeline
 // (GPipe or 1F1B over --microbatches, optionally re-materialised); --experts makes every MLP a
 // GShard mixture of experts split over "data".
 //
@@ -37,7 +37,7 @@
 // Files: --save DIR writes a checkpoint at the end (parameters, AdamW state, step, sizes; atomic,
 // checksummed), --resume DIR goes on from one, on any mesh and ZeRO stage, with the same curve;
 // --data FILE trains on a token file (.npy int32 [N, seq + 1], batch s = rows s*batch.. cycled,
-// each rank reading only its rows, the next micro-batch in the background); --eval FILE prints
+// each rank reading only its rows, whole, the next micro-batch in the background); --eval FILE prints
 // the loss and next-token accuracy over every row of a held-out file of that form at the end
 // (and every K steps with --eval-every K): forwards alone through the pipeline, without dropout
 // or random routing, summed by sharded reductions; --write-data FILE

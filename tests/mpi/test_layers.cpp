@@ -154,6 +154,8 @@ TEST_CASE("a pinned Linear takes rank-2 inputs and partial sums: the one-rank va
   // Rows over {data, model} beside a weight over model: the input keeps its rows over data.
   check([](const DM& m) { return ts::nn::Linear<double, DM, Column, ts::Spec<ts::S<"data", "model">, ts::R>>(m, 6, 7, 3); },
         "column-parallel into rows over data and model");
+  check([](const DM& m) { return ts::nn::Linear<double, DM, Row, ts::Spec<ts::S<"data", "model">, ts::R>>(m, 6, 7, 3); },
+        "row-parallel into rows over data and model");
   // The pinned spec is the result's type.
   DM mesh({1, world_size()});
   ts::nn::Linear<double, DM, Row, Tokens> lin(mesh, 6, 7, 3);

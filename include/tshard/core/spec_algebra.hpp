@@ -135,8 +135,9 @@ template <class D, class... O>
 struct shares_axis<D, Spec<O...>> : std::bool_constant<(dims_share_axis<D, O>() || ...)> {};
 
 // The longest prefix of a dim spec's axes that no dim of spec Avoid names (R where the first
-// is named): S<"data", "model"> beside a weight split over "model" keeps S<"data">, whose
-// blocks hold the S<"data", "model"> blocks (a split's first axis is major).
+// is named): S<"data", "model"> beside a weight split over "model" keeps S<"data">. A split's
+// first axis is major, so where the dim divides evenly its S<"data"> blocks hold the
+// S<"data", "model"> blocks; unevenly (ceil chunks) the planner moves what straddles.
 template <FixedString... A>
 struct axes_list {};
 template <FixedString... A>
@@ -165,7 +166,7 @@ struct clash_free_prefix<S<A...>, Avoid> : clash_free_prefix_of<Avoid, axes_list
 // SpecT's dims but the last, each cut to its axes' longest prefix that spec Avoid does not name,
 // then Last: the layout of an operand whose product with a tensor laid out as Avoid (over the
 // operand's last dim, laid out as Last) lands in SpecT's leading dims without a conflict, their
-// blocks moved into SpecT's by local slicing.
+// blocks moved into SpecT's by local slicing where the dims divide evenly.
 template <class SpecT, class Avoid, class Last, class Seq = std::make_index_sequence<std::size_t(SpecT::rank - 1)>>
 struct leading_dims_then;
 template <class SpecT, class Avoid, class Last, std::size_t... I>
