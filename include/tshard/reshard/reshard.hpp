@@ -17,6 +17,12 @@ namespace detail::grad {
 struct Reshard {};
 }  // namespace detail::grad
 
+namespace detail {
+bool same_blocks(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh);
+template <class NewSpec, class T, class M, class S, class P>
+ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op);
+}  // namespace detail
+
 // A new tensor with the same global value laid out as NewSpec.
 template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
@@ -26,6 +32,12 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
   if constexpr (NewSpec::rank != S::rank) {
     return detail::refused<Out>();
   } else {
+    // Nothing to move (only axes of one rank differ): the new tensor shares t's buffer, which
+    // either side copies before writing. (A released ZeRO-3 parameter takes the path below, and
+    // its clear error.)
+    if (detail::TensorAccess::has_storage(t) &&
+        detail::same_blocks(t.spec_desc, Out::spec_desc, detail::state_of(t.mesh())->shape()))
+      return detail::implicit_reshard<NewSpec>(t, "reshard");
     detail::OperatorScope scope("reshard");
     Out out(t.mesh(), t.global_shape());
     detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
@@ -132,12 +144,43 @@ inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const
   return true;
 }
 
+// Whether two layouts place the same block, padded alike, on every rank: they differ only in
+// mesh axes of one rank (a spec naming "context" on a mesh whose context axis has one rank, say).
+// A split's blocks follow the mixed radix of its axes, in which an axis of one rank counts for
+// nothing; so does a partial sum over one.
+inline bool same_blocks(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
+  if (have.rank != want.rank) return false;
+  auto wide = [&](std::uint32_t axes) {
+    std::uint32_t w = 0;
+    for (int a = 0; a < mesh.axes(); ++a)
+      if ((axes & (1u << a)) && mesh.sizes[std::size_t(a)] != 1) w |= 1u << a;
+    return w;
+  };
+  const std::uint32_t hp = wide(have.partial_axes), wp = wide(want.partial_axes);
+  if (hp != wp || (hp && have.partial != want.partial)) return false;
+  for (int d = 0; d < have.rank; ++d) {
+    const DimSplit &x = have.dims[d], &y = want.dims[d];
+    int i = 0, j = 0;
+    for (;;) {
+      while (i < x.count && mesh.sizes[std::size_t(x[i])] == 1) ++i;
+      while (j < y.count && mesh.sizes[std::size_t(y[j])] == 1) ++j;
+      if (i == x.count || j == y.count) {
+        if (i != x.count || j != y.count) return false;
+        break;
+      }
+      if (x[i++] != y[j++]) return false;
+    }
+  }
+  return true;
+}
+
 // The one entry point for every reshard an operator inserts on its own: counted under
 // "<op>/auto", refused with SpecError in Forbid mode where it would communicate.
 template <class T>
 AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                    const T* data, const char* op) {
-  if (have == want || trivially_resolved(have, want, mesh.shape())) return {data, nullptr};
+  if (have == want || trivially_resolved(have, want, mesh.shape()) || same_blocks(have, want, mesh.shape()))
+    return {data, nullptr};
   require_implicit_allowed(mesh, have, want, shape, op);
   OperatorScope outer(op), scope("auto");
   auto l = shard_layout(want, shape, mesh.shape(), mesh.coords());
