@@ -33,12 +33,12 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
     return detail::refused<Out>();
   } else {
     // Nothing to move (only axes of one rank differ): the new tensor shares t's buffer, which
-    // either side copies before writing. (A released ZeRO-3 parameter takes the path below, and
-    // its clear error.)
+    // either side copies before writing; the operator still shows in stats and traces. (A
+    // released ZeRO-3 parameter takes the path below, and its clear error.)
+    detail::OperatorScope scope("reshard");
     if (detail::TensorAccess::has_storage(t) &&
         detail::same_blocks(t.spec_desc, Out::spec_desc, detail::state_of(t.mesh())->shape()))
       return detail::implicit_reshard<NewSpec>(t, "reshard");
-    detail::OperatorScope scope("reshard");
     Out out(t.mesh(), t.global_shape());
     detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
                             out.data());
