@@ -39,37 +39,30 @@
 
 namespace tshard::io {
 
-// A checksum of x's global values that does not depend on its layout or mesh: the sum over
-// elements of a hash of (global index, bits), each element counted once (first replicas).
-// Collective over x's mesh.
-template <ShardedTensorType X>
-std::uint64_t checksum(const X& x_in) {
-  using T = typename X::Scalar;
-  const auto& resolved = tshard::detail::resolved(x_in, "io::checksum");
-  const tshard::detail::Readable values(resolved, "io::checksum");  // a released ZeRO-3 parameter: gathered back
-  const auto& x = *values;
-  auto& mesh = *tshard::detail::state_of(x.mesh());
-  const auto shape = tshard::detail::extents_of(x);
+namespace detail {
+// checksum on descriptors, per element type.
+template <class T>
+std::uint64_t checksum_block(const tshard::detail::BlockView<T>& x) {
+  const int rank = x.spec.rank;
   std::uint64_t local = 0;
-  if (detail::first_replica(mesh, X::spec_desc, tshard::detail::layout_of(x))) {
-    const T* data = x.data();
-    tshard::detail::for_each_local<X::rank>(tshard::detail::layout_of(x), [&](const auto& g, tshard::detail::Index at) {
+  if (first_replica(x.mesh, x.spec, x.layout)) {
+    tshard::detail::for_each_local<tshard::detail::kMaxRank>(x.layout, [&](const auto& g, tshard::detail::Index at) {
       std::uint64_t index = 0, stride = 1;
-      for (int d = 0; d < X::rank; ++d) {
+      for (int d = 0; d < rank; ++d) {
         index += std::uint64_t(g[d]) * stride;
-        stride *= std::uint64_t(shape[d]);
+        stride *= std::uint64_t(x.shape[d]);
       }
       std::uint64_t words[2] = {0, 0};
-      std::memcpy(words, &data[at], sizeof(T));
+      std::memcpy(words, &x.data[at], sizeof(T));
       local += tshard::detail::splitmix64(index * 0x9E3779B97F4A7C15ull ^ words[0]) ^ tshard::detail::splitmix64(words[1] + index);
     });
   }
   // Wrapping sums: gathered, then added here (an MPI_SUM of signed words could overflow).
-  const int p = tshard::detail::comm_size(mesh.comm());
+  const int p = tshard::detail::comm_size(x.mesh.comm());
   std::vector<std::int64_t> all(static_cast<std::size_t>(p));
   std::int64_t mine = 0;
   std::memcpy(&mine, &local, sizeof mine);
-  tshard::detail::all_gather(mesh.comm(), &mine, 1, all.data());
+  tshard::detail::all_gather(x.mesh.comm(), &mine, 1, all.data());
   std::uint64_t sum = 0;
   for (auto v : all) {
     std::uint64_t u = 0;
@@ -77,6 +70,17 @@ std::uint64_t checksum(const X& x_in) {
     sum += u;
   }
   return sum;
+}
+}  // namespace detail
+
+// A checksum of x's global values that does not depend on its layout or mesh: the sum over
+// elements of a hash of (global index, bits), each element counted once (first replicas).
+// Collective over x's mesh.
+template <ShardedTensorType X>
+std::uint64_t checksum(const X& x_in) {
+  const auto& resolved = tshard::detail::resolved(x_in, "io::checksum");
+  const tshard::detail::Readable values(resolved, "io::checksum");  // a released ZeRO-3 parameter: gathered back
+  return detail::checksum_block(tshard::detail::block_view(*values));
 }
 
 namespace detail {
@@ -130,10 +134,22 @@ class CheckpointWriter {
   void add(const std::string& name, const X& x) {
     if (tensors_.count(name) || !files_.insert(detail::file_name(name)).second)
       throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice, or under a name that differs only in '/', '\\' or ' '");
-    const tshard::detail::Readable values(x, "io::CheckpointWriter::add");  // gathered back once, if released
-    save_npy((tmp_ / detail::file_name(name)).string(), *values);
-    tensors_[name] = checksum(*values);
+    const auto& resolved = tshard::detail::resolved(x, "io::CheckpointWriter::add");
+    const tshard::detail::Readable values(resolved, "io::CheckpointWriter::add");  // gathered back once, if released
+    add_block(name, tshard::detail::block_view(*values));
   }
+
+ private:
+  template <class T>
+  void add_block(const std::string& name, const tshard::detail::BlockView<T>& x) {
+    {
+      tshard::detail::OperatorScope scope("io::save_npy");
+      detail::save_npy_block((tmp_ / detail::file_name(name)).string(), x);
+    }
+    tensors_[name] = detail::checksum_block(x);
+  }
+
+ public:
   // Metadata: the step, the seed, the data position... (no newlines).
   void set(const std::string& key, const std::string& value) { meta_[key] = value; }
 
@@ -207,12 +223,16 @@ class CheckpointReader {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has no tensor '" + name + "'");
     auto x = load_npy<T, SpecT>(mesh, at_ + "/" + detail::file_name(name));
-    if (checksum(x) != it->second)
-      throw IoError("tshard::io: the tensor '" + name + "' of the checkpoint '" + dir_ + "' does not match its checksum");
+    verify(name, it->second, tshard::detail::block_view(x));
     return x;
   }
 
  private:
+  template <class T>
+  void verify(const std::string& name, std::uint64_t sum, const tshard::detail::BlockView<T>& x) const {
+    if (detail::checksum_block(x) != sum)
+      throw IoError("tshard::io: the tensor '" + name + "' of the checkpoint '" + dir_ + "' does not match its checksum");
+  }
   void parse(const std::string& text) {
     std::istringstream in(text);
     std::getline(in, at_);

@@ -40,29 +40,64 @@ inline NpyHeader read_npy_header(tshard::detail::ParallelFile& file, const std::
 
 }  // namespace detail
 
+namespace detail {
+
+// save_npy and load_npy on descriptors, per element type.
+template <class T>
+void save_npy_block(const std::string& path, const tshard::detail::BlockView<T>& x) {
+  const int rank = x.spec.rank;
+  std::vector<std::int64_t> shape(static_cast<std::size_t>(rank));
+  for (int d = 0; d < rank; ++d) shape[std::size_t(d)] = x.shape[d];
+  const std::string preamble = npy_preamble(npy_descr<T>(), true, shape);
+  tshard::detail::Index bytes = tshard::detail::Index(sizeof(T));
+  for (auto d : shape) bytes *= d;
+  tshard::detail::ParallelFile file(x.mesh.comm(), path, tshard::detail::ParallelFile::Mode::Write, "tshard::io::save_npy");
+  file.set_size(MPI_Offset(preamble.size()) + bytes);
+  if (x.mesh.rank() == 0) file.write_at(0, preamble.data(), tshard::detail::Index(preamble.size()));
+  const tshard::detail::FileBox box{rank, x.shape, x.layout.offset, x.layout.valid, x.layout.padded, true};
+  file.write_box(MPI_Offset(preamble.size()), box, x.data, first_replica(x.mesh, x.spec, x.layout));
+  file.agree_or_throw("writing");
+}
+
+template <class T>
+tshard::detail::LoadedBlock<T> load_npy_block(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
+                                              const std::string& path) {
+  const int rank = spec.rank;
+  tshard::detail::ParallelFile file(mesh.comm(), path, tshard::detail::ParallelFile::Mode::Read, "tshard::io::load_npy");
+  const NpyHeader h = read_npy_header(file, path);
+  if (little_endian_descr(h.descr) != npy_descr<T>())
+    throw IoError("tshard::io::load_npy: '" + path + "' holds dtype '" + h.descr + "', not the '" + npy_descr<T>() +
+                  "' asked for");
+  if (int(h.shape.size()) != rank)
+    throw IoError("tshard::io::load_npy: '" + path + "' holds an array of rank " + std::to_string(h.shape.size()) +
+                  ", not the rank " + std::to_string(rank) + " asked for");
+  tshard::detail::LoadedBlock<T> out;
+  for (int d = 0; d < rank; ++d) out.shape[d] = Eigen::Index(h.shape[std::size_t(d)]);
+  const auto layout = tshard::detail::shard_layout(spec, out.shape, mesh.shape(), mesh.coords());
+  out.data = tshard::detail::pooled_array<T>(static_cast<std::size_t>(layout.padded_size()));
+  const tshard::detail::FileBox box{rank, out.shape, layout.offset, layout.valid, layout.padded, h.fortran_order};
+  const bool mine = layout.valid_size() > 0;
+  if (h.fortran_order) {
+    file.read_box(MPI_Offset(h.data_offset), box, out.data.get(), mine);
+  } else {
+    tshard::detail::Scratch<T> c_order(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
+    file.read_box(MPI_Offset(h.data_offset), box, c_order.data(), mine);
+    if (mine) place_c_order(c_order.data(), layout, out.data.get());
+  }
+  file.agree_or_throw("reading");
+  return out;
+}
+
+}  // namespace detail
+
 // Writes the global tensor (a partial is resolved first) as a .npy file, each rank its block.
 template <ShardedTensorType X>
 void save_npy(const std::string& path, const X& x_in) {
-  using T = typename X::Scalar;
   static_assert(X::rank >= 1, "tshard: save_npy writes tensors of rank 1 or more");
   tshard::detail::OperatorScope scope("io::save_npy");
   const auto& resolved = tshard::detail::resolved(x_in, "io::save_npy");
   const tshard::detail::Readable values(resolved, "io::save_npy");  // a released ZeRO-3 parameter: gathered back
-  const auto& x = *values;
-  auto& mesh = *tshard::detail::state_of(x.mesh());
-  const auto& layout = tshard::detail::layout_of(x);
-  std::vector<std::int64_t> shape(X::rank);
-  for (int d = 0; d < X::rank; ++d) shape[std::size_t(d)] = tshard::detail::extents_of(x)[d];
-  const std::string preamble = detail::npy_preamble(detail::npy_descr<T>(), true, shape);
-  tshard::detail::Index bytes = tshard::detail::Index(sizeof(T));
-  for (auto d : shape) bytes *= d;
-  tshard::detail::ParallelFile file(mesh.comm(), path, tshard::detail::ParallelFile::Mode::Write, "tshard::io::save_npy");
-  file.set_size(MPI_Offset(preamble.size()) + bytes);
-  if (mesh.rank() == 0) file.write_at(0, preamble.data(), tshard::detail::Index(preamble.size()));
-  const tshard::detail::FileBox box{X::rank, tshard::detail::extents_of(x), layout.offset, layout.valid, layout.padded,
-                                    true};
-  file.write_box(MPI_Offset(preamble.size()), box, x.data(), detail::first_replica(mesh, X::spec_desc, layout));
-  file.agree_or_throw("writing");
+  detail::save_npy_block(path, tshard::detail::block_view(*values));
 }
 
 // Reads a .npy file (Fortran or C order) as a tensor with the given spec on `mesh`.
@@ -71,31 +106,7 @@ ShardedTensor<T, M, SpecT> load_npy(const M& mesh, const std::string& path) {
   using Out = ShardedTensor<T, M, SpecT>;
   static_assert(Out::rank >= 1, "tshard: load_npy reads tensors of rank 1 or more");
   tshard::detail::OperatorScope scope("io::load_npy");
-  const MPI_Comm comm = mesh.comm();
-  tshard::detail::ParallelFile file(comm, path, tshard::detail::ParallelFile::Mode::Read, "tshard::io::load_npy");
-  const detail::NpyHeader h = detail::read_npy_header(file, path);
-  if (detail::little_endian_descr(h.descr) != detail::npy_descr<T>())
-    throw IoError("tshard::io::load_npy: '" + path + "' holds dtype '" + h.descr + "', not the '" + detail::npy_descr<T>() +
-                  "' asked for");
-  if (int(h.shape.size()) != Out::rank)
-    throw IoError("tshard::io::load_npy: '" + path + "' holds an array of rank " + std::to_string(h.shape.size()) +
-                  ", not the rank " + std::to_string(Out::rank) + " asked for");
-  std::array<Eigen::Index, Out::rank> shape{};
-  for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(h.shape[std::size_t(d)]);
-  Out out(mesh, shape);
-  const auto& layout = tshard::detail::layout_of(out);
-  const tshard::detail::FileBox box{
-      Out::rank, tshard::detail::extents_of(out), layout.offset, layout.valid, layout.padded, h.fortran_order};
-  const bool mine = layout.valid_size() > 0;
-  if (h.fortran_order) {
-    file.read_box(MPI_Offset(h.data_offset), box, out.data(), mine);
-  } else {
-    tshard::detail::Scratch<T> c_order(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
-    file.read_box(MPI_Offset(h.data_offset), box, c_order.data(), mine);
-    if (mine) detail::place_c_order(c_order.data(), layout, out.data());
-  }
-  file.agree_or_throw("reading");
-  return out;
+  return tshard::detail::adopt_block<Out>(mesh, detail::load_npy_block<T>(*tshard::detail::state_of(mesh), Out::spec_desc, path));
 }
 
 // Rows of a .npy file read again and again (the batches of a token file), each rank only its

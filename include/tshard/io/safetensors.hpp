@@ -63,13 +63,8 @@ class NamedTensor {
  public:
   template <ShardedTensorType X>
   NamedTensor(std::string name, const X& x_in, std::string stored = "") : name_(std::move(name)) {
-    using T = typename X::Scalar;
     static_assert(X::rank >= 1, "tshard: safetensors holds tensors of rank 1 or more here");
-    dtype_ = stored.empty() ? std::string(io::detail::safetensors_dtype<T>()) : stored;
-    if (dtype_ != io::detail::safetensors_dtype<T>() &&
-        !(is_real_floating_v<T> && (dtype_ == "F64" || dtype_ == "F32" || dtype_ == "BF16" || dtype_ == "F16")))
-      throw IoError("tshard::io::NamedTensor: \"" + name_ + "\" cannot be stored as " + dtype_ + " (its elements are " +
-                    io::detail::safetensors_dtype<T>() + ")");
+    dtype_ = checked_dtype<typename X::Scalar>(name_, std::move(stored));
     const X* x = &x_in;
     if constexpr (X::is_partial) {
       auto resolved = std::make_shared<decltype(tshard::detail::resolved(x_in, "io::save_safetensors"))>(
@@ -91,17 +86,29 @@ class NamedTensor {
   void write(tshard::detail::ParallelFile& file, MPI_Offset at) const { write_(file, at); }
 
  private:
+  // `stored`, or T's own dtype where it is empty; IoError where T's elements cannot be stored so.
+  template <class T>
+  static std::string checked_dtype(const std::string& name, std::string stored) {
+    std::string dtype = stored.empty() ? std::string(io::detail::safetensors_dtype<T>()) : std::move(stored);
+    if (dtype != io::detail::safetensors_dtype<T>() &&
+        !(is_real_floating_v<T> && (dtype == "F64" || dtype == "F32" || dtype == "BF16" || dtype == "F16")))
+      throw IoError("tshard::io::NamedTensor: \"" + name + "\" cannot be stored as " + dtype + " (its elements are " +
+                    io::detail::safetensors_dtype<T>() + ")");
+    return dtype;
+  }
   template <class X>
   static void write_block(const X& x_in, tshard::detail::ParallelFile& file, MPI_Offset at, const std::string& stored) {
-    using T = typename X::Scalar;
     const tshard::detail::Readable values(x_in, "io::save_safetensors");  // a released ZeRO-3 parameter: gathered back
-    const X& x = *values;
-    auto& mesh = *tshard::detail::state_of(x.mesh());
-    const auto& layout = tshard::detail::layout_of(x);
-    const bool mine = io::detail::first_replica(mesh, X::spec_desc, layout);
+    write_view(tshard::detail::block_view(*values), file, at, stored);
+  }
+  template <class T>
+  static void write_view(const tshard::detail::BlockView<T>& x, tshard::detail::ParallelFile& file, MPI_Offset at,
+                         const std::string& stored) {
+    const auto& layout = x.layout;
+    const bool mine = io::detail::first_replica(x.mesh, x.spec, layout);
     tshard::detail::Scratch<T> c_order(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
-    if (mine) io::detail::pack_c_order(x.data(), layout, c_order.data());
-    const auto box = io::detail::c_order_box(X::rank, tshard::detail::extents_of(x), layout);
+    if (mine) io::detail::pack_c_order(x.data, layout, c_order.data());
+    const auto box = io::detail::c_order_box(x.spec.rank, x.shape, layout);
     if constexpr (is_real_floating_v<T>) {
       if (stored != io::detail::safetensors_dtype<T>())
         return write_converted(file, at, box, c_order.data(), std::size_t(std::max<tshard::detail::Index>(layout.valid_size(), 1)), mine, stored);
@@ -284,18 +291,27 @@ class SafetensorsReader {
     using Out = ShardedTensor<T, M, SpecT>;
     static_assert(Out::rank >= 1, "tshard: load_safetensors reads tensors of rank 1 or more");
     tshard::detail::OperatorScope scope("io::load_safetensors");
+    return tshard::detail::adopt_block<Out>(mesh, load_block<T>(*tshard::detail::state_of(mesh), Out::spec_desc, name, expected));
+  }
+
+ private:
+  // load on descriptors, per element type.
+  template <class T>
+  tshard::detail::LoadedBlock<T> load_block(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
+                                            const std::string& name, const std::vector<std::int64_t>& expected) {
+    const int rank = spec.rank;
     const auto& e = entry(name);
     File& f = files_[owner_.at(name)];
     const std::string of = "tshard::io::load_safetensors: \"" + name + "\" in '" + f.path + "'";
-    if (int(e.shape.size()) != Out::rank)
-      throw IoError(of + " has rank " + std::to_string(e.shape.size()) + ", not the rank " + std::to_string(Out::rank) + " asked for");
+    if (int(e.shape.size()) != rank)
+      throw IoError(of + " has rank " + std::to_string(e.shape.size()) + ", not the rank " + std::to_string(rank) + " asked for");
     if (!expected.empty() && expected != e.shape)
       throw IoError(of + " has shape " + shape_text(e.shape) + ", not " + shape_text(expected));
-    std::array<Eigen::Index, Out::rank> shape{};
-    for (int d = 0; d < Out::rank; ++d) shape[std::size_t(d)] = Eigen::Index(e.shape[std::size_t(d)]);
-    Out out(mesh, shape);
-    const auto& layout = tshard::detail::layout_of(out);
-    const auto box = detail::c_order_box(Out::rank, tshard::detail::extents_of(out), layout);
+    tshard::detail::LoadedBlock<T> out;
+    for (int d = 0; d < rank; ++d) out.shape[d] = Eigen::Index(e.shape[std::size_t(d)]);
+    const auto layout = tshard::detail::shard_layout(spec, out.shape, mesh.shape(), mesh.coords());
+    out.data = tshard::detail::pooled_array<T>(static_cast<std::size_t>(layout.padded_size()));
+    const auto box = detail::c_order_box(rank, out.shape, layout);
     const bool mine = layout.valid_size() > 0;
     const MPI_Offset at = MPI_Offset(f.header.data_offset + e.begin);
     tshard::detail::Scratch<T> c_order(static_cast<std::size_t>(std::max<tshard::detail::Index>(layout.valid_size(), 1)));
@@ -320,11 +336,10 @@ class SafetensorsReader {
       else throw IoError(of + " holds dtype " + e.dtype + ", which does not convert to " + detail::safetensors_dtype<T>());
     }
     file.agree_or_throw("reading");
-    if (mine) detail::place_c_order(c_order.data(), layout, out.data());
+    if (mine) detail::place_c_order(c_order.data(), layout, out.data.get());
     return out;
   }
 
- private:
   struct File {
     std::string path;
     std::unique_ptr<tshard::detail::ParallelFile> file;

@@ -81,6 +81,51 @@ const char* dtype_name() {
   else return "complex";
 }
 
+// The bodies of TypedStateTensor's members that need only the element type, compiled once per
+// element type instead of once per tensor type.
+template <class T>
+std::vector<double> global_values(const tshard::detail::BlockView<T>& x) {
+  std::vector<T> g(static_cast<std::size_t>(tshard::detail::volume(x.shape, x.spec.rank)));
+  {
+    tshard::detail::OperatorScope scope("gather");
+    tshard::detail::gather_to_all(x.mesh, x.spec, x.shape, x.data, g.data());
+  }
+  std::vector<double> out(g.size());
+  for (std::size_t i = 0; i < g.size(); ++i) out[i] = double(g[i]);
+  return out;
+}
+template <class T>
+void set_block_values(const tshard::detail::ShardLayout& layout, const tshard::detail::Extents& shape, T* block,
+                      const std::vector<double>& global) {
+  tshard::detail::for_each_local<tshard::detail::kMaxRank>(layout, [&](const auto& g, tshard::detail::Index at) {
+    tshard::detail::Index linear = 0, stride = 1;
+    for (int d = 0; d < layout.rank; ++d) {
+      linear += g[d] * stride;
+      stride *= shape[d];
+    }
+    block[at] = T(global[std::size_t(linear)]);
+  });
+}
+// from's value laid out as `to` (same element type, shape and mesh; SpecError, ShapeError or
+// MeshError naming both otherwise).
+template <class T>
+tshard::detail::AlignedOperand<T> aligned_source(const StateTensor& from, const StateTensor& to, const std::string& name,
+                                                 tshard::detail::MeshState& state, const tshard::detail::SpecDesc& spec,
+                                                 const tshard::detail::Extents& shape) {
+  const std::string what = "tshard::nn::load_state_dict: " + (name.empty() ? std::string() : "\"" + name + "\": ");
+  if (from.element() != typeid(T))
+    throw SpecError(what + from.describe() + " " + from.dtype() + " into " + to.describe() + " " + to.dtype() +
+                    ": the element types differ");
+  tshard::detail::SpecDesc desc{};
+  tshard::detail::Extents extents{};
+  const void* mesh = nullptr;
+  const void* data = from.block(desc, extents, mesh);
+  if (extents != shape || desc.rank != spec.rank)
+    throw ShapeError(what + "the shapes differ: " + from.describe() + " into " + to.describe());
+  if (mesh != &state) throw MeshError(what + from.describe() + " lives on another mesh than " + to.describe());
+  return tshard::detail::implicit_reshard(state, desc, spec, extents, static_cast<const T*>(data), "load_state_dict");
+}
+
 // A StateTensor over a ShardedTensor held elsewhere (a module's slot: the pointer keeps it alive)
 // or owned by the entry (an optimizer's state, a copy).
 template <class T, class M, class S>
@@ -129,41 +174,17 @@ class TypedStateTensor final : public StateTensor {
   io::NamedTensor named(const std::string& name) const override { return io::NamedTensor(name, *t_); }
   std::vector<double> values() const override {
     const tshard::detail::Readable readable(*t_, "nn::StateTensor::values");
-    const auto g = readable->gather();
-    std::vector<double> out(static_cast<std::size_t>(g.size()));
-    for (Eigen::Index i = 0; i < g.size(); ++i) out[std::size_t(i)] = double(g.data()[i]);
-    return out;
+    return global_values(tshard::detail::block_view(*readable));
   }
   void set_values(const std::vector<double>& global) override {
     if (Eigen::Index(global.size()) != tshard::detail::volume(tshard::detail::extents_of(*t_), Tensor::rank))
       throw ShapeError("tshard::nn::StateTensor::set_values: " + std::to_string(global.size()) + " values for " + describe());
     tshard::detail::TensorAccess::acquire_storage(*t_, false);
-    T* block = t_->data();
-    tshard::detail::for_each_local<Tensor::rank>(tshard::detail::layout_of(*t_), [&](const auto& g, tshard::detail::Index at) {
-      tshard::detail::Index linear = 0, stride = 1;
-      for (int d = 0; d < Tensor::rank; ++d) {
-        linear += g[d] * stride;
-        stride *= tshard::detail::extents_of(*t_)[d];
-      }
-      block[at] = T(global[std::size_t(linear)]);
-    });
+    set_block_values(tshard::detail::layout_of(*t_), tshard::detail::extents_of(*t_), t_->data(), global);
   }
   void assign(const StateTensor& from, const std::string& name = "") override {
-    const std::string what = "tshard::nn::load_state_dict: " + (name.empty() ? std::string() : "\"" + name + "\": ");
-    if (from.element() != typeid(T))
-      throw SpecError(what + from.describe() + " " + from.dtype() + " into " + describe() + " " + dtype() +
-                      ": the element types differ");
-    tshard::detail::SpecDesc desc{};
-    tshard::detail::Extents extents{};
-    const void* mesh = nullptr;
-    const void* data = from.block(desc, extents, mesh);
-    if (extents != tshard::detail::extents_of(*t_) || desc.rank != Tensor::rank)
-      throw ShapeError(what + "the shapes differ: " + from.describe() + " into " + describe());
-    auto& state = *tshard::detail::state_of(t_->mesh());
-    if (mesh != &state)
-      throw MeshError(what + from.describe() + " lives on another mesh than " + describe());
-    auto moved = tshard::detail::implicit_reshard(state, desc, Tensor::spec_desc, extents, static_cast<const T*>(data),
-                                                  "load_state_dict");
+    auto moved = aligned_source<T>(from, *this, name, *tshard::detail::state_of(t_->mesh()), Tensor::spec_desc,
+                                   tshard::detail::extents_of(*t_));
     tshard::detail::TensorAccess::acquire_storage(*t_, false);
     std::copy(moved.data, moved.data + t_->padded_size(), t_->data());
   }

@@ -24,27 +24,35 @@ struct ParameterView {
   std::shared_ptr<void> keep;  // holds what the functions refer to (a registered slot), if anything
 };
 
+// The view of a parameter's and its gradient's blocks, per element type.
+template <class T>
+ParameterView<T> view_of_blocks(tshard::detail::TensorBlock<T>& param, tshard::detail::TensorBlock<T>& grad) {
+  using Access = tshard::detail::TensorAccess;
+  ParameterView<T> v;
+  v.param = [&param] {
+    Access::acquire_block(param, false);
+    return Access::block_data(param);
+  };
+  v.grad = [&grad] {
+    Access::acquire_block(grad, true);
+    return Access::block_data(grad);
+  };
+  v.param_present = [&param] { return Access::has_block_storage(param); };
+  v.grad_present = [&grad] { return Access::has_block_storage(grad); };
+  v.release_param = [&param](std::shared_ptr<const tshard::detail::RestoreValues<T>> restore) {
+    Access::release_block(param, std::move(restore));
+  };
+  v.release_grad = [&grad] { Access::release_block(grad); };
+  return v;
+}
+
 template <class T, class M, class S>
 ParameterView<T> view_of(ShardedTensor<T, M, S>& param, ShardedTensor<T, M, S>& grad, std::shared_ptr<void> keep) {
   tshard::detail::require_same_mesh(param, grad, "optim::Optimizer::add");
   if (tshard::detail::extents_of(param) != tshard::detail::extents_of(grad))
     throw ShapeError("tshard::optim: the gradient " + grad.describe() + " does not match the parameter " + param.describe());
   using Access = tshard::detail::TensorAccess;
-  ParameterView<T> v;
-  v.param = [&param] {
-    Access::acquire_storage(param, false);
-    return param.data();
-  };
-  v.grad = [&grad] {
-    Access::acquire_storage(grad, true);
-    return grad.data();
-  };
-  v.param_present = [&param] { return Access::has_storage(param); };
-  v.grad_present = [&grad] { return Access::has_storage(grad); };
-  v.release_param = [&param](std::shared_ptr<const tshard::detail::RestoreValues<T>> restore) {
-    Access::release_storage(param, std::move(restore));
-  };
-  v.release_grad = [&grad] { Access::release_storage(grad); };
+  ParameterView<T> v = view_of_blocks(Access::block(param), Access::block(grad));
   v.layout = tshard::detail::layout_of(param);
   v.spec = ShardedTensor<T, M, S>::spec_desc;
   v.mesh = tshard::detail::state_of(param.mesh());

@@ -46,6 +46,100 @@ Extents to_extents(const std::array<Eigen::Index, N>& a) {
 }  // namespace detail
 
 namespace detail {
+// "[7, 5] {x, R}": a tensor's shape and spec, for error messages.
+inline std::string describe_tensor(const Extents& shape, const SpecDesc& spec, const MeshShape& mesh) {
+  return shape_to_string(shape, spec.rank) + " " + spec.to_string(mesh);
+}
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_released(const char* op, const std::string& what) {
+  throw SpecError(std::string("tshard::ShardedTensor::") + op + ": " + what +
+                  " holds no values: ZeRO-3 released this parameter after its layer's use "
+                  "(opt.gather_parameters() brings every parameter back)");
+}
+
+// What a ShardedTensor holds apart from its mesh, and the member functions that need no more
+// than its element type: compiled once per T, not once per (mesh, spec, partial) type, which is
+// what a model instantiates dozens of.
+template <class T>
+class TensorBlock {
+  friend struct TensorAccess;
+
+ protected:
+  TensorBlock() = default;
+  // A block of the given global shape in pooled storage (contents unspecified).
+  [[gnu::noinline]] TensorBlock(const Extents& shape, const SpecDesc& spec, const MeshState& mesh) : shape_(shape) {
+    layout_ = shard_layout(spec, shape_, mesh.shape(), mesh.coords());
+    data_ = pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
+  }
+  // Around existing storage (null: a tensor with no values yet, as the tape's shapes are).
+  [[gnu::noinline]] TensorBlock(const Extents& shape, const SpecDesc& spec, const MeshState& mesh,
+                                std::shared_ptr<T> storage)
+      : shape_(shape), data_(std::move(storage)) {
+    layout_ = shard_layout(spec, shape_, mesh.shape(), mesh.coords());
+  }
+  // Deep: the same value in a buffer of its own, on the same place of the tape.
+  [[gnu::noinline]] TensorBlock(const TensorBlock& o)
+      : shape_(o.shape_), layout_(o.layout_), node_(o.node_) {
+    data_ = pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
+    if (layout_.padded_size() && o.data_)
+      std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
+  }
+  TensorBlock(TensorBlock&&) noexcept = default;
+  TensorBlock& operator=(TensorBlock&&) noexcept = default;
+  TensorBlock& operator=(const TensorBlock&) = delete;
+  ~TensorBlock() = default;
+
+  const T* data() const {
+    evaluate();
+    return data_.get();
+  }
+  T* data() {
+    own();
+    return data_.get();
+  }
+  // A parameter ZeRO-3 released between its layer's uses holds no buffer (on every rank alike).
+  bool released() const { return !data_ && layout_.padded_size() > 0; }
+
+  // An unevaluated `scale_ * x` becomes a buffer of its own (once, on first read).
+  void evaluate() const {
+    if (scaled_) evaluate_now();
+  }
+  // Before a write: a buffer shared with an unevaluated tensor is copied, so that one keeps
+  // the value it was made from.
+  void own() {
+    if (scaled_ || data_.use_count() > 1) own_now();
+  }
+
+  Extents shape_{};
+  ShardLayout layout_{};
+  mutable std::shared_ptr<T> data_;
+  mutable T scale_{1};          // the value is scale_ * data_ while scaled_
+  mutable bool scaled_ = false;
+  std::shared_ptr<GradNode> node_;  // set only while a gradient is taken of this value (ts::ad)
+  // While the buffer is released (ZeRO-3): how its values are gathered back from the chunks their
+  // owners hold (writes padded_size() elements; collective over the owners' group).
+  std::shared_ptr<const RestoreValues<T>> restore_;
+
+ private:
+  [[gnu::noinline]] void evaluate_now() const {
+    const std::size_t n = static_cast<std::size_t>(layout_.padded_size());
+    auto fresh = pooled_array<T>(n);
+    const T* src = data_.get();
+    T* dst = fresh.get();
+    for (std::size_t i = 0; i < n; ++i) dst[i] = scale_ * src[i];
+    data_ = std::move(fresh);
+    scaled_ = false;
+  }
+  [[gnu::noinline]] void own_now() {
+    evaluate();
+    if (data_.use_count() > 1) {
+      auto fresh = pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
+      if (layout_.padded_size())
+        std::memcpy(fresh.get(), data_.get(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
+      data_ = std::move(fresh);
+    }
+  }
+};
+
 // Always false: its arguments name the two types in a refused conversion's error.
 template <class Held, class Wanted>
 struct spec_mismatch : std::false_type {};
@@ -58,7 +152,11 @@ Out refused() {
 }  // namespace detail
 
 template <class T, class M, class SpecT, class P = NoPartial>
-class ShardedTensor {
+class ShardedTensor : private detail::TensorBlock<T> {
+  using Block = detail::TensorBlock<T>;
+  using Block::data_, Block::layout_, Block::shape_, Block::node_, Block::scale_, Block::scaled_, Block::restore_;
+  using Block::evaluate, Block::own;
+
   static_assert(Element<T>, "tshard: element types are float, double, std::complex<float/double>, int32_t, int64_t and bool (masks)");
   static_assert(MeshType<M>, "tshard: the second argument of ShardedTensor is a tshard::Mesh<...>");
   static_assert(detail::is_spec<SpecT>::value, "tshard: the third argument of ShardedTensor is a tshard::Spec<...>");
@@ -92,23 +190,15 @@ class ShardedTensor {
   static constexpr detail::SpecDesc spec_desc = detail::make_desc<SpecT, P>(M::axis_names);
 
   // A tensor of the given global shape; its contents are unspecified (see zeros()).
-  ShardedTensor(const M& mesh, const Shape& global_shape) : mesh_(mesh), shape_(detail::to_extents(global_shape)) {
-    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
-    data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
-  }
+  ShardedTensor(const M& mesh, const Shape& global_shape)
+      : Block(detail::to_extents(global_shape), spec_desc, *detail::state_of(mesh)), mesh_(mesh) {}
   // Around existing storage of at least the padded local size (from_local, factories).
   ShardedTensor(detail::AdoptStorage, const M& mesh, const Shape& global_shape, std::shared_ptr<T> storage)
-      : mesh_(mesh), shape_(detail::to_extents(global_shape)), data_(std::move(storage)) {
-    layout_ = detail::shard_layout(spec_desc, shape_, mesh_.shape(), detail::state_of(mesh_)->coords());
-  }
+      : Block(detail::to_extents(global_shape), spec_desc, *detail::state_of(mesh), std::move(storage)), mesh_(mesh) {}
 
   // A copy is the same value: it keeps its place on the tape of a gradient being taken. A
   // parameter ZeRO-3 released has no value here to copy: that is the SpecError gather() gives.
-  ShardedTensor(const ShardedTensor& o) : mesh_(o.mesh_), shape_(o.shape_), layout_(o.layout_), node_(o.node_) {
-    o.require_values("copy");
-    data_ = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
-    if (layout_.padded_size() && o.data_) std::memcpy(data_.get(), o.data(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
-  }
+  ShardedTensor(const ShardedTensor& o) : Block((o.require_values("copy"), static_cast<const Block&>(o))), mesh_(o.mesh_) {}
   ShardedTensor& operator=(const ShardedTensor& o) {
     if (this != &o) *this = ShardedTensor(o);
     return *this;
@@ -149,14 +239,7 @@ class ShardedTensor {
   // x.local_valid().sum() sums this rank's elements, never padding.
   auto local_valid() { return local().slice(Shape{}, local_shape()); }
   auto local_valid() const { return local().slice(Shape{}, local_shape()); }
-  T* data() {
-    own();
-    return data_.get();
-  }
-  const T* data() const {
-    evaluate();
-    return data_.get();
-  }
+  using Block::data;
   // Elements of the local (padded) buffer: the product of padded_shape().
   Eigen::Index padded_size() const { return layout_.padded_size(); }
   [[deprecated("tshard: local_size() counted the padded buffer; call padded_size()")]]
@@ -189,9 +272,7 @@ class ShardedTensor {
   }
 
   // "[7, 5] {x, R}": shape and spec, for error messages.
-  std::string describe() const {
-    return detail::shape_to_string(shape_, rank) + " " + spec_desc.to_string(mesh_.shape());
-  }
+  std::string describe() const { return detail::describe_tensor(shape_, spec_desc, mesh_.shape()); }
 
  private:
   friend struct detail::TensorAccess;
@@ -200,33 +281,7 @@ class ShardedTensor {
   // reading it is an error that says so, not a read of null. (Writers of files read it through
   // detail::readable(), which gathers it back.)
   void require_values(const char* op) const {
-    if (!data_ && layout_.padded_size() > 0)
-      throw SpecError(std::string("tshard::ShardedTensor::") + op + ": " + describe() +
-                      " holds no values: ZeRO-3 released this parameter after its layer's use "
-                      "(opt.gather_parameters() brings every parameter back)");
-  }
-
-  // An unevaluated `scale_ * x` becomes a buffer of its own (once, on first read).
-  void evaluate() const {
-    if (!scaled_) return;
-    const std::size_t n = static_cast<std::size_t>(layout_.padded_size());
-    auto fresh = detail::pooled_array<T>(n);
-    const T* src = data_.get();
-    T* dst = fresh.get();
-    for (std::size_t i = 0; i < n; ++i) dst[i] = scale_ * src[i];
-    data_ = std::move(fresh);
-    scaled_ = false;
-  }
-  // Before a write: a buffer shared with an unevaluated tensor is copied, so that one keeps
-  // the value it was made from.
-  void own() {
-    evaluate();
-    if (data_.use_count() > 1) {
-      auto fresh = detail::pooled_array<T>(static_cast<std::size_t>(layout_.padded_size()));
-      if (layout_.padded_size())
-        std::memcpy(fresh.get(), data_.get(), sizeof(T) * static_cast<std::size_t>(layout_.padded_size()));
-      data_ = std::move(fresh);
-    }
+    if (this->released()) detail::throw_released(op, describe());
   }
 
   template <class Held>
@@ -240,15 +295,6 @@ class ShardedTensor {
   }
 
   M mesh_;
-  detail::Extents shape_{};
-  detail::ShardLayout layout_{};
-  mutable std::shared_ptr<T> data_;
-  mutable T scale_{1};          // the value is scale_ * data_ while scaled_
-  mutable bool scaled_ = false;
-  std::shared_ptr<detail::GradNode> node_;  // set only while a gradient is taken of this value (ts::ad)
-  // While the buffer is released (ZeRO-3): how its values are gathered back from the chunks their
-  // owners hold (writes padded_size() elements; collective over the owners' group).
-  std::shared_ptr<const detail::RestoreValues<T>> restore_;
 };
 
 namespace detail {
@@ -338,9 +384,7 @@ struct TensorAccess {
   // `restore`, where given, gathers the values back for a reader that must have them (a writer).
   template <class T, class M, class S, class P>
   static void release_storage(ShardedTensor<T, M, S, P>& x, std::shared_ptr<const RestoreValues<T>> restore = nullptr) {
-    x.data_.reset();
-    x.scaled_ = false;
-    x.restore_ = std::move(restore);
+    release_block(block(x), std::move(restore));
   }
   template <class T, class M, class S, class P>
   static const std::shared_ptr<const RestoreValues<T>>& restore(const ShardedTensor<T, M, S, P>& x) {
@@ -348,6 +392,30 @@ struct TensorAccess {
   }
   template <class T, class M, class S, class P>
   static void acquire_storage(ShardedTensor<T, M, S, P>& x, bool zeroed) {
+    acquire_block(block(x), zeroed);
+  }
+
+  // The same on what a tensor holds apart from its mesh, its spec erased (an optimizer's view).
+  template <class T, class M, class S, class P>
+  static TensorBlock<T>& block(ShardedTensor<T, M, S, P>& x) {
+    return x;
+  }
+  template <class T>
+  static bool has_block_storage(const TensorBlock<T>& x) {
+    return bool(x.data_);
+  }
+  template <class T>
+  static T* block_data(TensorBlock<T>& x) {
+    return x.data();
+  }
+  template <class T>
+  static void release_block(TensorBlock<T>& x, std::shared_ptr<const RestoreValues<T>> restore = nullptr) {
+    x.data_.reset();
+    x.scaled_ = false;
+    x.restore_ = std::move(restore);
+  }
+  template <class T>
+  static void acquire_block(TensorBlock<T>& x, bool zeroed) {
     x.restore_.reset();
     if (!x.data_) {
       const auto n = static_cast<std::size_t>(x.layout_.padded_size());
@@ -364,6 +432,32 @@ const Extents& extents_of(const X& x) {
 template <class X>
 const ShardLayout& layout_of(const X& x) {
   return TensorAccess::layout(x);
+}
+
+// What descriptor code reads of a tensor (a file writer, a checksum): its mesh, spec, global
+// shape, block and values. Such code is compiled once per element type, not per tensor type.
+template <class T>
+struct BlockView {
+  MeshState& mesh;
+  const SpecDesc& spec;
+  const Extents& shape;
+  const ShardLayout& layout;
+  const T* data;
+};
+template <class X>
+BlockView<typename X::Scalar> block_view(const X& x) {
+  return {*state_of(x.mesh()), X::spec_desc, TensorAccess::extents(x), TensorAccess::layout(x), x.data()};
+}
+// A block that descriptor code allocated and filled (a file reader), and its global shape; the
+// typed caller adopts it.
+template <class T>
+struct LoadedBlock {
+  Extents shape{};
+  std::shared_ptr<T> data;
+};
+template <class Out>
+Out adopt_block(const typename Out::MeshT& mesh, LoadedBlock<typename Out::Scalar>&& b) {
+  return Out(AdoptStorage{}, mesh, to_array<Out::rank>(b.shape), std::move(b.data));
 }
 
 // x's values for a reader that must see them whatever state x is in (a file writer, a checksum):
@@ -402,13 +496,17 @@ struct is_sharded_tensor : std::false_type {};
 template <class T, class M, class S, class P>
 struct is_sharded_tensor<ShardedTensor<T, M, S, P>> : std::true_type {};
 
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_different_meshes(const char* op, const std::string& a,
+                                                                         const MeshShape& ma, const std::string& b,
+                                                                         const MeshShape& mb) {
+  throw MeshError(std::string("tshard::") + op + ": the tensors live on different meshes: a is " + a + " on mesh " +
+                  ma.describe() + ", b is " + b + " on mesh " + mb.describe());
+}
 // MeshError (on every rank alike) when two tensors live on different mesh objects.
 template <class A, class B>
 void require_same_mesh(const A& a, const B& b, const char* op) {
-  if (!(a.mesh() == b.mesh()))
-    throw MeshError(std::string("tshard::") + op + ": the tensors live on different meshes: a is " + a.describe() +
-                    " on mesh " + a.mesh().shape().describe() + ", b is " + b.describe() + " on mesh " +
-                    b.mesh().shape().describe());
+  if (!(a.mesh() == b.mesh())) [[unlikely]]
+    throw_different_meshes(op, a.describe(), a.mesh().shape(), b.describe(), b.mesh().shape());
 }
 }  // namespace detail
 

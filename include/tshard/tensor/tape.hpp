@@ -45,6 +45,22 @@ class GradNode {
 // output is differentiated as the sum it stands for), kept in whatever layout its contributions
 // came in (a partial sum where they were: resolved once, where it is read).
 template <class T>
+class TypedGradNode;
+// A node's rule with what it saved; run once, then dropped with what it keeps. (Move-only, so
+// the saved tensors, whose copies are deep, are never copied, and no copy is compiled.)
+template <class T>
+struct GradRule {
+  virtual ~GradRule() = default;
+  virtual void run(TypedGradNode<T>& self) = 0;
+};
+template <class T, class F>
+struct GradRuleOf final : GradRule<T> {
+  explicit GradRuleOf(F&& f) : f(std::move(f)) {}
+  void run(TypedGradNode<T>& self) override { f(self); }
+  F f;
+};
+
+template <class T>
 class TypedGradNode final : public GradNode {
  public:
   std::shared_ptr<MeshState> mesh;
@@ -52,14 +68,13 @@ class TypedGradNode final : public GradNode {
   SpecDesc primal{};  // the value's spec without its partial
   std::shared_ptr<T> cotangent;
   SpecDesc cotangent_desc{};
-  std::function<void(TypedGradNode&)> rule;  // empty for a leaf (a value gradients are taken for)
+  std::unique_ptr<GradRule<T>> rule;  // empty for a leaf (a value gradients are taken for)
 
   void propagate() override {
     if (!cotangent || !rule) return;
     auto r = std::move(rule);
-    rule = nullptr;
     OperatorScope scope(label, "backward");
-    r(*this);
+    r->run(*this);
   }
 };
 
@@ -242,20 +257,30 @@ void note_consumer(const S& s, std::uint64_t order) {
   }
 }
 
+// A node for a value of this mesh, shape and spec, labelled under the operator that records it
+// (its rule is set by the caller). Per element type: what record() compiles per operator is the rule.
+template <class T>
+[[gnu::noinline]] std::shared_ptr<TypedGradNode<T>> new_grad_node(const std::shared_ptr<MeshState>& mesh,
+                                                                  const Extents& shape, const SpecDesc& spec) {
+  auto node = std::make_shared<TypedGradNode<T>>();
+  node->mesh = mesh;
+  node->shape = shape;
+  node->primal = spec.without_partial();
+  if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward");
+  return node;
+}
+
 // Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/.
 template <class Out, class Tag, class... Saved>
 void record(Out& out, Tag tag, Saved... saved) {
   using T = typename Out::Scalar;
-  auto node = std::make_shared<TypedGradNode<T>>();
-  node->mesh = state_of(out.mesh());
-  node->shape = extents_of(out);
-  node->primal = Out::spec_desc.without_partial();
-  if (auto& st = operator_stack(); !st.open.empty()) node->label = st.top().child("backward");
+  auto node = new_grad_node<T>(state_of(out.mesh()), extents_of(out), Out::spec_desc);
   (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
   // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
-  node->rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
+  auto rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
     vjp(tag, std::type_identity<Out>{}, self, saved...);
   };
+  node->rule = std::make_unique<GradRuleOf<T, decltype(rule)>>(std::move(rule));
   Tape::active()->add(node);
   TensorAccess::set_node(out, std::move(node));
 }
