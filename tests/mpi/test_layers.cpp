@@ -118,6 +118,70 @@ TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-ra
   static_assert(std::is_same_v<decltype(y), ts::ShardedTensor<double, DM, Tokens>>);
 }
 
+namespace {
+using DCM = ts::Mesh<"data", "context", "model">;
+
+// make(mesh) on every {data, context, model} mesh of the world size equals it on one rank, whose
+// gradients equal central differences. The input is laid out as In.
+template <class In, class Make>
+void check_layer_on_context_meshes(Make&& make, const std::array<Eigen::Index, 3>& dims) {
+  const T3 x = random_tensor<3>(dims, 21), w = random_tensor<3>(dims, 22);
+  DCM self(MPI_COMM_SELF, {1, 1, 1});
+  auto serial = make(self);
+  check_parameter_gradients<In>(serial, self, x, w);
+  const auto [y0, dx0, g0] = run_layer<In>(serial, self, x, w);
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1] << "x" << sizes[2]);
+    DCM mesh({sizes[0], sizes[1], sizes[2]});
+    auto layer = make(mesh);
+    const auto [y, dx, g] = run_layer<In>(layer, mesh, x, w);
+    TS_REQUIRE_ALL(compare(y, y0, 1e-12) == "");
+    TS_REQUIRE_ALL(compare(dx, dx0, 1e-12) == "");
+    TS_REQUIRE_ALL(close(g, g0, 1e-12));
+  }
+}
+
+// Megatron's sequence parallelism beside context parallelism: the residual stream's tokens split
+// over context and model together; attention and the MLP gather them over model only.
+struct ContextSequenceSpecs : ts::nn::MegatronSpecs<"model"> {
+  using activation = ts::Spec<ts::S<"data">, ts::S<"context", "model">, ts::R>;
+};
+}  // namespace
+
+TEST_CASE("Attention, MLP and TransformerBlock on {data, context, model} meshes, tokens split over context (and over "
+          "context and model together), give the one-rank values and gradients",
+          "[layers][context]") {
+  // 7 positions: not divisible by 2 x context on any mesh here, so the ring falls back where it
+  // must, and some shards of 6 ranks are empty.
+  using Context = ts::Spec<ts::S<"data">, ts::S<"context">, ts::R>;
+  using Both = ContextSequenceSpecs::activation;
+  using Column = ts::Spec<ts::R, ts::S<"model">>;
+  using Row = ts::Spec<ts::S<"model">, ts::R>;
+  const std::array<Eigen::Index, 3> dims{3, 7, 6};
+  check_layer_on_context_meshes<Context>([](const DCM& m) { return ts::nn::Attention<double, DCM>(m, 6, 3, 5); }, dims);
+  check_layer_on_context_meshes<Context>(
+      [](const DCM& m) { return ts::nn::TransformerBlock<double, DCM>(m, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4}); },
+      dims);
+  check_layer_on_context_meshes<Both>([](const DCM& m) { return ts::nn::MLP<double, DCM, Column, Row, Both>(m, 6, 7, 9); },
+                                      dims);
+  check_layer_on_context_meshes<Both>(
+      [](const DCM& m) {
+        return ts::nn::Attention<double, DCM, ts::Spec<ts::R, ts::R, ts::S<"model">>, ts::Spec<ts::R, ts::S<"model">, ts::R>,
+                                 Both>(m, 6, 3, 5);
+      },
+      dims);
+  check_layer_on_context_meshes<Both>(
+      [](const DCM& m) {
+        return ts::nn::TransformerBlock<double, DCM, ContextSequenceSpecs>(m, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4});
+      },
+      dims);
+  // The pinned layout holds in the types: the block's output is the residual stream's.
+  DCM mesh({1, 1, world_size()});
+  ts::nn::TransformerBlock<double, DCM, ContextSequenceSpecs> block(mesh, {.dmodel = 6, .heads = 3, .hidden = 5});
+  auto y = block(ts::distribute<Both>(mesh, random_tensor<3>(dims, 1)));
+  static_assert(std::is_same_v<decltype(y), ts::ShardedTensor<double, DCM, Both>>);
+}
+
 TEST_CASE("a pinned Linear takes rank-2 inputs and partial sums: the one-rank values and gradients", "[layers]") {
   // x [B, F] = sum over z's last dim, a partial over "model" where z splits it; the layer moves
   // it into its input layout (the partial resolved on the way) and its product into OutSpec.

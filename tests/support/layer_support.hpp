@@ -1,4 +1,4 @@
-// Helpers for layer tests on {data, model} meshes: random tensors, the one-rank comparison and
+// Helpers for layer tests on {data, model} meshes (and, given the input's spec, on others): random tensors, the one-rank comparison and
 // finite-difference checks of a layer's gradients.
 #pragma once
 #include "test_support.hpp"
@@ -52,13 +52,13 @@ inline bool close(const std::vector<std::vector<double>>& a, const std::vector<s
 
 using Acts = ts::Spec<ts::S<"data">, ts::R, ts::R>;
 
-// One forward of a layer on x, recorded, and its pullback with dL/dy = w (ts::ad::vjp): (y, dx,
-// the parameters' gradients), gathered.
-template <class L>
-auto run_layer(L& layer, const DM& mesh, const T3& x, const T3& w) {
+// One forward of a layer on x (laid out as In), recorded, and its pullback with dL/dy = w
+// (ts::ad::vjp): (y, dx, the parameters' gradients), gathered.
+template <class In = Acts, class L, class M>
+auto run_layer(L& layer, const M& mesh, const T3& x, const T3& w) {
   layer.zero_grad();
-  auto [y, pullback] = ts::ad::vjp(layer, [&](const auto& v) { return layer(v); }, ts::distribute<Acts>(mesh, x));
-  auto [dx] = pullback(ts::distribute<Acts>(mesh, w));
+  auto [y, pullback] = ts::ad::vjp(layer, [&](const auto& v) { return layer(v); }, ts::distribute<In>(mesh, x));
+  auto [dx] = pullback(ts::distribute<In>(mesh, w));
   return std::tuple{T3(y.gather()), T3(dx.gather()), parameters_of(layer, true)};
 }
 
@@ -71,10 +71,10 @@ inline double* one_rank_values(ts::nn::detail::ParameterSlot& slot) {
 }
 
 // Central differences of sum(w * layer(x)) for a few parameter elements of a one-rank layer.
-template <class L>
-void check_parameter_gradients(L& layer, const DM& mesh, const T3& x, const T3& w) {
-  auto [y, dx, grads] = run_layer(layer, mesh, x, w);
-  auto loss = [&](const T3& in) { return dot<3>(T3(layer(ts::distribute<Acts>(mesh, in)).gather()), w); };
+template <class In = Acts, class L, class M>
+void check_parameter_gradients(L& layer, const M& mesh, const T3& x, const T3& w) {
+  auto [y, dx, grads] = run_layer<In>(layer, mesh, x, w);
+  auto loss = [&](const T3& in) { return dot<3>(T3(layer(ts::distribute<In>(mesh, in)).gather()), w); };
   int index = 0;
   layer.for_each_slot([&](const std::string& name, ts::nn::detail::ParameterSlot& slot, const ts::nn::Module&) {
     const auto& g = grads[std::size_t(index++)];
