@@ -132,22 +132,10 @@ inline void require_implicit_allowed(MeshState& mesh, const SpecDesc& have, cons
     if (st.kind != StepKind::Local) refuse_implicit(mesh, have, want, shape, op);
 }
 
-// A partial over axes whose sizes multiply to 1 is already final (one value per group); so is
-// the part of one over axes `want` does not keep partial.
-inline bool trivially_resolved(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
-  if (have.partial == PartialKind::None || !(have.without_partial() == want.without_partial())) return false;
-  if (want.partial != PartialKind::None && (want.partial != have.partial || (want.partial_axes & ~have.partial_axes)))
-    return false;
-  const std::uint32_t summed = have.partial_axes & ~want.partial_axes;
-  for (int a = 0; a < mesh.axes(); ++a)
-    if ((summed & (1u << a)) && mesh.sizes[a] != 1) return false;
-  return true;
-}
-
 // Whether two layouts place the same block, padded alike, on every rank: they differ only in
 // mesh axes of one rank (a spec naming "context" on a mesh whose context axis has one rank, say).
 // A split's blocks follow the mixed radix of its axes, in which an axis of one rank counts for
-// nothing; so does a partial sum over one.
+// nothing; so does a partial over one (its one value per group is already the total).
 inline bool same_blocks(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh) {
   if (have.rank != want.rank) return false;
   auto wide = [&](std::uint32_t axes) {
@@ -179,7 +167,7 @@ inline bool same_blocks(const SpecDesc& have, const SpecDesc& want, const MeshSh
 template <class T>
 AlignedOperand<T> implicit_reshard(MeshState& mesh, const SpecDesc& have, const SpecDesc& want, const Extents& shape,
                                    const T* data, const char* op) {
-  if (have == want || trivially_resolved(have, want, mesh.shape()) || same_blocks(have, want, mesh.shape()))
+  if (have == want || same_blocks(have, want, mesh.shape()))
     return {data, nullptr};
   require_implicit_allowed(mesh, have, want, shape, op);
   OperatorScope outer(op), scope("auto");
