@@ -32,6 +32,12 @@ constexpr const char* local_gemm_backend() {
 
 namespace detail {
 
+#ifdef TSHARD_USE_BLAS
+inline constexpr bool kBlasProducts = true;
+#else
+inline constexpr bool kBlasProducts = false;
+#endif
+
 // Whether this CPU multiplies bfloat16 in hardware (AVX512_BF16).
 inline bool cpu_has_bf16_products() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
@@ -106,45 +112,46 @@ void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, const T* a, Ind
       for (Index j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, T(0));
     return;
   }
+  // One branch per element type, so that Eigen's GEMM is not instantiated (a few seconds of
+  // every translation unit's compile) for the types BLAS multiplies.
   if constexpr (std::is_same_v<T, bfloat16>) {
     gemm_bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-    return;
-  }
+  } else if constexpr (kBlasProducts && (std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                         std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>)) {
 #ifdef TSHARD_USE_BLAS
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), accumulate ? 1.0f : 0.0f,
-                c, int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), accumulate ? 1.0 : 0.0, c,
-                int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>) {
-    const T one(1), beta(accumulate ? 1 : 0);
-    if constexpr (std::is_same_v<T, std::complex<float>>)
-      cblas_cgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), &one, a, int(lda), b, int(ldb), &beta, c, int(ldc));
-    else
-      cblas_zgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), &one, a, int(lda), b, int(ldb), &beta, c, int(ldc));
-    return;
-  }
+    const auto ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), 1.0f, a, int(lda), b, int(ldb), accumulate ? 1.0f : 0.0f,
+                  c, int(ldc));
+    } else if constexpr (std::is_same_v<T, double>) {
+      cblas_dgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), 1.0, a, int(lda), b, int(ldb), accumulate ? 1.0 : 0.0, c,
+                  int(ldc));
+    } else {
+      const T one(1), beta(accumulate ? 1 : 0);
+      if constexpr (std::is_same_v<T, std::complex<float>>)
+        cblas_cgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), &one, a, int(lda), b, int(ldb), &beta, c, int(ldc));
+      else
+        cblas_zgemm(CblasColMajor, ta, tb, int(m), int(n), int(k), &one, a, int(lda), b, int(ldb), &beta, c, int(ldc));
+    }
 #endif
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
-  using Const = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
-  const Const A(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
-  const Const B(b, trans_b ? n : k, trans_b ? k : n, Eigen::OuterStride<>(ldb));
-  Eigen::Map<Mat, 0, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
-  // Eigen's GEMM reads a transposed map in place (as row-major): no copy either way.
-  auto run = [&](const auto& x, const auto& y) {
-    if (accumulate)
-      C.noalias() += x * y;
-    else
-      C.noalias() = x * y;
-  };
-  if (trans_a && trans_b) run(A.transpose(), B.transpose());
-  else if (trans_a) run(A.transpose(), B);
-  else if (trans_b) run(A, B.transpose());
-  else run(A, B);
+  } else {
+    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+    using Const = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
+    const Const A(a, trans_a ? k : m, trans_a ? m : k, Eigen::OuterStride<>(lda));
+    const Const B(b, trans_b ? n : k, trans_b ? k : n, Eigen::OuterStride<>(ldb));
+    Eigen::Map<Mat, 0, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
+    // Eigen's GEMM reads a transposed map in place (as row-major): no copy either way.
+    auto run = [&](const auto& x, const auto& y) {
+      if (accumulate)
+        C.noalias() += x * y;
+      else
+        C.noalias() = x * y;
+    };
+    if (trans_a && trans_b) run(A.transpose(), B.transpose());
+    else if (trans_a) run(A.transpose(), B);
+    else if (trans_b) run(A, B.transpose());
+    else run(A, B);
+  }
 }
 
 }  // namespace detail
