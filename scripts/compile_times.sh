@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
 # Compile time of single translation units, one at a time on one core, best of --reps.
 #   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--against DIR] [file.cpp ...]
+#   bash scripts/compile_times.sh --profile [--opt -O2] file.cpp
 # --opt: the optimisation flag (default -O3, the build's; the compile-time goals use -O2).
 # --against DIR: also compile each file against another checkout (an older commit, say:
 #   git worktree add /tmp/old 7a7d6a6) with that tree's headers and, where it has one, its own
 #   copy of the file, and print the ratio this tree / that tree.
+# --profile: where the file's time goes, by template family (clang++ -ftime-trace, summed by
+#   scripts/compile_profile.py): front end against back end, instantiation, optimisation and
+#   machine code per family, typed code against code per element type.
 # Defaults: the examples a user compiles first, the ViT of bench/compile and the largest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=1
 opt=-O3
 against=
+profile=
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps="$2"; shift 2 ;;
     --opt) opt="$2"; shift 2 ;;
     --against) against="$(cd "$2" && pwd)"; shift 2 ;;
+    --profile) profile=1; shift ;;
     *) files+=("$1"); shift ;;
   esac
 done
@@ -28,6 +34,16 @@ flags=("$opt" -DNDEBUG -std=gnu++20 -DTSHARD_USE_BLAS=1
        -isystem /usr/include/eigen3)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+if [ -n "$profile" ]; then
+  command -v clang++ >/dev/null || { echo "--profile needs clang++ (apt-get install clang)" >&2; exit 1; }
+  for f in "${files[@]}"; do
+    echo "== $f ($opt)"
+    clang++ "${flags[@]}" -I"$PWD/include" -I"$PWD/tests/support" -ftime-trace -ftime-trace-granularity=50 \
+      -c "$f" -o "$out/x.o"
+    python3 scripts/compile_profile.py "$out/x.json" "$out/x.o"
+  done
+  exit 0
+fi
 # best_time ROOT FILE: seconds to compile FILE with ROOT's headers (best of reps).
 best_time() {
   local root=$1 f=$2 best= t t0
