@@ -76,8 +76,11 @@ template <EinsumLabels E>
 struct Einsum {};
 }  // namespace grad
 
-// einsum on parsed labels (einsum<Eq> parses its string; gradient rules build theirs).
-template <EinsumLabels e, ShardedTensorType A, ShardedTensorType B>
+// einsum on parsed labels (einsum<Eq> parses its string; gradient rules build theirs). Gradient
+// rules pass Record = false: their products run while recording is paused (no gradients of
+// gradients), so the recording branch, which would instantiate a rule for each of them and so on,
+// is not compiled (a third of a model file's compile time was rules of rules).
+template <EinsumLabels e, ShardedTensorType A, ShardedTensorType B, bool Record = true>
 auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::string_view eq) {
   static_assert(e.well_formed, "tshard: an einsum string reads 'operand,operand->output' with letters for indices");
   static_assert(!detail::labels_repeat(e.a, e.na) && !detail::labels_repeat(e.b, e.nb),
@@ -108,18 +111,22 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
                   "tshard: internal: the typed and descriptor einsum decisions disagree");
     const detail::Extents shape = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
-    auto* kept = detail::recording(a, b) ? detail::KeptProducts::active() : nullptr;  // a selective checkpoint's
+    if constexpr (!Record)
+      if (detail::recording(a, b))
+        throw SpecError(std::string("tshard::einsum: a gradient rule's product is recorded: ") + detail::kNoSecondOrder);
+    auto* kept = Record && detail::recording(a, b) ? detail::KeptProducts::active() : nullptr;  // a selective checkpoint's
     if (kept && kept->replaying()) {
       Out out(detail::AdoptStorage{}, a.mesh(), detail::to_array<e.no>(shape), nullptr);
       out = Out(detail::AdoptStorage{}, a.mesh(), out.global_shape(), kept->template take<T>(out.padded_size()));
-      detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
+      if constexpr (Record) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
       return out;
     }
     Out out(a.mesh(), detail::to_array<e.no>(shape));
     detail::einsum_run<T>(*detail::state_of(a.mesh()), e, O::decision, O::da, detail::extents_of(a), a.data(), O::db,
                           detail::extents_of(b), b.data(), Out::spec_desc, shape, out.data(), strategy);
     if (kept) kept->keep(detail::TensorAccess::storage(out), out.padded_size());
-    if (detail::recording(a, b)) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
+    if constexpr (Record)
+      if (detail::recording(a, b)) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
     return out;
   }
 }

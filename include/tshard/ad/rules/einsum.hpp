@@ -47,12 +47,18 @@ constexpr EinsumLabels broadcast_back(const EinsumLabels& g) {
 
 namespace grad {
 
+// A rule's product: never recorded (see einsum_labeled's Record).
+template <EinsumLabels G, class U, class V>
+auto rule_einsum(const U& u, const V& v) {
+  return einsum_labeled<G, U, V, false>(u, v, EinsumStrategy::Auto, "backward");
+}
+
 // The contribution of einsum<G>(u, v) to an operand x whose labels are G's output, where some of
 // them are summed inside x alone: the einsum of the labels it knows, broadcast back over the rest.
 template <EinsumLabels G, class X, class U, class V>
 auto operand_gradient(const X& x, const U& u, const V& v) {
   if constexpr (outputs_known(G)) {
-    return einsum_labeled<G>(u, v, EinsumStrategy::Auto, "backward");
+    return rule_einsum<G>(u, v);
   } else {
     constexpr EinsumLabels B = broadcast_back(G);
     using T = typename X::Scalar;
@@ -60,8 +66,7 @@ auto operand_gradient(const X& x, const U& u, const V& v) {
     for (int i = 0; i < B.nb; ++i) extents[std::size_t(i)] = extents_of(x)[std::size_t(G.in_o(B.b[i]))];
     ShardedTensor<T, typename X::MeshT, Replicated<B.nb>> ones(x.mesh(), extents);  // replicated: no padding
     std::fill(ones.data(), ones.data() + ones.padded_size(), T(1));
-    return einsum_labeled<B>(einsum_labeled<known_part(G)>(u, v, EinsumStrategy::Auto, "backward"), ones,
-                             EinsumStrategy::Auto, "backward");
+    return rule_einsum<B>(rule_einsum<known_part(G)>(u, v), ones);
   }
 }
 
