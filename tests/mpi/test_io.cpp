@@ -268,6 +268,49 @@ TEST_CASE("every writer writes a ZeRO-3 parameter's true values between its uses
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("every writer writes a partial sum's total: save_npy, safetensors, checkpoints and checksum", "[io]") {
+  // Rows over x, a partial sum over y: each y rank holds (y coordinate + 1) x the values, 7 x 5
+  // rows split unevenly; the files hold the total, (1 + ... + |y|) x the values.
+  const std::string npy = scratch_file("partial.npy"), st = scratch_file("partial.safetensors"),
+                    dir = scratch_file("partial_checkpoint");
+  using Rows = ts::Spec<ts::S<"x">, ts::R>;
+  using Partial = ts::ShardedTensor<double, M2, Rows, ts::PartialSum<"y">>;
+  on_every_mesh([&](M2& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    const Eigen::Tensor<double, 2> g = values(7, 5, 3);
+    const auto whole = ts::distribute<Rows>(mesh, g);
+    const auto part = whole * double(mesh.coord<"y">() + 1);  // this y rank's part, laid out as Rows
+    const Partial p(ts::detail::AdoptStorage{}, mesh, {7, 5}, ts::detail::TensorAccess::storage(part));
+    const int k = sizes[1];
+    const Eigen::Tensor<double, 2> want = p.gather();  // the total, summed as every resolution sums it
+    const Eigen::Tensor<double, 2> formula = g * double(k * (k + 1) / 2);
+    TS_REQUIRE_ALL(compare(want, formula, 1e-14) == "");
+    const std::uint64_t sum = ts::io::checksum(p);
+    TS_REQUIRE_ALL(sum == ts::io::checksum(ts::distribute<ts::Spec<ts::R, ts::S<"x">>>(mesh, want)));
+    ts::io::save_npy(npy, p);
+    ts::io::save_safetensors(st, {{"p", p}, {"p16", p, "BF16"}});
+    {
+      ts::io::CheckpointWriter ck(mesh.comm(), dir);
+      ck.add("p", p);
+      ck.commit();
+    }
+    TS_REQUIRE_ALL(compare(ts::io::load_npy<double, Rows>(mesh, npy).gather(), want) == "");
+    ts::io::SafetensorsReader in(mesh.comm(), st);
+    TS_REQUIRE_ALL(compare(in.load<double, ts::Spec<ts::R, ts::S<"y">>>(mesh, "p").gather(), want) == "");
+    const Eigen::Tensor<double, 2> rounded = in.load<double, Rows>(mesh, "p16").gather();
+    double worst = 0;
+    for (Eigen::Index i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::abs(rounded.data()[i] - want.data()[i]) / (1e-30 + std::abs(want.data()[i])));
+    TS_REQUIRE_ALL(worst <= 1.0 / 256);  // bfloat16's rounding of the total, not of one rank's part
+    TS_REQUIRE_ALL(compare(ts::io::CheckpointReader(mesh.comm(), dir).load<double, Rows>(mesh, "p").gather(), want) == "");
+  });
+  remove_on_rank0(npy);
+  remove_on_rank0(st);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("a trace holds every rank's operators and collectives as Chrome trace JSON", "[io]") {
   const std::string path = scratch_file("trace.json");
   M2 mesh({world_size(), 1});
