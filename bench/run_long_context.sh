@@ -8,13 +8,18 @@
 #     it needs T^2 memory): tokens/s, the buffer pool's peak and the resident memory's;
 #  3. the same with --mesh context=C for each C of --contexts (the sequence split over C ranks:
 #     with 2 key-value heads, C = 2 takes the all-to-all and C = 4 the ring), tokens/s over all
-#     ranks and rank 0's pool peak (on a machine with fewer cores than C, the rates mean nothing).
+#     ranks and rank 0's pool peak (on a machine with fewer cores than C, the rates mean nothing);
+#  4. with --goal C: the long-context issue's memory goal, the Llama at T 16384 (--dmodel 256
+#     --heads 8 --kv-heads 2 --layers 2 --batch 1) on C ranks, --mesh context=C.
+# Where PyTorch >= 2 is importable, bench/sdpa_bench.py times its CPU flash kernel
+# (scaled_dot_product_attention) on the shapes of 1., one thread, beside tshard's fused times.
 #   bash bench/run_long_context.sh [--seq 1024,2048,4096,8192,16384] [--written-max 4096] [--reps 3] [--contexts 2,4]
+#                                  [--goal 4]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/prepare.sh
 bench_build "libopenblas-dev" tshard_bench_attention train_llama
-seqs=1024,2048,4096,8192,16384 written_max=4096 reps=3 steps=2 contexts=2,4
+seqs=1024,2048,4096,8192,16384 written_max=4096 reps=3 steps=2 contexts=2,4 goal=
 [[ -n $bench_tiny ]] && seqs=64,160 written_max=64 reps=1 steps=1 contexts=2
 while (($#)); do
   case $1 in
@@ -22,13 +27,22 @@ while (($#)); do
     --written-max) written_max=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --contexts) contexts=$2; shift 2 ;;
+    --goal) goal=$2; shift 2 ;;
     *) echo "run_long_context.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
 attention_seqs=$seqs
 [[ -z $bench_tiny ]] && attention_seqs=$(echo "$seqs" | tr , '\n' | awk '$1 <= 8192' | paste -sd,)
 echo "== attention alone"
-mpirun -np 1 "$bench_dir"/bench/tshard_bench_attention --seq "$attention_seqs" --written-max "$written_max" --reps "$reps"
+attention_out=$(mktemp)
+trap 'rm -f "$attention_out"' EXIT
+mpirun -np 1 "$bench_dir"/bench/tshard_bench_attention --seq "$attention_seqs" --written-max "$written_max" --reps "$reps" |
+  tee "$attention_out"
+echo "== PyTorch's scaled_dot_product_attention on the same shapes"
+sdpa_status=0
+python3 bench/sdpa_bench.py --seq "$attention_seqs" --written-max "$written_max" --reps "$reps" \
+  --against "$attention_out" || sdpa_status=$?
+((sdpa_status == 0 || sdpa_status == 77)) || exit "$sdpa_status"
 # One train_llama run on RANKS ranks at sequence T: its tokens/s, rank 0's pool peak and the
 # resident memory line's figure.
 llama_row() {
@@ -59,4 +73,9 @@ for c in ${contexts//,/ }; do
   printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
   for t in ${seqs//,/ }; do llama_row "$t" "$way" "$c" --mesh context="$c"; done
 done
-echo "reproduce: bash bench/run_long_context.sh --seq $seqs --written-max $written_max --reps $reps --contexts $contexts"
+if [[ -n $goal ]]; then
+  echo "== the memory goal: train_llama --seq 16384 --dmodel 256 --heads 8 --kv-heads 2 --layers 2 --batch 1 --mesh context=$goal"
+  mpirun -np "$goal" "$bench_dir"/examples/train_llama --seq 16384 --dmodel 256 --heads 8 --kv-heads 2 --layers 2 \
+    --batch 1 --vocab 256 --steps "$steps" --mesh context="$goal"
+fi
+echo "reproduce: bash bench/run_long_context.sh --seq $seqs --written-max $written_max --reps $reps --contexts $contexts${goal:+ --goal $goal}"
