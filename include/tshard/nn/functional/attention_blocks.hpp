@@ -100,13 +100,94 @@ void unpack_head(const RowMatrix<A>& in, const HeadLayout& l, Index b, Index h, 
       for (Index t = 0; t < l.T; ++t) x[l.at(b, t, d, g, h)] = T(in(g * l.T + t, d));
 }
 
-// scores := q_i k_j^T * scale on the block, with -inf where the mask hides a key.
+// The products of a block pair, register-blocked on Eigen's packets: none of the packing and
+// zeroing a general GEMM does on every call, which at head dims of 16-64 cost as much as the
+// arithmetic. Each output element is one accumulator summed over the depth in order (as Eigen's
+// GEMM sums it), then scaled once.
+//   out[r, c] = alpha * sum_k a(r, k) b[k * ldb + c]   (Store), or
+//   out[r, c] += alpha * sum_k a(r, k) b[k * ldb + c]
+// a(r, k) = a.p[r * a.rs + k * a.ks] reads a row-major block or its transpose; b's columns are
+// contiguous (a block of rows of K, V, dO, Q or of the transposed K, V).
+template <class A>
+struct BlockOperand {
+  const A* p;
+  Index rs, ks;
+  A operator()(Index r, Index k) const { return p[r * rs + k * ks]; }
+};
+
+template <class A>
+using BlockPacket = typename Eigen::internal::packet_traits<A>::type;
+template <class A>
+inline constexpr Index kBlockLanes = Eigen::internal::unpacket_traits<BlockPacket<A>>::size;
+#ifdef EIGEN_VECTORIZE_AVX512
+inline constexpr int kBlockAccumulators = 16;  // of the 32 vector registers
+#else
+inline constexpr int kBlockAccumulators = 8;   // of 16
+#endif
+
+// Rows [r0, r0 + RB) by the CB packets of columns from c0.
+template <bool Store, int RB, int CB, class A>
+void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* b, Index ldb, Index c0, Index depth,
+                A alpha) {
+  using P = BlockPacket<A>;
+  namespace ei = Eigen::internal;
+  constexpr Index L = kBlockLanes<A>;
+  P acc[RB][CB];
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < CB; ++j) acc[i][j] = ei::pset1<P>(A(0));
+  for (Index k = 0; k < depth; ++k) {
+    P bk[CB];
+    for (int j = 0; j < CB; ++j) bk[j] = ei::ploadu<P>(b + k * ldb + c0 + j * L);
+    for (int i = 0; i < RB; ++i) {
+      const P ai = ei::pset1<P>(a(r0 + i, k));
+      for (int j = 0; j < CB; ++j) acc[i][j] = ei::pmadd(ai, bk[j], acc[i][j]);
+    }
+  }
+  const P al = ei::pset1<P>(alpha);
+  for (int i = 0; i < RB; ++i)
+    for (int j = 0; j < CB; ++j) {
+      A* o = out + (r0 + i) * ldo + c0 + j * L;
+      if constexpr (Store) ei::pstoreu(o, ei::pmul(acc[i][j], al));
+      else ei::pstoreu(o, ei::pmadd(acc[i][j], al, ei::ploadu<P>(o)));
+    }
+}
+
+// Every row, in tiles of RB, over the CB packets of columns from c0.
+template <bool Store, int RB, int CB, class A>
+void block_columns(A* out, Index ldo, Index rows, const BlockOperand<A>& a, const A* b, Index ldb, Index c0,
+                   Index depth, A alpha) {
+  Index r = 0;
+  for (; r + RB <= rows; r += RB) block_tile<Store, RB, CB>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+  for (; r < rows; ++r) block_tile<Store, 1, CB>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+}
+
+template <bool Store, class A>
+void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand<A>& a, const A* b, Index ldb,
+                   Index depth, A alpha) {
+  namespace ei = Eigen::internal;
+  constexpr Index L = kBlockLanes<A>;
+  constexpr int wide = kBlockAccumulators / 4, mid = kBlockAccumulators / 2, narrow = kBlockAccumulators;
+  Index c = 0;
+  for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, wide, 4>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, mid, 2>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  for (; c + L <= cols; c += L) block_columns<Store, narrow, 1>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  for (; c < cols; ++c)  // the columns past the last whole packet
+    for (Index r = 0; r < rows; ++r) {
+      A acc(0);
+      for (Index k = 0; k < depth; ++k) acc = ei::pmadd(a(r, k), b[k * ldb + c], acc);
+      A& o = out[r * ldo + c];
+      o = Store ? acc * alpha : ei::pmadd(acc, alpha, o);
+    }
+}
+
+// scores := q_i k_j^T * scale on the block (kt: the head's keys transposed, [D, S]), with -inf
+// where the mask hides a key.
 template <class A, class Block>
-void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& k, Index r0, Index t0, Index s0,
+void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Index r0, Index t0, Index s0,
                   const AttentionGeometry& geo, A scale) {
-  const Index br = s.rows(), bc = s.cols();
-  s.noalias() = q.middleRows(r0, br) * k.middleRows(s0, bc).transpose();
-  s *= scale;
+  const Index br = s.rows(), bc = s.cols(), D = q.cols();
+  block_product<true>(s.data(), s.outerStride(), br, bc, BlockOperand<A>{q.data() + r0 * D, D, 1}, kt.data() + s0,
+                      kt.cols(), D, scale);
   if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
   for (Index i = 0; i < br; ++i)
     for (Index j = 0; j < bc; ++j)
@@ -118,8 +199,10 @@ template <class A>
 void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v, Index G,
                             const AttentionGeometry& geo, A scale, RowMatrix<A>& o, Column<A>& lse) {
   const A inf = std::numeric_limits<A>::infinity();
-  o.setZero(G * geo.T, q.cols());
+  const Index D = q.cols();
+  o.setZero(G * geo.T, D);
   lse.resize(G * geo.T);
+  const RowMatrix<A> kt = k.transpose();
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   Column<A> m(kQueryBlock), l(kQueryBlock);
   for (Index g = 0; g < G; ++g)
@@ -132,7 +215,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
       for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
         const Index bc = std::min(kKeyBlock, hi - s0);
         auto p = scores.topLeftCorner(br, bc);
-        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
+        block_scores<A>(p, q, kt, r0, t0, s0, geo, scale);
         for (Index i = 0; i < br; ++i) {
           const A top = std::max(m(i), p.row(i).maxCoeff());
           if (top == -inf) {  // nothing visible yet on this row
@@ -145,7 +228,9 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
           oi.row(i) *= rescale;
           m(i) = top;
         }
-        oi.noalias() += p * v.middleRows(s0, bc);
+        // oi += p v_j
+        block_product<false>(oi.data(), D, br, D, BlockOperand<A>{p.data(), scores.cols(), 1}, v.data() + s0 * D, D, bc,
+                             A(1));
       }
       for (Index i = 0; i < br; ++i) {
         if (l(i) > A(0)) oi.row(i) /= l(i);
@@ -162,11 +247,14 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
                              const AttentionGeometry& geo, A scale, RowMatrix<A>& dq, RowMatrix<A>& dk,
                              RowMatrix<A>& dv) {
   const A inf = std::numeric_limits<A>::infinity();
+  const Index D = q.cols();
   const Column<A> rowdot = (dout.array() * o.array()).rowwise().sum();
-  dq.setZero(q.rows(), q.cols());
-  dk.setZero(k.rows(), k.cols());
-  dv.setZero(v.rows(), v.cols());
+  dq.setZero(q.rows(), D);
+  dk.setZero(k.rows(), D);
+  dv.setZero(v.rows(), D);
+  const RowMatrix<A> kt = k.transpose(), vt = v.transpose();
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
+  const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
       const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
@@ -175,16 +263,21 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
         const Index bc = std::min(kKeyBlock, hi - s0);
         auto p = pb.topLeftCorner(br, bc);
         auto ds = dsb.topLeftCorner(br, bc);
-        block_scores<A>(p, q, k, r0, t0, s0, geo, scale);
+        block_scores<A>(p, q, kt, r0, t0, s0, geo, scale);
         for (Index i = 0; i < br; ++i) {
           if (lse(r0 + i) == -inf) p.row(i).setZero();
           else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
         }
-        dv.middleRows(s0, bc).noalias() += p.transpose() * dout.middleRows(r0, br);
-        ds.noalias() = dout.middleRows(r0, br) * v.middleRows(s0, bc).transpose();
+        const A* dout_i = dout.data() + r0 * D;
+        // dv_j += p^T do_i; ds = do_i v_j^T
+        block_product<false>(dv.data() + s0 * D, D, bc, D, BlockOperand<A>{p.data(), 1, ld}, dout_i, D, br, A(1));
+        block_product<true>(ds.data(), ld, br, bc, BlockOperand<A>{dout_i, D, 1}, vt.data() + s0, vt.cols(), D, A(1));
         for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
-        dq.middleRows(r0, br).noalias() += scale * (ds * k.middleRows(s0, bc));
-        dk.middleRows(s0, bc).noalias() += scale * (ds.transpose() * q.middleRows(r0, br));
+        // dq_i += scale ds k_j; dk_j += scale ds^T q_i
+        block_product<false>(dq.data() + r0 * D, D, br, D, BlockOperand<A>{ds.data(), ld, 1}, k.data() + s0 * D, D, bc,
+                             scale);
+        block_product<false>(dk.data() + s0 * D, D, bc, D, BlockOperand<A>{ds.data(), 1, ld}, q.data() + r0 * D, D, br,
+                             scale);
       }
     }
 }
