@@ -648,6 +648,11 @@ TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite
   // Longer than a block (64 queries, 128 keys): blocks skipped, masked on the diagonal and whole.
   check_attention<QS5, 5>("causal, 150 positions", {1, 150, 2, 2, 2}, {1, 150, 2, 2}, {});
   check_attention<QS5, 5>("causal, window 70 of 150", {1, 150, 2, 1, 2}, {1, 150, 2, 2}, {.window = 70});
+  // The block products take head dims in runs of four, two and one packets, then narrower
+  // packets, then a remainder: dims 8, 11 and 20 cover each (dims 2-4 above the rest).
+  check_attention<QS5, 5>("head dim 8, 130 positions", {1, 130, 8, 2, 2}, {1, 130, 8, 2}, {});
+  check_attention<QS5, 5>("head dim 11, bidirectional", {2, 9, 11, 1, 2}, {2, 9, 11, 2}, {.causal = false});
+  check_attention<KS4, 4>("head dim 20, multi-head", {2, 7, 20, 3}, {2, 7, 20, 3}, {});
   // The sequence split (context parallelism's layout): resharded to whole sequences, the heads
   // split over its axis too, and back; 7 positions over up to 6 ranks, 3 heads.
   using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include <Eigen/Core>
@@ -108,6 +109,12 @@ void unpack_head(const RowMatrix<A>& in, const HeadLayout& l, Index b, Index h, 
 //   out[r, c] += alpha * sum_k a(r, k) b[k * ldb + c]
 // a(r, k) = a.p[r * a.rs + k * a.ks] reads a row-major block or its transpose; b's columns are
 // contiguous (a block of rows of K, V, dO, Q or of the transposed K, V).
+// (Packet types as template arguments: GCC warns that their alignment attribute is dropped
+// there, which is harmless, as Eigen's own headers say by silencing it.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+#endif
 template <class A>
 struct BlockOperand {
   const A* p;
@@ -125,13 +132,12 @@ inline constexpr int kBlockAccumulators = 16;  // of the 32 vector registers
 inline constexpr int kBlockAccumulators = 8;   // of 16
 #endif
 
-// Rows [r0, r0 + RB) by the CB packets of columns from c0.
-template <bool Store, int RB, int CB, class A>
+// Rows [r0, r0 + RB) by the CB packets P of columns from c0.
+template <bool Store, int RB, int CB, class P, class A>
 void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* b, Index ldb, Index c0, Index depth,
                 A alpha) {
-  using P = BlockPacket<A>;
   namespace ei = Eigen::internal;
-  constexpr Index L = kBlockLanes<A>;
+  constexpr Index L = ei::unpacket_traits<P>::size;
   P acc[RB][CB];
   for (int i = 0; i < RB; ++i)
     for (int j = 0; j < CB; ++j) acc[i][j] = ei::pset1<P>(A(0));
@@ -153,32 +159,53 @@ void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* 
 }
 
 // Every row, in tiles of RB, over the CB packets of columns from c0.
-template <bool Store, int RB, int CB, class A>
+template <bool Store, int RB, int CB, class P, class A>
 void block_columns(A* out, Index ldo, Index rows, const BlockOperand<A>& a, const A* b, Index ldb, Index c0,
                    Index depth, A alpha) {
   Index r = 0;
-  for (; r + RB <= rows; r += RB) block_tile<Store, RB, CB>(out, ldo, a, r, b, ldb, c0, depth, alpha);
-  for (; r < rows; ++r) block_tile<Store, 1, CB>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+  for (; r + RB <= rows; r += RB) block_tile<Store, RB, CB, P>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+  for (; r < rows; ++r) block_tile<Store, 1, CB, P>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+}
+
+// The columns from c that whole packets P cover (four, two, then one at a time; narrower packet
+// types one at a time); returns the first column left.
+template <bool Store, bool Widest, class P, class A>
+Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const BlockOperand<A>& a, const A* b,
+                    Index ldb, Index depth, A alpha) {
+  constexpr Index L = Eigen::internal::unpacket_traits<P>::size;
+  constexpr int wide = kBlockAccumulators / 4, mid = kBlockAccumulators / 2, narrow = kBlockAccumulators;
+  if constexpr (Widest) {
+    for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, wide, 4, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+    for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, mid, 2, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  }
+  for (; c + L <= cols; c += L) block_columns<Store, narrow, 1, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  return c;
 }
 
 template <bool Store, class A>
 void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand<A>& a, const A* b, Index ldb,
                    Index depth, A alpha) {
-  namespace ei = Eigen::internal;
-  constexpr Index L = kBlockLanes<A>;
-  constexpr int wide = kBlockAccumulators / 4, mid = kBlockAccumulators / 2, narrow = kBlockAccumulators;
-  Index c = 0;
-  for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, wide, 4>(out, ldo, rows, a, b, ldb, c, depth, alpha);
-  for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, mid, 2>(out, ldo, rows, a, b, ldb, c, depth, alpha);
-  for (; c + L <= cols; c += L) block_columns<Store, narrow, 1>(out, ldo, rows, a, b, ldb, c, depth, alpha);
-  for (; c < cols; ++c)  // the columns past the last whole packet
-    for (Index r = 0; r < rows; ++r) {
-      A acc(0);
-      for (Index k = 0; k < depth; ++k) acc = ei::pmadd(a(r, k), b[k * ldb + c], acc);
-      A& o = out[r * ldo + c];
-      o = Store ? acc * alpha : ei::pmadd(acc, alpha, o);
-    }
+  using P = BlockPacket<A>;
+  using Half = typename Eigen::internal::unpacket_traits<P>::half;
+  using Quarter = typename Eigen::internal::unpacket_traits<Half>::half;
+  Index c = block_packets<Store, true, P>(out, ldo, rows, cols, 0, a, b, ldb, depth, alpha);
+  if constexpr (!std::is_same_v<Half, P>) c = block_packets<Store, false, Half>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
+  if constexpr (!std::is_same_v<Quarter, Half>)
+    c = block_packets<Store, false, Quarter>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
+  if (c == cols) return;
+  // The columns past the last packet (head dims that are not a multiple of 4): Eigen's product.
+  using Strided = Eigen::Map<const RowMatrix<A>, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+  using Rows = Eigen::Map<const RowMatrix<A>, 0, Eigen::OuterStride<>>;
+  const Strided am(a.p, rows, depth, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>(a.rs, a.ks));
+  const Rows bm(b + c, depth, cols - c, Eigen::OuterStride<>(ldb));
+  Eigen::Map<RowMatrix<A>, 0, Eigen::OuterStride<>> om(out + c, rows, cols - c, Eigen::OuterStride<>(ldo));
+  if constexpr (Store) om.noalias() = alpha * (am * bm);
+  else om.noalias() += alpha * (am * bm);
 }
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // scores := q_i k_j^T * scale on the block (kt: the head's keys transposed, [D, S]), with -inf
 // where the mask hides a key.
