@@ -653,6 +653,8 @@ TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite
   check_attention<QS5, 5>("head dim 8, 130 positions", {1, 130, 8, 2, 2}, {1, 130, 8, 2}, {});
   check_attention<QS5, 5>("head dim 11, bidirectional", {2, 9, 11, 1, 2}, {2, 9, 11, 2}, {.causal = false});
   check_attention<KS4, 4>("head dim 20, multi-head", {2, 7, 20, 3}, {2, 7, 20, 3}, {});
+  // 512 keys of 8 bytes: rows 4 KiB apart, which the transposed keys and values are padded off.
+  check_attention<QS5, 5>("causal, 512 positions", {1, 512, 2, 1, 1}, {1, 512, 2, 1}, {.window = 200});
   // The sequence split (context parallelism's layout): resharded to whole sequences, the heads
   // split over its axis too, and back; 7 positions over up to 6 ranks, 3 heads.
   using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;

@@ -126,10 +126,14 @@ template <class A>
 using BlockPacket = typename Eigen::internal::packet_traits<A>::type;
 template <class A>
 inline constexpr Index kBlockLanes = Eigen::internal::unpacket_traits<BlockPacket<A>>::size;
-#ifdef EIGEN_VECTORIZE_AVX512
-inline constexpr int kBlockAccumulators = 16;  // of the 32 vector registers
+// Rows per tile of 4, 2 and 1 packets of columns (0: no such tile): as many accumulators as the
+// vector registers hold beside a row of b and a broadcast (BLIS's shapes: 6 x 2 with 16 registers).
+#if defined(EIGEN_VECTORIZE_AVX512)
+inline constexpr int kRowsBy4 = 4, kRowsBy2 = 8, kRowsBy1 = 16;  // 32 registers
+#elif defined(EIGEN_VECTORIZE_FMA)
+inline constexpr int kRowsBy4 = 0, kRowsBy2 = 6, kRowsBy1 = 12;  // 16 registers, fused multiply-add
 #else
-inline constexpr int kBlockAccumulators = 8;   // of 16
+inline constexpr int kRowsBy4 = 0, kRowsBy2 = 4, kRowsBy1 = 8;   // 16, a product and a sum apart
 #endif
 
 // Rows [r0, r0 + RB) by the CB packets P of columns from c0.
@@ -158,13 +162,14 @@ void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* 
     }
 }
 
-// Every row, in tiles of RB, over the CB packets of columns from c0.
+// The rows from r, in tiles of RB, over the CB packets of columns from c0; the rows left, in
+// tiles of half as many, and so on.
 template <bool Store, int RB, int CB, class P, class A>
 void block_columns(A* out, Index ldo, Index rows, const BlockOperand<A>& a, const A* b, Index ldb, Index c0,
-                   Index depth, A alpha) {
-  Index r = 0;
+                   Index depth, A alpha, Index r = 0) {
   for (; r + RB <= rows; r += RB) block_tile<Store, RB, CB, P>(out, ldo, a, r, b, ldb, c0, depth, alpha);
-  for (; r < rows; ++r) block_tile<Store, 1, CB, P>(out, ldo, a, r, b, ldb, c0, depth, alpha);
+  if constexpr (RB > 1)
+    if (r < rows) block_columns<Store, RB / 2, CB, P>(out, ldo, rows, a, b, ldb, c0, depth, alpha, r);
 }
 
 // The columns from c that whole packets P cover (four, two, then one at a time; narrower packet
@@ -173,12 +178,11 @@ template <bool Store, bool Widest, class P, class A>
 Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const BlockOperand<A>& a, const A* b,
                     Index ldb, Index depth, A alpha) {
   constexpr Index L = Eigen::internal::unpacket_traits<P>::size;
-  constexpr int wide = kBlockAccumulators / 4, mid = kBlockAccumulators / 2, narrow = kBlockAccumulators;
-  if constexpr (Widest) {
-    for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, wide, 4, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
-    for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, mid, 2, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
-  }
-  for (; c + L <= cols; c += L) block_columns<Store, narrow, 1, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  if constexpr (Widest && kRowsBy4 > 0)
+    for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, kRowsBy4, 4, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  if constexpr (Widest)
+    for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, kRowsBy2, 2, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+  for (; c + L <= cols; c += L) block_columns<Store, kRowsBy1, 1, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
   return c;
 }
 
@@ -207,7 +211,19 @@ void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand
 #pragma GCC diagnostic pop
 #endif
 
-// scores := q_i k_j^T * scale on the block (kt: the head's keys transposed, [D, S]), with -inf
+// x [S, D] transposed, [D, S] with S padded so that its rows do not start a multiple of 4 KiB
+// apart: a block product reads a packet from each of D rows, which would otherwise all fall
+// into the same sets of the L1 cache.
+template <class A>
+RowMatrix<A> transposed_rows(const RowMatrix<A>& x) {
+  Index ld = x.rows();
+  if ((ld * Index(sizeof(A))) % 4096 == 0) ld += 64 / Index(sizeof(A));
+  RowMatrix<A> t(x.cols(), ld);
+  t.leftCols(x.rows()) = x.transpose();
+  return t;
+}
+
+// scores := q_i k_j^T * scale on the block (kt: the head's keys transposed), with -inf
 // where the mask hides a key.
 template <class A, class Block>
 void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Index r0, Index t0, Index s0,
@@ -229,7 +245,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
   const Index D = q.cols();
   o.setZero(G * geo.T, D);
   lse.resize(G * geo.T);
-  const RowMatrix<A> kt = k.transpose();
+  const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   Column<A> m(kQueryBlock), l(kQueryBlock);
   for (Index g = 0; g < G; ++g)
@@ -279,7 +295,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
   dq.setZero(q.rows(), D);
   dk.setZero(k.rows(), D);
   dv.setZero(v.rows(), D);
-  const RowMatrix<A> kt = k.transpose(), vt = v.transpose();
+  const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
   const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
