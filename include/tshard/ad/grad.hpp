@@ -58,10 +58,7 @@ std::shared_ptr<GradNode> swap_node_of(const void* tensor, std::shared_ptr<GradN
 // A fresh leaf node for a tensor of this shape and spec, on the active tape.
 template <class X>
 std::shared_ptr<TypedGradNode<typename X::Scalar>> make_leaf(const X& x) {
-  auto node = std::make_shared<TypedGradNode<typename X::Scalar>>();
-  node->mesh = state_of(x.mesh());
-  node->shape = extents_of(x);
-  node->primal = X::spec_desc.without_partial();
+  auto node = new_grad_node<typename X::Scalar>(state_of(x.mesh()), extents_of(x), X::spec_desc);
   node->leaf_tensor = &x;
   Tape::active()->add(node);
   return node;

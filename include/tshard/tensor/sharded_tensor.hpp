@@ -379,7 +379,7 @@ struct TensorAccess {
   }
   template <class T, class M, class S, class P>
   static bool has_storage(const ShardedTensor<T, M, S, P>& x) {
-    return bool(x.data_);
+    return has_block_storage(static_cast<const TensorBlock<T>&>(x));
   }
   // `restore`, where given, gathers the values back for a reader that must have them (a writer).
   template <class T, class M, class S, class P>
