@@ -179,9 +179,11 @@ Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const Bl
                     Index ldb, Index depth, A alpha) {
   constexpr Index L = Eigen::internal::unpacket_traits<P>::size;
   if constexpr (Widest && kRowsBy4 > 0)
-    for (; c + 4 * L <= cols; c += 4 * L) block_columns<Store, kRowsBy4, 4, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+    for (; c + 4 * L <= cols; c += 4 * L)
+      block_columns<Store, kRowsBy4, 4, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
   if constexpr (Widest)
-    for (; c + 2 * L <= cols; c += 2 * L) block_columns<Store, kRowsBy2, 2, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
+    for (; c + 2 * L <= cols; c += 2 * L)
+      block_columns<Store, kRowsBy2, 2, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
   for (; c + L <= cols; c += L) block_columns<Store, kRowsBy1, 1, P>(out, ldo, rows, a, b, ldb, c, depth, alpha);
   return c;
 }
@@ -193,7 +195,8 @@ void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand
   using Half = typename Eigen::internal::unpacket_traits<P>::half;
   using Quarter = typename Eigen::internal::unpacket_traits<Half>::half;
   Index c = block_packets<Store, true, P>(out, ldo, rows, cols, 0, a, b, ldb, depth, alpha);
-  if constexpr (!std::is_same_v<Half, P>) c = block_packets<Store, false, Half>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
+  if constexpr (!std::is_same_v<Half, P>)
+    c = block_packets<Store, false, Half>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
   if constexpr (!std::is_same_v<Quarter, Half>)
     c = block_packets<Store, false, Quarter>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
   if (c == cols) return;
