@@ -111,9 +111,7 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
     static_assert(Out::spec_desc == detail::einsum_output_desc(e, O::decision, O::da, O::db),
                   "tshard: internal: the typed and descriptor einsum decisions disagree");
     const detail::Extents shape = detail::einsum_output_shape(e, detail::extents_of(a), detail::extents_of(b));
-    if constexpr (!Record)
-      if (detail::recording(a, b))
-        throw SpecError(std::string("tshard::einsum: a gradient rule's product is recorded: ") + detail::kNoSecondOrder);
+    if constexpr (!Record) detail::refuse_tracked("einsum", detail::kNoSecondOrder, a, b);
     auto* kept = Record && detail::recording(a, b) ? detail::KeptProducts::active() : nullptr;  // a selective checkpoint's
     if (kept && kept->replaying()) {
       Out out(detail::AdoptStorage{}, a.mesh(), detail::to_array<e.no>(shape), nullptr);
