@@ -46,13 +46,8 @@ struct AttentionGeometry {
   Index window = 0;
   Index offset = 0;  // query row t is at position t + offset (causal: S - T)
 
-  bool visible(Index t, Index s) const {
-    const Index p = t + offset;
-    if (causal && s > p) return false;
-    if (window > 0 && (p - s >= window || (!causal && s - p >= window))) return false;
-    return true;
-  }
-  // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped.
+  // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
+  // for one row, exactly the keys it sees).
   std::pair<Index, Index> keys(Index t0, Index t1) const {
     Index lo = 0, hi = S;
     if (causal) hi = std::min(S, t1 + offset);
@@ -235,9 +230,12 @@ void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Inde
   block_product<true>(s.data(), s.outerStride(), br, bc, BlockOperand<A>{q.data() + r0 * D, D, 1}, kt.data() + s0,
                       kt.cols(), D, scale);
   if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
-  for (Index i = 0; i < br; ++i)
-    for (Index j = 0; j < bc; ++j)
-      if (!geo.visible(t0 + i, s0 + j)) s(i, j) = -std::numeric_limits<A>::infinity();
+  for (Index i = 0; i < br; ++i) {  // a row sees one run of keys: hide what lies either side
+    const auto [lo, hi] = geo.keys(t0 + i, t0 + i + 1);
+    const Index a = std::clamp<Index>(lo - s0, 0, bc), z = std::clamp<Index>(hi - s0, a, bc);
+    s.row(i).head(a).setConstant(-std::numeric_limits<A>::infinity());
+    s.row(i).tail(bc - z).setConstant(-std::numeric_limits<A>::infinity());
+  }
 }
 
 // One head's forward: o [G * T, D] and the log-sum-exp of every row (its softmax's normaliser).
@@ -250,6 +248,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
   lse.resize(G * geo.T);
   const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
+  const Index ld = kKeyBlock;  // of the score block
   Column<A> m(kQueryBlock), l(kQueryBlock);
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
@@ -275,7 +274,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
           m(i) = top;
         }
         // oi += p v_j
-        block_product<false>(oi.data(), D, br, D, BlockOperand<A>{p.data(), scores.cols(), 1}, v.data() + s0 * D, D, bc,
+        block_product<false>(oi.data(), D, br, D, BlockOperand<A>{p.data(), ld, 1}, v.data() + s0 * D, D, bc,
                              A(1));
       }
       for (Index i = 0; i < br; ++i) {
