@@ -8,10 +8,9 @@
 //   mpirun -np 4 ./train_llama --mesh data=2,model=2 --double --check          # = the one-rank curve
 //   mpirun -np 2 ./train_llama --hf SmolLM-135M --text notes.txt --steps 100 --save-hf tuned --generate 40 --prompt "Once"
 //
-// Data: a synthetic task, --text FILE (bytes, or a tokenizer's ids; the last tenth held out for
-// --eval-every K) or --data FILE (int32 .npy [N, seq + 1]). Files: --init and --save-safetensors (HF's
-// layout), --hf DIR and --save-hf DIR (transformers' directories: config, weights, tokenizer), --save DIR
-// [--save-every K], --resume DIR (any mesh). Output: "step <n> loss <l>" per step, the sample, throughput, memory.
+// Data: synthetic, --text FILE (bytes or a tokenizer's ids; the last tenth held out for --eval-every K) or --data
+// FILE (int32 .npy [N, seq + 1]). Files: --init, --save-safetensors (HF's layout), --hf DIR, --save-hf DIR (transformers'
+// directories), --save DIR [--save-every K], --resume DIR (any mesh). Output: "step <n> loss <l>", sample, speed, memory.
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -415,9 +414,10 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_llama");
-    std::optional<ts::train::TokenWindows> text;  // every rank holds the text: its windows are read by index
+    ts::io::require_writable(mesh.comm(), {o.save, o.save_hf, o.save_safetensors});  // before training, not after
     const auto prompt = ts::train::prompt_ids(o.prompt, o.tokenizer(), o.vocab);  // (on every rank: an error is every rank's)
     if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", prompt);
+    std::optional<ts::train::TokenWindows> text;  // every rank holds the text: its windows are read by index
     if (!o.text.empty()) text.emplace(ts::train::TokenWindows::text_of("train_llama", o.text, o.seq, o.tokenizer()));
     ts::nn::flush_denormals();
     return o.use_double ? run_all<double>(mesh, o, text ? &*text : nullptr) : run_all<float>(mesh, o, text ? &*text : nullptr);

@@ -646,16 +646,17 @@ int run_all(const M& mesh, const Options& o) {
 
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
-  Options o;
-  std::optional<M> mesh;
-  try {  // every rank parses the same line: all report and leave
-    o = parse(argc, argv);
-    mesh.emplace(o.mesh.make("train_transformer"));
-  } catch (const ts::train::UsageError& e) {
+  try {
+    const Options o = parse(argc, argv);
+    const M mesh = o.mesh.make("train_transformer");
+    ts::io::require_writable(mesh.comm(), {o.save, o.trace, o.write_data});  // before training, not after
+    if (!o.write_data.empty()) return write_data(mesh, o);
+    ts::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
+    if (o.use_bf16) return run_all<ts::bfloat16>(mesh, o);
+    return o.use_double ? run_all<double>(mesh, o) : run_all<float>(mesh, o);
+  } catch (const ts::train::UsageError& e) {  // every rank parses the same line: all report and leave
     return ts::train::Flags::report(e);
+  } catch (const ts::IoError& e) {  // a file's error, thrown on every rank alike
+    return ts::train::Flags::report(e, 1);
   }
-  if (!o.write_data.empty()) return write_data(*mesh, o);
-  ts::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times
-  if (o.use_bf16) return run_all<ts::bfloat16>(*mesh, o);
-  return o.use_double ? run_all<double>(*mesh, o) : run_all<float>(*mesh, o);
 }

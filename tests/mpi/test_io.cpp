@@ -212,6 +212,28 @@ TEST_CASE("a checkpoint reloads with other specs and meshes, verifies checksums,
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+TEST_CASE("require_writable says before a run that an output cannot be written, on every rank, and leaves nothing", "[io]") {
+  const std::string blocker = scratch_file("a_file"), folder = scratch_file("made_by_check");
+  if (world_rank() == 0) std::ofstream(blocker) << "not a folder\n";
+  MPI_Barrier(MPI_COMM_WORLD);
+  // A path under a plain file: no folder can be made there.
+  TS_REQUIRE_ALL(io_error([&] { ts::io::require_writable(MPI_COMM_WORLD, blocker + "/ckpt"); }, "cannot be written"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::require_writable(MPI_COMM_WORLD, {"", blocker + "/x.safetensors"}); }, blocker));
+  // A writable one: its parent folders are made, no probe stays behind, and the path itself is not made.
+  ts::io::require_writable(MPI_COMM_WORLD, {folder + "/sub/ckpt/", "", folder + "/w.safetensors"});
+  MPI_Barrier(MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(std::filesystem::is_directory(folder + "/sub"));
+  TS_REQUIRE_ALL(std::distance(std::filesystem::directory_iterator(folder + "/sub"), std::filesystem::directory_iterator()) == 0);
+  TS_REQUIRE_ALL(std::filesystem::exists(folder + "/sub") && !std::filesystem::exists(folder + "/sub/ckpt") &&
+                 !std::filesystem::exists(folder + "/w.safetensors"));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) {
+    std::filesystem::remove_all(folder);
+    std::filesystem::remove(blocker);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_CASE("every writer writes a ZeRO-3 parameter's true values between its uses; gather() still says it holds none",
           "[io][zero]") {
   // After step(), stage 3 keeps each rank's chunk and releases the parameter. What the writers

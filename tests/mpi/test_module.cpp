@@ -936,7 +936,9 @@ TEST_CASE("train::Flags binds flags to variables and names the program in every 
   fails({"--steps"}, "prog: --steps needs a value");
   fails({"--schedule", "zz"}, "prog: --schedule takes gpipe or 1f1b, not 'zz'");
   fails({"--mesh", "bogus=2"}, "prog: --mesh: unknown axis 'bogus' (data, model or stage)");
-  fails({"--mesh", "data=0"}, "prog: --mesh: the size of data must be a positive integer");
+  fails({"--mesh", "data=0"}, "prog: --mesh: the size of data must be a positive integer, not '0'");
+  fails({"--mesh", "data=2x"}, "prog: --mesh: the size of data must be a positive integer, not '2x'");
+  fails({"--mesh", "model=2,model=1"}, "prog: --mesh names model twice");
   fails({"--mesh", "data"}, "prog: --mesh takes axis=size items, e.g. data=2,model=2, not 'data'");
   // --help anywhere: the usage, each flag with the value its variable had when bound, and
   // nothing applied.

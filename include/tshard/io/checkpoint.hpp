@@ -25,9 +25,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -118,6 +120,32 @@ void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
 }
 
 }  // namespace detail
+
+// Collective over comm: that a checkpoint or file can be written at `path` (its parent folder
+// made, a file written there and removed), so that a run learns of an unwritable --save before
+// it trains rather than after; else an IoError naming the path on every rank.
+inline void require_writable(MPI_Comm comm, const std::string& path) {
+  detail::on_first_rank(comm, "'" + path + "' cannot be written", [&] {
+    std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();  // "ckpt/"
+    const std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+    std::filesystem::create_directories(parent);
+    const std::filesystem::path probe = parent / ("." + p.filename().string() + ".probe");
+    std::ofstream file(probe);
+    file << "probe\n";
+    file.close();
+    const bool written = !file.fail();
+    std::error_code ignored;
+    std::filesystem::remove(probe, ignored);
+    if (!written) throw std::runtime_error("no file can be created in '" + parent.string() + "'");
+  });
+}
+
+// Each of `paths` that is not empty (the outputs a command line asked for).
+inline void require_writable(MPI_Comm comm, std::initializer_list<std::string> paths) {
+  for (const auto& path : paths)
+    if (!path.empty()) require_writable(comm, path);
+}
 
 class CheckpointWriter {
  public:

@@ -205,15 +205,18 @@ class Flags {
   void parse_mesh(const std::string& s, MeshSizes<M>& m, const std::vector<std::string>& order) {
     m.given = true;
     m.sizes.fill(1);
+    std::vector<int> named;  // the axes given so far
     std::size_t at = 0;
     while (at < s.size()) {
       const std::size_t comma = s.find(',', at);
       const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
       const std::size_t eq = item.find('=');
       if (eq == std::string::npos) fail("--mesh takes axis=size items, e.g. data=2,model=2, not '" + item + "'");
-      const std::string axis = item.substr(0, eq);
-      const int size = std::atoi(item.c_str() + eq + 1);
-      if (size < 1) fail("--mesh: the size of " + axis + " must be a positive integer");
+      const std::string axis = item.substr(0, eq), digits = item.substr(eq + 1);
+      const bool number = !digits.empty() && digits.size() < 10 &&
+                          std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+      const int size = number ? std::atoi(digits.c_str()) : 0;
+      if (size < 1) fail("--mesh: the size of " + axis + " must be a positive integer, not '" + digits + "'");
       int index = -1;
       for (int a = 0; a < M::axes; ++a)
         if (M::axis_names[std::size_t(a)] == axis) index = a;
@@ -222,6 +225,8 @@ class Flags {
         for (std::size_t i = 0; i < order.size(); ++i) list += (i ? (i + 1 == order.size() ? " or " : ", ") : "") + order[i];
         fail("--mesh: unknown axis '" + axis + "' (" + list + ")");
       }
+      if (std::find(named.begin(), named.end(), index) != named.end()) fail("--mesh names " + axis + " twice");
+      named.push_back(index);
       m.sizes[std::size_t(index)] = size;
       if (comma == std::string::npos) break;
       at = comma + 1;
