@@ -9,6 +9,9 @@
 #  3. the same with --mesh context=C for each C of --contexts (the sequence split over C ranks:
 #     with 2 key-value heads, C = 2 takes the all-to-all and C = 4 the ring), tokens/s over all
 #     ranks and rank 0's pool peak (on a machine with fewer cores than C, the rates mean nothing);
+#     beside it, rank 0's activations (the pool's peak less what stays in use after training:
+#     parameters, gradients, optimizer state) against one rank's at the same T, and the issue's
+#     goal for them, 1.15 / C;
 #  4. with --goal C: the long-context issue's memory goal, the Llama at T 16384 (--dmodel 256
 #     --heads 8 --kv-heads 2 --layers 2 --batch 1) on C ranks, --mesh context=C.
 # Where PyTorch >= 2 is importable, bench/sdpa_bench.py times its CPU flash kernel
@@ -43,35 +46,45 @@ sdpa_status=0
 python3 bench/sdpa_bench.py --seq "$attention_seqs" --written-max "$written_max" --reps "$reps" \
   --against "$attention_out" || sdpa_status=$?
 ((sdpa_status == 0 || sdpa_status == 77)) || exit "$sdpa_status"
-# One train_llama run on RANKS ranks at sequence T: its tokens/s, rank 0's pool peak and the
-# resident memory line's figure.
+# One train_llama run on RANKS ranks at sequence T: its tokens/s, rank 0's pool peak, its
+# activations (the peak less what the pool still holds after training) and the resident memory
+# line's figure; with ONE (one rank's activations at T), their ratio and the goal 1.15 / RANKS.
 llama_row() {
-  local t=$1 label=$2 ranks=$3
-  shift 3
+  local t=$1 label=$2 ranks=$3 one=$4
+  shift 4
   mpirun -np "$ranks" "$bench_dir"/examples/train_llama --seq "$t" --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 \
-    --vocab 256 --steps "$steps" "$@" | awk -v t="$t" -v a="$label" '
+    --vocab 256 --steps "$steps" "$@" | awk -v t="$t" -v a="$label" -v one="$one" -v c="$ranks" '
       /^mesh/ { for (i = 1; i <= NF; i++) if ($i == "tokens/s,") s = $(i - 1) }
-      /^buffer pool/ { for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i + 1) / 1024 }
+      /^buffer pool/ { u = $6 / 1024; for (i = 1; i <= NF; i++) if ($i == "peak") p = $(i + 1) / 1024 }
       /^resident memory/ { for (i = 1; i <= NF; i++) if ($i == "model") r = $(i + 1) }
-      END { printf "%7s %-8s %12s %18.1f %22s\n", t, a, s, p, r }'
+      END {
+        printf "%7s %-10s %12s %16.1f %18.1f %20s", t, a, s, p, p - u, r
+        if (one > 0) printf " %14.2f %10.2f", (p - u) / one, 1.15 / c
+        printf "\n"
+      }'
 }
+header() { printf "%7s %-10s %12s %16s %18s %20s%s\n" seq attention tokens/s "pool peak (MiB)" "activations (MiB)" \
+  "resident peak (MiB)" "${1:+   / one rank       goal}"; }
+declare -A one_rank  # one rank's fused activations (MiB) at each T
 echo "== train_llama, one rank, float: --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps $steps"
-printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
+header
 for t in ${seqs//,/ }; do
   for attention in fused einsum; do
     if [[ $attention == einsum ]] && ((t > written_max)); then
-      printf "%7s %-8s %12s\n" "$t" "$attention" "not run (T^2 memory; --written-max $written_max)"
+      printf "%7s %-10s %12s\n" "$t" "$attention" "not run (T^2 memory; --written-max $written_max)"
       continue
     fi
-    llama_row "$t" "$attention" 1 --attention "$attention"
+    row=$(llama_row "$t" "$attention" 1 0 --attention "$attention")
+    echo "$row"
+    [[ $attention == fused ]] && one_rank[$t]=$(awk '{ print $5 }' <<<"$row")
   done
 done
 for c in ${contexts//,/ }; do
   way=ring
   ((2 % c == 0)) && way=all-to-all
   echo "== train_llama, --mesh context=$c ($way), float, the same sizes"
-  printf "%7s %-8s %12s %18s %22s\n" seq attention tokens/s "pool peak (MiB)" "resident peak (MiB)"
-  for t in ${seqs//,/ }; do llama_row "$t" "$way" "$c" --mesh context="$c"; done
+  header ratio
+  for t in ${seqs//,/ }; do llama_row "$t" "$way" "$c" "${one_rank[$t]}" --mesh context="$c"; done
 done
 if [[ -n $goal ]]; then
   echo "== the memory goal: train_llama --seq 16384 --dmodel 256 --heads 8 --kv-heads 2 --layers 2 --batch 1 --mesh context=$goal"
