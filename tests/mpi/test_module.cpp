@@ -556,6 +556,18 @@ TEST_CASE("state_dict names every parameter and buffer; load_state_dict copies b
     }
     INFO(said);
     TS_REQUIRE_ALL(said.find("\"fc.bias\": the shapes differ") != std::string::npos);
+    // Into a model on another Mesh object of the same axes and ranks: refused, saying why.
+    const M twin({s[0], s[1]});
+    Normed<Columns> c(twin);
+    said.clear();
+    try {
+      ts::nn::load_state_dict(c, sd);
+    } catch (const ts::MeshError& e) {
+      said = e.what();
+    }
+    INFO(said);
+    TS_REQUIRE_ALL(said.find("lives on another mesh than") != std::string::npos &&
+                   said.find("two Mesh objects constructed separately") != std::string::npos);
   }
 }
 

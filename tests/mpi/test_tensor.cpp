@@ -217,6 +217,14 @@ TEST_CASE("tensors of two different meshes never mix") {
     threw = std::string(e.what()).find("different meshes") != std::string::npos;
   }
   TS_REQUIRE_ALL(threw);
+  // Two meshes that describe alike: the error says why they still differ.
+  std::string text;
+  try {
+    (void)(a + ts::zeros<float, ts::Spec<ts::S<"x">>>(m2, {6}));
+  } catch (const ts::MeshError& e) {
+    text = e.what();
+  }
+  TS_REQUIRE_ALL(text.find("two Mesh objects constructed separately are two meshes") != std::string::npos);
 }
 
 TEST_CASE("negative extents are a ShapeError on every rank") {

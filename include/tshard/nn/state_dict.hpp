@@ -122,7 +122,9 @@ tshard::detail::AlignedOperand<T> aligned_source(const StateTensor& from, const 
   const void* data = from.block(desc, extents, mesh);
   if (extents != shape || desc.rank != spec.rank)
     throw ShapeError(what + "the shapes differ: " + from.describe() + " into " + to.describe());
-  if (mesh != &state) throw MeshError(what + from.describe() + " lives on another mesh than " + to.describe());
+  if (mesh != &state)  // a state dict moves to another mesh through a file: nn::save, then nn::load
+    throw MeshError(what + from.describe() + " lives on another mesh than " + to.describe() +
+                    tshard::detail::kSeparateMeshes);
   return tshard::detail::implicit_reshard(state, desc, spec, extents, static_cast<const T*>(data), "load_state_dict");
 }
 

@@ -496,11 +496,16 @@ struct is_sharded_tensor : std::false_type {};
 template <class T, class M, class S, class P>
 struct is_sharded_tensor<ShardedTensor<T, M, S, P>> : std::true_type {};
 
+// Why two meshes of the same axes and ranks still differ, for the errors that find them.
+inline constexpr const char* kSeparateMeshes =
+    " (two Mesh objects constructed separately are two meshes, even of the same axes and ranks: build both"
+    " tensors on one Mesh object, whose copies share it, or save and load across meshes)";
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_different_meshes(const char* op, const std::string& a,
                                                                          const MeshShape& ma, const std::string& b,
                                                                          const MeshShape& mb) {
+  const std::string hint = ma.describe() == mb.describe() ? std::string(kSeparateMeshes) : std::string();
   throw MeshError(std::string("tshard::") + op + ": the tensors live on different meshes: a is " + a + " on mesh " +
-                  ma.describe() + ", b is " + b + " on mesh " + mb.describe());
+                  ma.describe() + ", b is " + b + " on mesh " + mb.describe() + hint);
 }
 // MeshError (on every rank alike) when two tensors live on different mesh objects.
 template <class A, class B>
