@@ -112,7 +112,8 @@ class Environment {
         const std::string why =
             "it reached the end of the program (returned from main or called exit), but other ranks did not within " +
             std::to_string(int(bound)) +
-            " s: they are most likely waiting in a collective this rank left. (TSHARD_FINALIZE_TIMEOUT=0 waits forever "
+            " s: they are most likely waiting in a collective this rank left or never called (one called on some "
+            "ranks only, inside `if (mesh.rank() == 0)` say). (TSHARD_FINALIZE_TIMEOUT=0 waits forever "
             "where ranks legitimately finish far apart.)";
         detail::abort_job(why.c_str());
       }
