@@ -73,3 +73,20 @@ endmacro()
 function(tshard_precompile_headers target)
   target_precompile_headers(${target} PRIVATE <tshard/tshard.hpp>)
 endfunction()
+
+# tshard_add_kernels(SOURCE): tshard::kernels, a static library compiled in the consumer's build
+# (its compiler, its flags, tshard::tshard's BLAS choice) from tshard's kernels.cpp: the
+# descriptor-level kernels, compiled once instead of in every translation unit. A target that
+# links it gets TSHARD_PRECOMPILED_KERNELS and compiles in ~0.6x the time (a model) with the same
+# results. Built only where something links it.
+function(tshard_add_kernels source)
+  if(TARGET tshard_kernels)
+    return()
+  endif()
+  add_library(tshard_kernels STATIC EXCLUDE_FROM_ALL "${source}")
+  add_library(tshard::kernels ALIAS tshard_kernels)
+  target_link_libraries(tshard_kernels PUBLIC tshard::tshard)
+  target_compile_definitions(tshard_kernels INTERFACE TSHARD_PRECOMPILED_KERNELS=1)
+  set_target_properties(tshard_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endfunction()
+

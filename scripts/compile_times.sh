@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Compile time of single translation units, one at a time on one core, best of --reps.
-#   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--against DIR] [file.cpp ...]
+#   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--kernels] [--against DIR] [file.cpp ...]
 #   bash scripts/compile_times.sh --profile [--opt -O2] file.cpp
 # --opt: the optimisation flag (default -O3, the build's; the compile-time goals use -O2).
 # --against DIR: also compile each file against another checkout (an older commit, say:
 #   git worktree add /tmp/old 7a7d6a6) with that tree's headers and, where it has one, its own
 #   copy of the file, and print the ratio this tree / that tree.
+# --kernels: compile this tree's files as a program that links tshard::kernels does (with
+#   TSHARD_PRECOMPILED_KERNELS: the descriptor-level kernels come compiled from src/kernels.cpp,
+#   whose own one-off time is printed first); the other tree's header-only.
 # --profile: where the file's time goes, by template family (clang++ -ftime-trace, summed by
 #   scripts/compile_profile.py): front end against back end, instantiation, optimisation and
 #   machine code per family, typed code against code per element type.
@@ -16,6 +19,7 @@ reps=1
 opt=-O3
 against=
 profile=
+kernels=
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -23,6 +27,7 @@ while [ $# -gt 0 ]; do
     --opt) opt="$2"; shift 2 ;;
     --against) against="$(cd "$2" && pwd)"; shift 2 ;;
     --profile) profile=1; shift ;;
+    --kernels) kernels=-DTSHARD_PRECOMPILED_KERNELS=1; shift ;;
     *) files+=("$1"); shift ;;
   esac
 done
@@ -38,18 +43,18 @@ if [ -n "$profile" ]; then
   command -v clang++ >/dev/null || { echo "--profile needs clang++ (apt-get install clang)" >&2; exit 1; }
   for f in "${files[@]}"; do
     echo "== $f ($opt)"
-    clang++ "${flags[@]}" -I"$PWD/include" -I"$PWD/tests/support" -ftime-trace -ftime-trace-granularity=50 \
+    clang++ "${flags[@]}" $kernels -I"$PWD/include" -I"$PWD/tests/support" -ftime-trace -ftime-trace-granularity=50 \
       -c "$f" -o "$out/x.o"
     python3 scripts/compile_profile.py "$out/x.json" "$out/x.o"
   done
   exit 0
 fi
-# best_time ROOT FILE: seconds to compile FILE with ROOT's headers (best of reps).
+# best_time ROOT FILE [FLAG]: seconds to compile FILE with ROOT's headers (best of reps).
 best_time() {
-  local root=$1 f=$2 best= t t0
+  local root=$1 f=$2 extra=${3:-} best= t t0
   for _ in $(seq "$reps"); do
     t0=$EPOCHREALTIME
-    "$cxx" "${flags[@]}" -I"$root/include" -I"$root/tests/support" -c "$f" -o "$out/x.o"
+    "$cxx" "${flags[@]}" $extra -I"$root/include" -I"$root/tests/support" -c "$f" -o "$out/x.o"
     t=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
     if [ -z "$best" ] || awk -v t="$t" -v b="$best" 'BEGIN { exit !(t < b) }'; then best=$t; fi
   done
@@ -60,8 +65,10 @@ if [ -z "$against" ]; then
 else
   printf '%-40s %8s %8s %7s\n' "file ($opt)" this that ratio
 fi
+[ -z "$kernels" ] || printf '%-40s %8.1f  (once per build: tshard::kernels)\n' src/kernels.cpp \
+                         "$(best_time "$PWD" src/kernels.cpp)"
 for f in "${files[@]}"; do
-  mine=$(best_time "$PWD" "$f")
+  mine=$(best_time "$PWD" "$f" "$kernels")
   if [ -z "$against" ]; then
     printf '%-40s %8.1f\n' "$f" "$mine"
   else

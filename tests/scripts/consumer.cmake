@@ -14,6 +14,10 @@ if(MODE STREQUAL "find_package_no_blas")
   # The opt-out: TSHARD_USE_BLAS=OFF at the consumer's configure gives Eigen's GEMM.
   set(extra -DTSHARD_USE_BLAS=OFF -DTSHARD_CONSUMER_EXPECT_BACKEND=eigen)
   set(MODE find_package)
+elseif(MODE STREQUAL "find_package_kernels")
+  # find_package(tshard COMPONENTS kernels) and the program on tshard::kernels.
+  list(APPEND extra -DTSHARD_CONSUMER_KERNELS=ON)
+  set(MODE find_package)
 elseif(MODE STREQUAL "find_package_hdf5")
   # find_package(tshard COMPONENTS hdf5) and a program on tshard::hdf5.
   list(APPEND extra -DTSHARD_CONSUMER_HDF5=ON)

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/error.hpp"
 #include "tshard/ops/reduce_kernel.hpp"
 #include "tshard/reshard/reshard.hpp"
@@ -146,4 +147,16 @@ void accumulate_unbroadcast(const X& x, const C& c, typename X::Scalar factor = 
   add_unbroadcast(*node, C::spec_desc, extents_of(c), C::rank, TensorAccess::storage(c), factor);
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void add_cotangent<T>(TypedGradNode<T>&, const SpecDesc&, \
+    std::shared_ptr<T>))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void add_unbroadcast<T>(TypedGradNode<T>&, const SpecDesc&, \
+    const Extents&, int, std::shared_ptr<T>, T))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

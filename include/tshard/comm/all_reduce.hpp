@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/collectives.hpp"
 
 namespace tshard::detail {
@@ -186,4 +187,19 @@ void two_level_reduce_scatter(MPI_Comm comm, const NodeGroups& g, const T* send,
   reduce_scatter_block(g.across, mine.get(), recv, n, ReduceOp::Sum);
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void exchange_all_reduce<T>(MPI_Comm, T*, Index, Index))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void two_level_all_reduce<T>(MPI_Comm, const NodeGroups&, T*, \
+    Index))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void two_level_reduce_scatter<T>(MPI_Comm, const NodeGroups&, \
+    const T*, T*, Index))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

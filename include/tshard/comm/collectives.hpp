@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/cost.hpp"
 #include "tshard/comm/datatype.hpp"
@@ -510,4 +511,30 @@ class AsyncExchange {
   std::chrono::steady_clock::time_point begin_;
 };
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void all_reduce<T>(MPI_Comm, const T*, T*, Index, ReduceOp))
+TSHARD_FOR_EACH_NUMBER(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void reduce_scatter_block<T>(MPI_Comm, const T*, T*, Index, \
+    ReduceOp))
+TSHARD_FOR_EACH_NUMBER(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void broadcast<T>(MPI_Comm, T*, Index, int))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void all_gather_counts<T>(MPI_Comm, const T*, T*, \
+    const std::vector<int>&, const std::vector<int>&))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void reduce_scatter_counts<T>(MPI_Comm, const T*, T*, \
+    const std::vector<Index>&, ReduceOp))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

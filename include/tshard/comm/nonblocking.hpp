@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/all_reduce.hpp"
 #include "tshard/comm/collectives.hpp"
 
@@ -423,4 +424,16 @@ std::unique_ptr<PendingSequence<T>> start_two_level_reduce_scatter(MPI_Comm comm
       [=](PendingCollective<T>& c) { c.start_reduce_scatter(g->across, mine.get(), recv, n, across_tag); }});
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(std::unique_ptr<PendingSequence<T>> start_two_level_all_reduce<T>(MPI_Comm, \
+    std::shared_ptr<const NodeGroups>, T*, Index))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(std::unique_ptr<PendingSequence<T>> start_two_level_reduce_scatter<T>(MPI_Comm, \
+    std::shared_ptr<const NodeGroups>, const T*, T*, Index))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/box_iterator.hpp"
 #include "tshard/core/shard.hpp"
 
@@ -102,4 +103,16 @@ inline ShardLayout shifted(ShardLayout l, const Extents& shift) {
   return l;
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void copy_box<T>(const T*, const Extents&, const Extents&, T*, \
+    const Extents&, const Extents&, const Extents&, int))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void fill_box<T>(T*, const Extents&, const Extents&, \
+    const Extents&, int, const T&))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/core/shard.hpp"
 
@@ -73,4 +74,16 @@ void pack_c_order(const T* in, const tshard::detail::ShardLayout& layout, T* box
   c_order_copy<T, true>(layout, in, box);
 }
 
+}  // namespace tshard::io::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::io::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void c_order_copy<T, true>(const tshard::detail::ShardLayout&, \
+    const T*, T*))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void c_order_copy<T, false>(const tshard::detail::ShardLayout&, \
+    const T*, T*))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::io::detail

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/file.hpp"
 #include "tshard/io/blocks.hpp"
@@ -202,3 +203,15 @@ class NpyRows {
 };
 
 }  // namespace tshard::io
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::io::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void save_npy_block<T>(const std::string&, \
+    const tshard::detail::BlockView<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(tshard::detail::LoadedBlock<T> load_npy_block<T>(tshard::detail::MeshState&, \
+    const tshard::detail::SpecDesc&, const std::string&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::io::detail

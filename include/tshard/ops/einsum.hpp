@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/ops/einsum_decision.hpp"
 #include "tshard/ops/einsum_labels.hpp"
@@ -218,3 +219,12 @@ auto matmul(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Au
 }
 
 }  // namespace tshard
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void einsum_run<T>(MeshState&, const EinsumLabels&, \
+    const EinsumDecision&, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, const T*, \
+    const SpecDesc&, const Extents&, T*, EinsumStrategy))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/mesh.hpp"
@@ -42,4 +43,12 @@ void windowed_matmul(MeshState& mesh, const SpecDesc& wa, const SpecDesc& wb, co
   }
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void windowed_matmul<T>(MeshState&, const SpecDesc&, \
+    const SpecDesc&, const Extents&, const Extents&, const T*, const T*, T*, const ShardLayout&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

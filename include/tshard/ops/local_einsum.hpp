@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/ops/einsum_labels.hpp"
@@ -310,4 +311,12 @@ void local_einsum(const EinsumLabels& e_in, const T* a, const ShardLayout& la_in
   if (!p.c.in_place) permuted_copy<false>(lc, p.c.pack_order, s.e.no, pc.get(), c);
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void local_einsum<T>(const EinsumLabels&, const T*, \
+    const ShardLayout&, const T*, const ShardLayout&, T*, const ShardLayout&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -7,6 +7,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/optim/optimizer.hpp"
 
 namespace tshard::optim {
@@ -73,6 +74,9 @@ class AdamW : public Optimizer<AdamWOptions, AdamWRule> {
   using Options = AdamWOptions;
   explicit AdamW(const Options& options) : Optimizer(options) {}
 };
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+TSHARD_KERNEL_INSTANCE(class Optimizer<AdamWOptions, AdamWRule>)
 
 }  // namespace tshard::optim
 

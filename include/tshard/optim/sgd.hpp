@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/optim/optimizer.hpp"
 
 namespace tshard::optim {
@@ -39,6 +40,9 @@ class SGD : public Optimizer<SGDOptions, SGDRule> {
   using Options = SGDOptions;
   explicit SGD(const Options& options) : Optimizer(options) {}
 };
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+TSHARD_KERNEL_INSTANCE(class Optimizer<SGDOptions, SGDRule>)
 
 }  // namespace tshard::optim
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/reshard/reshard.hpp"
 
 namespace tshard::parallel::detail {
@@ -49,4 +50,12 @@ void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDes
   add(aligned.data);
 }
 
+}  // namespace tshard::parallel::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::parallel::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void accumulate_gradient<T>(tshard::detail::MeshState&, T*, \
+    const SpecDesc&, const Extents&, const T*, const SpecDesc&, std::uint32_t, const char*))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::parallel::detail

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/reshard/plan_cache.hpp"
@@ -52,4 +53,12 @@ void execute_reshard(MeshState& mesh, const SpecDesc& src_spec, const SpecDesc& 
   }
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void execute_reshard<T>(MeshState&, const SpecDesc&, \
+    const SpecDesc&, const Extents&, const T*, T*))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/mesh.hpp"
@@ -133,4 +134,12 @@ void redistribute(MeshState& mesh, const SpecDesc& from, const Extents& from_sha
       if (incoming[i].first != me) copy_overlap(rbuf.data() + roff[i], incoming[i].second, dst, mine_to);
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void redistribute<T>(MeshState&, const SpecDesc&, const Extents&, \
+    const T*, const SpecDesc&, const Extents&, T*, const Extents&))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

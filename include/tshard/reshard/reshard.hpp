@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/reshard/execute.hpp"
 #include "tshard/reshard/redistribute.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
@@ -209,3 +210,11 @@ ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t
 }  // namespace detail
 
 }  // namespace tshard
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void implicit_redistribute<T>(MeshState&, const SpecDesc&, \
+    const Extents&, const T*, const SpecDesc&, const Extents&, T*, const Extents&, const char*))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

@@ -4,6 +4,7 @@
 #pragma once
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/mesh.hpp"
@@ -102,4 +103,12 @@ void gather_to_root(MeshState& mesh, const SpecDesc& spec, const Extents& shape,
   }
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void gather_to_all<T>(MeshState&, const SpecDesc&, \
+    const Extents&, const T*, T*))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

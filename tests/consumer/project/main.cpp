@@ -8,6 +8,10 @@
 
 namespace ts = tshard;
 
+#if defined(TSHARD_CONSUMER_EXPECT_KERNELS) && !defined(TSHARD_PRECOMPILED_KERNELS)
+#error "linking tshard::kernels must give TSHARD_PRECOMPILED_KERNELS (the kernels' extern declarations)"
+#endif
+
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   const int p = ts::Environment::world_size();

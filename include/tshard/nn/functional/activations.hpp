@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -78,3 +79,11 @@ auto gelu_backward(const X& x, const DG& dg) {
 }
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void gelu_backward_run<T>(T*, const T*, const T*, \
+    tshard::detail::Index))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

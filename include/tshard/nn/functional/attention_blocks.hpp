@@ -12,6 +12,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::nn {
@@ -329,3 +330,20 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
 
 }  // namespace detail
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void pack_head<T, T>(const T*, const HeadLayout&, Index, Index, \
+    Index, RowMatrix<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void attention_forward_head<T>(const RowMatrix<T>&, \
+    const RowMatrix<T>&, const RowMatrix<T>&, Index, const AttentionGeometry&, T, RowMatrix<T>&, Column<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void attention_backward_head<T>(const RowMatrix<T>&, \
+    const RowMatrix<T>&, const RowMatrix<T>&, const RowMatrix<T>&, const RowMatrix<T>&, const Column<T>&, Index, \
+    const AttentionGeometry&, T, RowMatrix<T>&, RowMatrix<T>&, RowMatrix<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -177,3 +178,11 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
 }
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void row_statistics<T, T>(const T*, tshard::detail::Index, \
+    tshard::detail::Index, T, T*, T*))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

@@ -2,6 +2,7 @@
 // sqrt, sigmoid, relu, abs, square, negation) and pow. Output specs follow the elementwise rule;
 // an expiring operand lends its buffer to the result.
 #pragma once
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/ops/elementwise/operands.hpp"
 
 namespace tshard {
@@ -403,3 +404,12 @@ auto pow(const X& xin, S p) {
 }
 
 }  // namespace tshard
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void binary_run<T>(MeshState&, BinaryKind, const SpecDesc&, \
+    const Extents&, const T*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, T*, \
+    const char*, T, T))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

@@ -1,6 +1,7 @@
 // Comparisons giving masks (ShardedTensor of bool) and where(mask, a, b): several operands,
 // tensors or scalars, in one broadcasting pass with the elementwise spec rule.
 #pragma once
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/ops/elementwise/operands.hpp"
 
 namespace tshard {
@@ -234,3 +235,17 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
 }
 
 }  // namespace tshard
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void compare_run<T>(MeshState&, CompareKind, const SpecDesc&, \
+    const Extents&, const T*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, bool*, \
+    const char*))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void where_run<T>(MeshState&, const SpecDesc&, const Extents&, \
+    const bool*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, const T*, \
+    const SpecDesc&, const Extents&, T*))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail
