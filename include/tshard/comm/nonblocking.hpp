@@ -437,3 +437,13 @@ TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
 TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(class PendingCollective<T>)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(class PendingSequence<T>)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

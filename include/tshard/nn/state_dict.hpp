@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/error.hpp"
 #include "tshard/io/checkpoint.hpp"
 #include "tshard/io/safetensors.hpp"
@@ -259,3 +260,10 @@ class StateDict {
 };
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(tshard::detail::AlignedOperand<T> aligned_source<T>(const StateTensor&, const StateTensor&, const std::string&, tshard::detail::MeshState&, const tshard::detail::SpecDesc&, const tshard::detail::Extents&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/nonblocking.hpp"
 #include "tshard/comm/point_to_point.hpp"
@@ -485,3 +486,10 @@ class Bucket : public BucketBase {
 namespace tshard::nn {
 using parallel::GradientReductionStats;
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::parallel::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(class Bucket<T>)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::parallel::detail

@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/point_to_point.hpp"
 #include "tshard/nn/functional/attention_blocks.hpp"
@@ -328,4 +329,20 @@ void ring_attention_backward(const RingProblem<A>& rp, const Scratch<A>& q, cons
   std::copy_n(arriving.data() + kv, kv, dv.data());
 }
 
+}  // namespace tshard::nn::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(struct RingProblem<T>)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void ring_attention_forward<T>(const RingProblem<T>&, const Scratch<T>&, const Scratch<T>&, const Scratch<T>&, Scratch<T>&, Scratch<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void ring_attention_backward<T>(const RingProblem<T>&, const Scratch<T>&, const Scratch<T>&, const Scratch<T>&, const Scratch<T>&, const Scratch<T>&, const Scratch<T>&, Scratch<T>&, Scratch<T>&, Scratch<T>&))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void relayout<T, T>(MPI_Comm, int, const ZigzagChunks&, const RowSlabs&, Index, Index, T*, Scratch<T>&, bool))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail
