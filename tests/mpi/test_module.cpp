@@ -952,6 +952,17 @@ TEST_CASE("train::Flags binds flags to variables and names the program in every 
   fails({"--mesh", "data=2x"}, "prog: --mesh: the size of data must be a positive integer, not '2x'");
   fails({"--mesh", "model=2,model=1"}, "prog: --mesh names model twice");
   fails({"--mesh", "data"}, "prog: --mesh takes axis=size items, e.g. data=2,model=2, not 'data'");
+  // A number is all of its value: not the prefix atol/atof would read.
+  fails({"--steps", "2x"}, "prog: --steps takes an integer, not '2x'");
+  fails({"--steps", ""}, "prog: --steps takes an integer, not ''");
+  fails({"--steps", "1.5"}, "prog: --steps takes an integer, not '1.5'");
+  fails({"--steps", "99999999999999999999"}, "prog: --steps takes an integer in range, not '99999999999999999999'");
+  fails({"--lr", "fast"}, "prog: --lr takes a number, not 'fast'");
+  fails({"--lr", "1e-3x"}, "prog: --lr takes a number, not '1e-3x'");
+  fails({"--lr", "1e400"}, "prog: --lr takes a number, not '1e400'");
+  parse({"--steps", "+7", "--lr", "-2.5e-1"}, steps, lr, dbl, sched, mesh);
+  CHECK(steps == 7);
+  CHECK(lr == -0.25);
   // --help anywhere: the usage, each flag with the value its variable had when bound, and
   // nothing applied.
   steps = 100;

@@ -11,6 +11,9 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -75,11 +78,12 @@ class Flags {
  public:
   Flags(std::string program, int argc, char** argv) : program_(std::move(program)), args_(argv + 1, argv + argc) {}
 
-  // `name value`: an integer, a real or a string (read as std::atol / std::atof read them).
+  // `name value`: an integer, a real or a string. A number must be all of the value ("2x", "" and
+  // "1e400" are refused with the flag's name, not read as 2, 0 and inf).
   template <class V>
   Flags& value(const std::string& name, V& target) {
-    options_.push_back({name, true, [&target](const std::string& v) { assign(target, v); }, placeholder<V>(),
-                        shown(target)});
+    options_.push_back({name, true, [this, name, &target](const std::string& v) { assign(target, v, name); },
+                        placeholder<V>(), shown(target)});
     return *this;
   }
   // `name`: sets target to `to`.
@@ -196,10 +200,24 @@ class Flags {
     return nullptr;
   }
   template <class V>
-  static void assign(V& target, const std::string& v) {
-    if constexpr (std::is_same_v<V, std::string>) target = v;
-    else if constexpr (std::is_floating_point_v<V>) target = V(std::atof(v.c_str()));
-    else target = V(std::atol(v.c_str()));
+  void assign(V& target, const std::string& v, const std::string& name) const {
+    if constexpr (std::is_same_v<V, std::string>) {
+      target = v;
+    } else if constexpr (std::is_floating_point_v<V>) {
+      char* end = nullptr;
+      const double x = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || std::isspace(static_cast<unsigned char>(v[0])))
+        fail(name + " takes a number, not '" + v + "'");
+      target = V(x);
+    } else {
+      V x{};
+      const char* first = v.c_str() + (v.size() > 1 && v[0] == '+' ? 1 : 0);
+      const auto [end, error] = std::from_chars(first, v.c_str() + v.size(), x);
+      if (v.empty() || error != std::errc() || end != v.c_str() + v.size())
+        fail(name + " takes " + (std::is_signed_v<V> ? "an integer" : "a non-negative integer") +
+             (error == std::errc::result_out_of_range ? " in range" : "") + ", not '" + v + "'");
+      target = x;
+    }
   }
   template <MeshType M>
   void parse_mesh(const std::string& s, MeshSizes<M>& m, const std::vector<std::string>& order) {
