@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile time of single translation units, one at a time on one core, best of --reps.
-#   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--kernels] [--against DIR] [file.cpp ...]
+#   bash scripts/compile_times.sh [--reps N] [--opt -O2] [--kernels] [--pch] [--against DIR] [file.cpp ...]
 #   bash scripts/compile_times.sh --profile [--opt -O2] file.cpp
 # --opt: the optimisation flag (default -O3, the build's; the compile-time goals use -O2).
 # --against DIR: also compile each file against another checkout (an older commit, say:
@@ -9,6 +9,8 @@
 # --kernels: compile this tree's files as a program that links tshard::kernels does (with
 #   TSHARD_PRECOMPILED_KERNELS: the descriptor-level kernels come compiled from src/kernels.cpp,
 #   whose own one-off time is printed first); the other tree's header-only.
+# --pch: also use a precompiled <tshard/tshard.hpp> for this tree's files, as
+#   tshard_precompile_headers(target) gives (its one-off time is printed first).
 # --profile: where the file's time goes, by template family (clang++ -ftime-trace, summed by
 #   scripts/compile_profile.py): front end against back end, instantiation, optimisation and
 #   machine code per family, typed code against code per element type.
@@ -20,6 +22,7 @@ opt=-O3
 against=
 profile=
 kernels=
+pch=
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --against) against="$(cd "$2" && pwd)"; shift 2 ;;
     --profile) profile=1; shift ;;
     --kernels) kernels=-DTSHARD_PRECOMPILED_KERNELS=1; shift ;;
+    --pch) pch=1; shift ;;
     *) files+=("$1"); shift ;;
   esac
 done
@@ -65,10 +69,20 @@ if [ -z "$against" ]; then
 else
   printf '%-40s %8s %8s %7s\n' "file ($opt)" this that ratio
 fi
+mine_flags=$kernels
+if [ -n "$pch" ]; then  # (GCC takes tshard.hpp.gch in place of the header where the flags agree)
+  mkdir -p "$out/pch"
+  echo '#include <tshard/tshard.hpp>' > "$out/pch/tshard.hpp"
+  t0=$EPOCHREALTIME
+  "$cxx" "${flags[@]}" $kernels -I"$PWD/include" -x c++-header "$out/pch/tshard.hpp" -o "$out/pch/tshard.hpp.gch"
+  printf '%-40s %8.1f  (once per target: the precompiled header)\n' '<tshard/tshard.hpp>' \
+    "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')"
+  mine_flags="$kernels -include $out/pch/tshard.hpp -Winvalid-pch"
+fi
 [ -z "$kernels" ] || printf '%-40s %8.1f  (once per build: tshard::kernels)\n' src/kernels.cpp \
                          "$(best_time "$PWD" src/kernels.cpp)"
 for f in "${files[@]}"; do
-  mine=$(best_time "$PWD" "$f" "$kernels")
+  mine=$(best_time "$PWD" "$f" "$mine_flags")
   if [ -z "$against" ]; then
     printf '%-40s %8.1f\n' "$f" "$mine"
   else
