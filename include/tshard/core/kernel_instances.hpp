@@ -17,7 +17,6 @@
 //
 // An element type outside the list is instantiated where it is used, as without the library.
 #pragma once
-#include <Eigen/Core>
 #include <cstdint>
 
 #if defined(TSHARD_KERNELS_INSTANTIATE)
@@ -26,6 +25,41 @@
 #define TSHARD_KERNEL_INSTANCE(...) extern template __VA_ARGS__;
 #else
 #define TSHARD_KERNEL_INSTANCE(...)
+#endif
+
+#if defined(TSHARD_KERNELS_INSTANTIATE) || defined(TSHARD_PRECOMPILED_KERNELS)
+#include <Eigen/Core>  // (bfloat16 in the lists, the settings below; header-only, core/ needs no Eigen)
+
+// A program and its tshard::kernels must agree on what shapes the kernels' code and data: Eigen's
+// alignment (the vector width: SSE 16, AVX 32, AVX-512 64), FMA and the BLAS choice. Each side names
+// a symbol after its own settings, so a program compiled otherwise than its kernels (a target's own
+// -march, TSHARD_USE_BLAS on one side only) fails to link, with an undefined
+// `tshard_kernels_compiled_with_align32_fma_cblas` (its own settings), instead of mixing kernels.
+#define TSHARD_KERNELS_CAT2(a, b) a##b
+#define TSHARD_KERNELS_CAT(a, b) TSHARD_KERNELS_CAT2(a, b)
+#if defined(EIGEN_VECTORIZE_FMA)
+#define TSHARD_KERNELS_FMA _fma
+#else
+#define TSHARD_KERNELS_FMA _no_fma
+#endif
+#if defined(TSHARD_USE_BLAS) && TSHARD_USE_BLAS
+#define TSHARD_KERNELS_GEMM _cblas
+#else
+#define TSHARD_KERNELS_GEMM _eigen_gemm
+#endif
+#define TSHARD_KERNELS_SETTINGS                                                                        \
+  TSHARD_KERNELS_CAT(                                                                                  \
+      TSHARD_KERNELS_CAT(TSHARD_KERNELS_CAT(tshard_kernels_compiled_with_align, EIGEN_MAX_ALIGN_BYTES), \
+                         TSHARD_KERNELS_FMA),                                                          \
+      TSHARD_KERNELS_GEMM)
+#if defined(TSHARD_KERNELS_INSTANTIATE)
+extern "C" const int TSHARD_KERNELS_SETTINGS = 1;
+#else
+extern "C" const int TSHARD_KERNELS_SETTINGS;
+namespace {
+[[gnu::used]] const int* const tshard_kernels_settings_check = &TSHARD_KERNELS_SETTINGS;
+}  // namespace
+#endif
 #endif
 
 // Floating types a model computes in.
