@@ -503,6 +503,16 @@ std::vector<std::vector<double>> state_values(const ts::nn::StateDict& sd) {
   for (const auto& [name, t] : sd) out.push_back(t->values());
   return out;
 }
+// What f throws as an E ("" where it throws none).
+template <class E, class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
 }  // namespace
 
 TEST_CASE("state_dict names every parameter and buffer; load_state_dict copies by name across specs, strict about names",
@@ -537,34 +547,19 @@ TEST_CASE("state_dict names every parameter and buffer; load_state_dict copies b
       if (name == "fc.weight") partial.add(name, t);
       if (name == "bn.running_mean") partial.add("extra", t);
     }
-    std::string said;
-    try {
-      ts::nn::load_state_dict(b, partial);
-    } catch (const ts::SpecError& e) {
-      said = e.what();
-    }
+    std::string said = thrown<ts::SpecError>([&] { ts::nn::load_state_dict(b, partial); });
     INFO(said);
     TS_REQUIRE_ALL(said.find("missing fc.bias, bn.weight") != std::string::npos && said.find("unexpected extra") != std::string::npos);
     // A tensor of another shape under a right name: the error names the entry.
     ts::nn::StateDict misshapen;
     for (const auto& [name, t] : sd) misshapen.add(name, name == "fc.bias" ? sd.begin()->second : t);
-    said.clear();
-    try {
-      ts::nn::load_state_dict(b, misshapen);
-    } catch (const ts::ShapeError& e) {
-      said = e.what();
-    }
+    said = thrown<ts::ShapeError>([&] { ts::nn::load_state_dict(b, misshapen); });
     INFO(said);
     TS_REQUIRE_ALL(said.find("\"fc.bias\": the shapes differ") != std::string::npos);
     // Into a model on another Mesh object of the same axes and ranks: refused, saying why.
     const M twin({s[0], s[1]});
     Normed<Columns> c(twin);
-    said.clear();
-    try {
-      ts::nn::load_state_dict(c, sd);
-    } catch (const ts::MeshError& e) {
-      said = e.what();
-    }
+    said = thrown<ts::MeshError>([&] { ts::nn::load_state_dict(c, sd); });
     INFO(said);
     TS_REQUIRE_ALL(said.find("lives on another mesh than") != std::string::npos &&
                    said.find("two Mesh objects constructed separately") != std::string::npos);
