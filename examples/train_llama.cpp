@@ -414,7 +414,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_llama");
-    ts::io::require_writable(mesh.comm(), {o.save, o.save_hf, o.save_safetensors});  // before training, not after
+    ts::io::require_writable(mesh.comm(), {o.save, o.save_safetensors}), ts::io::require_writable_directory(mesh.comm(), o.save_hf);  // now, not after training
     const auto prompt = ts::train::prompt_ids(o.prompt, o.tokenizer(), o.vocab);  // (on every rank: an error is every rank's)
     if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", prompt);
     std::optional<ts::train::TokenWindows> text;  // every rank holds the text: its windows are read by index

@@ -226,6 +226,16 @@ TEST_CASE("require_writable says before a run that an output cannot be written, 
   TS_REQUIRE_ALL(std::distance(std::filesystem::directory_iterator(folder + "/sub"), std::filesystem::directory_iterator()) == 0);
   TS_REQUIRE_ALL(std::filesystem::exists(folder + "/sub") && !std::filesystem::exists(folder + "/sub/ckpt") &&
                  !std::filesystem::exists(folder + "/w.safetensors"));
+  // A folder to write into (--save-hf DIR): an existing plain file there is refused before the run;
+  // an existing folder is probed inside and kept as it was; a missing one is not made.
+  TS_REQUIRE_ALL(io_error([&] { ts::io::require_writable_directory(MPI_COMM_WORLD, blocker); }, "not a folder"));
+  ts::io::require_writable_directory(MPI_COMM_WORLD, "");
+  ts::io::require_writable_directory(MPI_COMM_WORLD, folder + "/sub/");
+  ts::io::require_writable_directory(MPI_COMM_WORLD, folder + "/hf");
+  MPI_Barrier(MPI_COMM_WORLD);
+  TS_REQUIRE_ALL(std::distance(std::filesystem::directory_iterator(folder + "/sub"), std::filesystem::directory_iterator()) == 0);
+  TS_REQUIRE_ALL(!std::filesystem::exists(folder + "/hf"));
+  TS_REQUIRE_ALL(io_error([&] { ts::io::require_writable_directory(MPI_COMM_WORLD, blocker + "/hf"); }, blocker));
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) {
     std::filesystem::remove_all(folder);

@@ -119,6 +119,21 @@ void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
   if (!error.empty()) throw IoError("tshard::io: " + what + ": " + error);
 }
 
+// On the first rank: a file can be created in `folder` (made if missing), and is removed again.
+inline void probe_folder(const std::filesystem::path& folder, const std::string& stem) {
+  std::filesystem::create_directories(folder);
+  const std::filesystem::path probe = folder / ("." + stem + ".probe");
+  std::ofstream file(probe);
+  file << "probe\n";
+  file.close();
+  const bool written = !file.fail();
+  std::error_code ignored;
+  std::filesystem::remove(probe, ignored);
+  if (!written) throw std::runtime_error("no file can be created in '" + folder.string() + "'");
+}
+inline std::filesystem::path parent_or_here(const std::filesystem::path& p) {
+  return p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+}
 }  // namespace detail
 
 // Collective over comm: that a checkpoint or file can be written at `path` (its parent folder
@@ -128,16 +143,7 @@ inline void require_writable(MPI_Comm comm, const std::string& path) {
   detail::on_first_rank(comm, "'" + path + "' cannot be written", [&] {
     std::filesystem::path p = std::filesystem::path(path).lexically_normal();
     if (!p.has_filename()) p = p.parent_path();  // "ckpt/"
-    const std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
-    std::filesystem::create_directories(parent);
-    const std::filesystem::path probe = parent / ("." + p.filename().string() + ".probe");
-    std::ofstream file(probe);
-    file << "probe\n";
-    file.close();
-    const bool written = !file.fail();
-    std::error_code ignored;
-    std::filesystem::remove(probe, ignored);
-    if (!written) throw std::runtime_error("no file can be created in '" + parent.string() + "'");
+    detail::probe_folder(detail::parent_or_here(p), p.filename().string());
   });
 }
 
@@ -145,6 +151,24 @@ inline void require_writable(MPI_Comm comm, const std::string& path) {
 inline void require_writable(MPI_Comm comm, std::initializer_list<std::string> paths) {
   for (const auto& path : paths)
     if (!path.empty()) require_writable(comm, path);
+}
+
+// Collective over comm: that files can be written into the folder `dir` (a Hugging Face
+// directory, say): it is a folder, or nothing yet; an existing file of that name is an IoError
+// before the run, not after it. Nothing is created where `dir` is missing but its parent. Empty:
+// nothing asked for, nothing checked.
+inline void require_writable_directory(MPI_Comm comm, const std::string& dir) {
+  if (dir.empty()) return;
+  detail::on_first_rank(comm, "'" + dir + "' cannot be written", [&] {
+    std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+    if (!p.has_filename()) p = p.parent_path();
+    if (std::filesystem::exists(p) && !std::filesystem::is_directory(p))
+      throw std::runtime_error("it exists and is not a folder");
+    if (std::filesystem::is_directory(p))
+      detail::probe_folder(p, "tshard");
+    else
+      detail::probe_folder(detail::parent_or_here(p), p.filename().string());
+  });
 }
 
 class CheckpointWriter {
