@@ -597,6 +597,14 @@ TEST_CASE("a module saved on one mesh loads on another with other specs: paramet
   ts::nn::save(world, dir, h);
   ts::nn::load(world, dir, back);
   TS_REQUIRE_ALL(state_values(ts::nn::state_dict(back)) == state_values(ts::nn::state_dict(h)));
+  // A model of other sizes: the checkpoint's tensor of another shape is an IoError naming it and both shapes.
+  struct Wide : ts::nn::Module {
+    ts::nn::Linear<ts::bfloat16, M, Columns> fc;
+    explicit Wide(const M& mesh) : fc(mesh, 5, 7, 1) { register_module("fc", fc); }
+  } wide(world);
+  const std::string said = thrown<ts::IoError>([&] { ts::nn::load(world, dir, wide); });
+  INFO(said);
+  TS_REQUIRE_ALL(said.find("\"fc.weight\": the checkpoint's tensor is [5, 6], the model's [5, 7]") != std::string::npos);
   MPI_Barrier(MPI_COMM_WORLD);
   if (world_rank() == 0) std::filesystem::remove_all(dir);
   MPI_Barrier(MPI_COMM_WORLD);

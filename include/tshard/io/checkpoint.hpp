@@ -184,16 +184,21 @@ class CheckpointWriter {
   // Writes the global tensor (collective over its mesh, which must span comm's ranks).
   template <ShardedTensorType X>
   void add(const std::string& name, const X& x) {
-    if (tensors_.count(name) || !files_.insert(detail::file_name(name)).second)
-      throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice, or under a name that differs only in '/', '\\' or ' '");
     const auto& resolved = tshard::detail::resolved(x, "io::CheckpointWriter::add");
     const tshard::detail::Readable values(resolved, "io::CheckpointWriter::add");  // gathered back once, if released
     add_block(name, tshard::detail::block_view(*values));
   }
+  // The same on a block as descriptor code sees it (a state dict's entry: compiled per element type).
+  template <class T>
+  void add_block(const std::string& name, const tshard::detail::BlockView<T>& x) {
+    if (tensors_.count(name) || !files_.insert(detail::file_name(name)).second)
+      throw SpecError("tshard::io::CheckpointWriter: the tensor '" + name + "' was added twice, or under a name that differs only in '/', '\\' or ' '");
+    write_block(name, x);
+  }
 
  private:
   template <class T>
-  void add_block(const std::string& name, const tshard::detail::BlockView<T>& x) {
+  void write_block(const std::string& name, const tshard::detail::BlockView<T>& x) {
     {
       tshard::detail::OperatorScope scope("io::save_npy");
       detail::save_npy_block((tmp_ / detail::file_name(name)).string(), x);
@@ -272,11 +277,21 @@ class CheckpointReader {
   // The tensor `name` with any spec on any mesh (collective over it); its checksum is checked.
   template <class T, class SpecT, MeshType M>
   ShardedTensor<T, M, SpecT> load(const M& mesh, const std::string& name) const {
+    static_assert(SpecT::rank >= 1, "tshard: load_npy reads tensors of rank 1 or more");
+    tshard::detail::OperatorScope scope("io::load_npy");
+    return tshard::detail::adopt_block<ShardedTensor<T, M, SpecT>>(
+        mesh, load_block<T>(*tshard::detail::state_of(mesh), ShardedTensor<T, M, SpecT>::spec_desc, name));
+  }
+  // The same on descriptors: this rank's block of the tensor `name` laid out as `spec`.
+  template <class T>
+  tshard::detail::LoadedBlock<T> load_block(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
+                                            const std::string& name) const {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has no tensor '" + name + "'");
-    auto x = load_npy<T, SpecT>(mesh, at_ + "/" + detail::file_name(name));
-    verify(name, it->second, tshard::detail::block_view(x));
-    return x;
+    auto block = detail::load_npy_block<T>(mesh, spec, at_ + "/" + detail::file_name(name));
+    const auto layout = tshard::detail::shard_layout(spec, block.shape, mesh.shape(), mesh.coords());
+    verify(name, it->second, tshard::detail::BlockView<T>{mesh, spec, block.shape, layout, block.data.get()});
+    return block;
   }
 
  private:

@@ -78,6 +78,19 @@ class NamedTensor {
     if (x) write_ = [x, d = dtype_](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*x, file, at, d); };
   }
 
+  // The same for an erased tensor (a state dict's entry), which must outlive the writing.
+  template <class T>
+  NamedTensor(std::string name, const tshard::detail::ErasedTensor<T>& x, std::string stored = "") : name_(std::move(name)) {
+    if (x.spec.rank < 1) throw SpecError("tshard::io::NamedTensor: \"" + name_ + "\" has rank 0: safetensors holds tensors of rank 1 or more here");
+    dtype_ = checked_dtype<T>(name_, std::move(stored));
+    comm_ = x.mesh->comm();
+    for (int d = 0; d < x.spec.rank; ++d) shape_.push_back(x.shape()[d]);
+    write_ = [x, d = dtype_](tshard::detail::ParallelFile& file, MPI_Offset at) {
+      const tshard::detail::ReadableBlock<T> values(x, "io::save_safetensors");  // a released ZeRO-3 parameter: gathered back
+      write_view(values.view(), file, at, d);
+    };
+  }
+
   const std::string& name() const { return name_; }
   const std::string& dtype() const { return dtype_; }
   const std::vector<std::int64_t>& shape() const { return shape_; }
@@ -294,7 +307,6 @@ class SafetensorsReader {
     return tshard::detail::adopt_block<Out>(mesh, load_block<T>(*tshard::detail::state_of(mesh), Out::spec_desc, name, expected));
   }
 
- private:
   // load on descriptors, per element type.
   template <class T>
   tshard::detail::LoadedBlock<T> load_block(tshard::detail::MeshState& mesh, const tshard::detail::SpecDesc& spec,
@@ -340,6 +352,7 @@ class SafetensorsReader {
     return out;
   }
 
+ private:
   struct File {
     std::string path;
     std::unique_ptr<tshard::detail::ParallelFile> file;

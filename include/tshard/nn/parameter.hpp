@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tshard/ad/grad.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/parallel/gradient_sum.hpp"
 #include "tshard/parallel/parameter_view.hpp"
 #include "tshard/nn/state_dict.hpp"
@@ -58,60 +59,101 @@ std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like(const Shar
   return {state_of_tensor(std::move(t)), block};
 }
 
+// What a slot does that needs no more than the element type: on the two tensors' blocks, their
+// mesh and spec. Compiled once per element type (tshard::kernels); the typed slot below adds the
+// tensors themselves and what needs their type.
+template <class T>
+class BlockParameterSlot : public ElementParameterSlot<T> {
+ public:
+  void zero_grad() override {
+    tshard::detail::TensorAccess::acquire_block(*grad_.block, false);
+    std::fill_n(tshard::detail::TensorAccess::block_data(*grad_.block), grad_.layout().padded_size(), T(0));
+  }
+  void untrack() override { tshard::detail::TensorAccess::set_block_node(*value_.block, nullptr); }
+  void collect(tshard::detail::GradNode& node, std::uint32_t deferred) override {
+    auto& leaf = static_cast<tshard::detail::TypedGradNode<T>&>(node);
+    if (leaf.leaf_tensor != identity_)
+      throw SpecError("tshard::nn: internal: a gradient collected from another parameter's leaf (" + describe() + ")");
+    if (!leaf.cotangent) return;
+    tshard::detail::TensorAccess::acquire_block(*grad_.block, true);
+    parallel::detail::accumulate_gradient(*leaf.mesh, tshard::detail::TensorAccess::block_data(*grad_.block), grad_.spec,
+                                          grad_.shape(), leaf.cotangent.get(), leaf.cotangent_desc, deferred, "backward");
+    leaf.cotangent.reset();
+  }
+  int rank() const override { return value_.spec.rank; }
+  std::vector<Eigen::Index> shape() const override {
+    return std::vector<Eigen::Index>(value_.shape().begin(), value_.shape().begin() + value_.spec.rank);
+  }
+  Eigen::Index padded_size() const override { return value_.layout().padded_size(); }
+  const void* identity() const override { return identity_; }
+  std::string describe() const override { return value_.describe(); }
+
+ protected:
+  // `identity`: the typed value tensor (the address a leaf names).
+  BlockParameterSlot(tshard::detail::ErasedTensor<T> value, tshard::detail::ErasedTensor<T> grad, const void* identity)
+      : value_(std::move(value)), grad_(std::move(grad)), identity_(identity) {}
+  ParameterView<T> view_with(std::shared_ptr<void> keep) {
+    ParameterView<T> v = parallel::detail::view_of_blocks(*value_.block, *grad_.block);
+    v.layout = value_.layout();
+    v.spec = value_.spec;
+    v.mesh = value_.mesh;
+    v.identity = identity_;
+    v.describe = describe();
+    v.keep = std::move(keep);
+    return v;
+  }
+
+ private:
+  tshard::detail::ErasedTensor<T> value_, grad_;
+  const void* identity_;
+};
+
 template <class T, class M, class S>
-class TypedParameterSlot final : public ElementParameterSlot<T>,
+class TypedParameterSlot final : public BlockParameterSlot<T>,
                                  public std::enable_shared_from_this<TypedParameterSlot<T, M, S>> {
  public:
   using Tensor = ShardedTensor<T, M, S>;
 
   // The module's parameter and its gradient, starting at zero.
-  explicit TypedParameterSlot(Tensor value) : value_(std::move(value)), grad_(value_.mesh(), value_.global_shape()) {
-    tshard::detail::TensorAccess::set_node(value_, nullptr);
-    zero_grad();
-  }
-  Tensor& value() { return value_; }
-  Tensor& grad() { return grad_; }
+  explicit TypedParameterSlot(Tensor value) : TypedParameterSlot(std::make_unique<Tensors>(std::move(value))) {}
+  Tensor& value() { return t_->value; }
+  Tensor& grad() { return t_->grad; }
 
-  void zero_grad() override {
-    tshard::detail::TensorAccess::acquire_storage(grad_, false);
-    std::fill(grad_.data(), grad_.data() + grad_.padded_size(), T(0));
-  }
   std::shared_ptr<tshard::detail::GradNode> track() override {
-    auto leaf = tshard::detail::make_leaf(value_);
-    leaf->swap_leaf_node = &tshard::detail::swap_node_of<Tensor>;  // (value_ outlives every forward)
-    tshard::detail::TensorAccess::set_node(value_, leaf);
+    auto leaf = tshard::detail::make_leaf(t_->value);
+    leaf->swap_leaf_node = &tshard::detail::swap_node_of<Tensor>;  // (the value outlives every forward)
+    tshard::detail::TensorAccess::set_node(t_->value, leaf);
     return leaf;
   }
-  void untrack() override { tshard::detail::TensorAccess::set_node(value_, nullptr); }
-  void collect(tshard::detail::GradNode& node, std::uint32_t deferred) override {
-    auto& leaf = static_cast<tshard::detail::TypedGradNode<T>&>(node);
-    if (leaf.leaf_tensor != &value_)
-      throw SpecError("tshard::nn: internal: a gradient collected from another parameter's leaf (" + describe() + ")");
-    if (!leaf.cotangent) return;
-    tshard::detail::TensorAccess::acquire_storage(grad_, true);
-    parallel::detail::accumulate_gradient(*leaf.mesh, grad_.data(), Tensor::spec_desc, tshard::detail::extents_of(grad_),
-                        leaf.cotangent.get(), leaf.cotangent_desc, deferred, "backward");
-    leaf.cotangent.reset();
-  }
-  int rank() const override { return Tensor::rank; }
-  std::vector<Eigen::Index> shape() const override {
-    const auto s = value_.global_shape();
-    return std::vector<Eigen::Index>(s.begin(), s.end());
-  }
-  Eigen::Index padded_size() const override { return value_.padded_size(); }
-  const void* identity() const override { return &value_; }
-  ParameterView<T> view() override { return view_of(value_, grad_, this->shared_from_this()); }
-  std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like() const override { return detail::state_like(value_); }
-  std::string describe() const override { return value_.describe(); }
+  ParameterView<T> view() override { return this->view_with(this->shared_from_this()); }
+  std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like() const override { return detail::state_like(t_->value); }
   std::shared_ptr<StateTensor> value_state() override {
-    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &value_));
+    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &t_->value));
   }
   std::shared_ptr<StateTensor> gradient_state() override {
-    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &grad_));
+    return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &t_->grad));
   }
 
  private:
-  Tensor value_, grad_;
+  // (Held apart from the slot, so that the base's erased views of them exist before it is built.)
+  struct Tensors {
+    explicit Tensors(Tensor v) : value(std::move(v)), grad(value.mesh(), value.global_shape()) {
+      tshard::detail::TensorAccess::set_node(value, nullptr);
+    }
+    Tensor value, grad;
+  };
+  explicit TypedParameterSlot(std::unique_ptr<Tensors> t)
+      : BlockParameterSlot<T>(tshard::detail::erased(t->value), tshard::detail::erased(t->grad), &t->value), t_(std::move(t)) {
+    this->zero_grad();
+  }
+  std::unique_ptr<Tensors> t_;
 };
 
+}  // namespace tshard::nn::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(class BlockParameterSlot<T>)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail

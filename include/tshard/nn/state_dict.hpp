@@ -129,95 +129,108 @@ tshard::detail::AlignedOperand<T> aligned_source(const StateTensor& from, const 
   return tshard::detail::implicit_reshard(state, desc, spec, extents, static_cast<const T*>(data), "load_state_dict");
 }
 
-// A StateTensor over a ShardedTensor held elsewhere (a module's slot: the pointer keeps it alive)
-// or owned by the entry (an optimizer's state, a copy).
-template <class T, class M, class S>
-class TypedStateTensor final : public StateTensor {
+// A StateTensor over a ShardedTensor held elsewhere (a module's slot: `keep` keeps it alive) or
+// owned by the entry (an optimizer's state, a copy). Its type is erased down to the element type,
+// so the members are compiled once per element type (tshard::kernels), not once per tensor type;
+// `type` and `typed` are what as<X>() gives back.
+template <class T>
+class ErasedStateTensor final : public StateTensor {
  public:
-  using Tensor = ShardedTensor<T, M, S>;
-  explicit TypedStateTensor(std::shared_ptr<Tensor> t) : t_(std::move(t)) {}
+  ErasedStateTensor(std::shared_ptr<void> keep, tshard::detail::ErasedTensor<T> t, const std::type_info& type, void* typed)
+      : keep_(std::move(keep)), t_(std::move(t)), type_(&type), typed_(typed) {}
 
-  Tensor& tensor() { return *t_; }
-  const Tensor& tensor() const { return *t_; }
-
-  std::string describe() const override { return t_->describe(); }
+  std::string describe() const override { return t_.describe(); }
   const char* dtype() const override { return dtype_name<T>(); }
-  int rank() const override { return Tensor::rank; }
+  int rank() const override { return t_.spec.rank; }
   std::vector<Eigen::Index> shape() const override {
-    const auto s = t_->global_shape();
-    return std::vector<Eigen::Index>(s.begin(), s.end());
+    return std::vector<Eigen::Index>(t_.shape().begin(), t_.shape().begin() + t_.spec.rank);
   }
   // (.npy has no bfloat16: a bfloat16 tensor is written as the float32 it widens to, exactly,
   // and read back rounded, which gives its values again.)
   void save(io::CheckpointWriter& out, const std::string& name) const override {
+    const tshard::detail::ReadableBlock<T> values(t_, "io::CheckpointWriter::add");
+    const auto view = values.view();
     if constexpr (std::is_same_v<T, bfloat16>) {
-      const tshard::detail::Readable values(*t_, "io::CheckpointWriter::add");
-      out.add(name, widened(*values));
+      const auto n = static_cast<std::size_t>(view.layout.padded_size());
+      std::vector<float> wide(n);
+      for (std::size_t i = 0; i < n; ++i) wide[i] = float(view.data[i]);
+      out.add_block(name, tshard::detail::BlockView<float>{view.mesh, view.spec, view.shape, view.layout, wide.data()});
     } else {
-      out.add(name, *t_);
+      out.add_block(name, view);
     }
   }
   void load(const io::CheckpointReader& in, const std::string& name) override {
+    tshard::detail::OperatorScope scope("io::load_npy");
     if constexpr (std::is_same_v<T, bfloat16>) {
-      const auto wide = in.load<float, S>(t_->mesh(), name);
-      Tensor narrow(t_->mesh(), t_->global_shape());
-      const float* w = wide.data();
-      bfloat16* n = narrow.data();
-      for (Eigen::Index i = 0; i < narrow.padded_size(); ++i) n[i] = bfloat16(w[i]);
-      *t_ = std::move(narrow);
+      auto wide = in.load_block<float>(*t_.mesh, t_.spec, name);
+      require_shape(wide.shape, name, "the checkpoint's");
+      const auto layout = tshard::detail::shard_layout(t_.spec, wide.shape, t_.mesh->shape(), t_.mesh->coords());
+      auto narrow = tshard::detail::pooled_array<T>(static_cast<std::size_t>(layout.padded_size()));
+      for (Eigen::Index i = 0; i < layout.padded_size(); ++i) narrow.get()[i] = bfloat16(wide.data.get()[i]);
+      adopt(wide.shape, std::move(narrow));
     } else {
-      *t_ = in.load<T, S>(t_->mesh(), name);
+      auto block = in.load_block<T>(*t_.mesh, t_.spec, name);
+      require_shape(block.shape, name, "the checkpoint's");
+      adopt(block.shape, std::move(block.data));
     }
   }
   void load(io::SafetensorsReader& in, const std::string& name) override {
-    std::vector<std::int64_t> expect;
-    for (auto d : t_->global_shape()) expect.push_back(d);
-    *t_ = in.load<T, S>(t_->mesh(), name, expect);
+    tshard::detail::OperatorScope scope("io::load_safetensors");
+    std::vector<std::int64_t> expect(t_.shape().begin(), t_.shape().begin() + t_.spec.rank);
+    auto block = in.load_block<T>(*t_.mesh, t_.spec, name, expect);
+    adopt(block.shape, std::move(block.data));
   }
-  io::NamedTensor named(const std::string& name) const override { return io::NamedTensor(name, *t_); }
+  io::NamedTensor named(const std::string& name) const override { return io::NamedTensor(name, t_); }
   std::vector<double> values() const override {
-    const tshard::detail::Readable readable(*t_, "nn::StateTensor::values");
-    return global_values(tshard::detail::block_view(*readable));
+    const tshard::detail::ReadableBlock<T> readable(t_, "nn::StateTensor::values");
+    return global_values(readable.view());
   }
   void set_values(const std::vector<double>& global) override {
-    if (Eigen::Index(global.size()) != tshard::detail::volume(tshard::detail::extents_of(*t_), Tensor::rank))
+    if (Eigen::Index(global.size()) != tshard::detail::volume(t_.shape(), t_.spec.rank))
       throw ShapeError("tshard::nn::StateTensor::set_values: " + std::to_string(global.size()) + " values for " + describe());
-    tshard::detail::TensorAccess::acquire_storage(*t_, false);
-    set_block_values(tshard::detail::layout_of(*t_), tshard::detail::extents_of(*t_), t_->data(), global);
+    tshard::detail::TensorAccess::acquire_block(*t_.block, false);
+    set_block_values(t_.layout(), t_.shape(), tshard::detail::TensorAccess::block_data(*t_.block), global);
   }
   void assign(const StateTensor& from, const std::string& name = "") override {
-    auto moved = aligned_source<T>(from, *this, name, *tshard::detail::state_of(t_->mesh()), Tensor::spec_desc,
-                                   tshard::detail::extents_of(*t_));
-    tshard::detail::TensorAccess::acquire_storage(*t_, false);
-    std::copy(moved.data, moved.data + t_->padded_size(), t_->data());
+    auto moved = aligned_source<T>(from, *this, name, *t_.mesh, t_.spec, t_.shape());
+    tshard::detail::TensorAccess::acquire_block(*t_.block, false);
+    std::copy(moved.data, moved.data + t_.layout().padded_size(), tshard::detail::TensorAccess::block_data(*t_.block));
   }
   const std::type_info& element() const override { return typeid(T); }
   const void* block(tshard::detail::SpecDesc& desc, tshard::detail::Extents& extents, const void*& mesh) const override {
-    desc = Tensor::spec_desc;
-    extents = tshard::detail::extents_of(*t_);
-    mesh = tshard::detail::state_of(t_->mesh()).get();
-    if (!tshard::detail::TensorAccess::has_storage(*t_) && t_->padded_size() > 0) (void)t_->local();  // (the SpecError)
-    return std::as_const(*t_).data();
+    desc = t_.spec;
+    extents = t_.shape();
+    mesh = t_.mesh.get();
+    if (!tshard::detail::TensorAccess::has_block_storage(*t_.block) && t_.layout().padded_size() > 0)
+      tshard::detail::throw_released("local", describe());
+    return tshard::detail::TensorAccess::block_values(*t_.block);
   }
 
  protected:
-  void* typed(const std::type_info& type) override { return type == typeid(Tensor) ? t_.get() : nullptr; }
+  void* typed(const std::type_info& type) override { return type == *type_ ? typed_ : nullptr; }
 
  private:
-  static ShardedTensor<float, M, S> widened(const Tensor& x) {
-    ShardedTensor<float, M, S> out(x.mesh(), x.global_shape());
-    const T* in = x.data();
-    float* o = out.data();
-    for (Eigen::Index i = 0; i < out.padded_size(); ++i) o[i] = float(in[i]);
-    return out;
+  // A file's tensor of another shape than this one is an IoError, not a parameter that changed shape.
+  void require_shape(const tshard::detail::Extents& got, const std::string& name, const char* whose) const {
+    if (got != t_.shape())
+      throw IoError("tshard::nn: \"" + name + "\": " + whose + " tensor is " + tshard::detail::shape_to_string(got, t_.spec.rank) +
+                    ", the model's " + describe());
+  }
+  void adopt(const tshard::detail::Extents& shape, std::shared_ptr<T> storage) {
+    tshard::detail::TensorAccess::adopt_block_storage(*t_.block, shape, std::move(storage), t_.spec, *t_.mesh);
   }
 
-  std::shared_ptr<Tensor> t_;
+  std::shared_ptr<void> keep_;
+  tshard::detail::ErasedTensor<T> t_;
+  const std::type_info* type_;
+  void* typed_;
 };
 
 template <class T, class M, class S>
 std::shared_ptr<StateTensor> state_of_tensor(std::shared_ptr<ShardedTensor<T, M, S>> t) {
-  return std::make_shared<TypedStateTensor<T, M, S>>(std::move(t));
+  auto erased = tshard::detail::erased(*t);
+  void* typed = t.get();
+  return std::make_shared<ErasedStateTensor<T>>(std::move(t), std::move(erased), typeid(ShardedTensor<T, M, S>), typed);
 }
 
 }  // namespace detail
@@ -265,5 +278,8 @@ class StateDict {
 namespace tshard::nn::detail {
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(tshard::detail::AlignedOperand<T> aligned_source<T>(const StateTensor&, const StateTensor&, const std::string&, tshard::detail::MeshState&, const tshard::detail::SpecDesc&, const tshard::detail::Extents&))
 TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(class ErasedStateTensor<T>)
+TSHARD_FOR_EACH_NUMBER(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail

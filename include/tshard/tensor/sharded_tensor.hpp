@@ -409,6 +409,38 @@ struct TensorAccess {
     return x.data();
   }
   template <class T>
+  static void set_block_node(TensorBlock<T>& x, std::shared_ptr<GradNode> n) {
+    x.node_ = std::move(n);
+  }
+  template <class T>
+  static const Extents& block_shape(const TensorBlock<T>& x) {
+    return x.shape_;
+  }
+  template <class T>
+  static const ShardLayout& block_layout(const TensorBlock<T>& x) {
+    return x.layout_;
+  }
+  template <class T>
+  static const T* block_values(const TensorBlock<T>& x) {
+    return x.data();
+  }
+  template <class T>
+  static const std::shared_ptr<const RestoreValues<T>>& block_restore(const TensorBlock<T>& x) {
+    return x.restore_;
+  }
+  // x becomes the value descriptor code read (a file's): its global shape and this rank's block
+  // of it, as assigning a new tensor of x's type would (untracked, nothing released).
+  template <class T>
+  static void adopt_block_storage(TensorBlock<T>& x, const Extents& shape, std::shared_ptr<T> storage,
+                                  const SpecDesc& spec, const MeshState& mesh) {
+    x.shape_ = shape;
+    x.layout_ = shard_layout(spec, x.shape_, mesh.shape(), mesh.coords());
+    x.data_ = std::move(storage);
+    x.scaled_ = false;
+    x.node_.reset();
+    x.restore_.reset();
+  }
+  template <class T>
   static void release_block(TensorBlock<T>& x, std::shared_ptr<const RestoreValues<T>> restore = nullptr) {
     x.data_.reset();
     x.scaled_ = false;
@@ -460,6 +492,24 @@ Out adopt_block(const typename Out::MeshT& mesh, LoadedBlock<typename Out::Scala
   return Out(AdoptStorage{}, mesh, to_array<Out::rank>(b.shape), std::move(b.data));
 }
 
+// A tensor with its type erased down to the element type: what it holds, its mesh's state and its
+// spec. Code that needs no more (a state dict's entry, a file writer) takes this and is compiled
+// once per element type, not once per tensor type. It refers to the tensor, which outlives it.
+template <class T>
+struct ErasedTensor {
+  TensorBlock<T>* block = nullptr;
+  std::shared_ptr<MeshState> mesh;
+  SpecDesc spec{};
+
+  const Extents& shape() const { return TensorAccess::block_shape(*block); }
+  const ShardLayout& layout() const { return TensorAccess::block_layout(*block); }
+  std::string describe() const { return describe_tensor(shape(), spec, mesh->shape()); }
+};
+template <class T, class M, class S, class P>
+ErasedTensor<T> erased(ShardedTensor<T, M, S, P>& x) {
+  return {&TensorAccess::block(x), state_of(x.mesh()), x.spec_desc};
+}
+
 // x's values for a reader that must see them whatever state x is in (a file writer, a checksum):
 // x itself, or, for a parameter ZeRO-3 released, a copy gathered back from the chunks its
 // optimizer holds (collective over them: every rank holds x released alike). A tensor released
@@ -486,6 +536,27 @@ class Readable {
  private:
   const X* x_;
   std::optional<X> copy_;
+};
+// The same for an erased tensor: view() is its block, or the copy gathered back.
+template <class T>
+class ReadableBlock {
+ public:
+  ReadableBlock(const ErasedTensor<T>& x, const char* op) : x_(x) {
+    if (TensorAccess::has_block_storage(*x.block) || x.layout().padded_size() == 0) return;
+    const auto& restore = TensorAccess::block_restore(*x.block);
+    if (!restore)
+      throw SpecError(std::string("tshard::") + op + ": " + x.describe() +
+                      " holds no values: its buffer was released, and nothing holds them");
+    copy_ = pooled_array<T>(static_cast<std::size_t>(x.layout().padded_size()));
+    (*restore)(copy_.get());
+  }
+  BlockView<T> view() const {
+    return {*x_.mesh, x_.spec, x_.shape(), x_.layout(), copy_ ? copy_.get() : TensorAccess::block_values(*x_.block)};
+  }
+
+ private:
+  const ErasedTensor<T>& x_;
+  std::shared_ptr<T> copy_;
 };
 
 }  // namespace detail
