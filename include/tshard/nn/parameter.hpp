@@ -65,7 +65,7 @@ std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like(const Shar
 template <class T>
 class BlockParameterSlot : public ElementParameterSlot<T> {
  public:
-  void zero_grad() override {
+  [[gnu::noinline]] void zero_grad() override {
     tshard::detail::TensorAccess::acquire_block(*grad_.block, false);
     std::fill_n(tshard::detail::TensorAccess::block_data(*grad_.block), grad_.layout().padded_size(), T(0));
   }
@@ -90,9 +90,10 @@ class BlockParameterSlot : public ElementParameterSlot<T> {
 
  protected:
   // `identity`: the typed value tensor (the address a leaf names).
-  BlockParameterSlot(tshard::detail::ErasedTensor<T> value, tshard::detail::ErasedTensor<T> grad, const void* identity)
+  [[gnu::noinline]] BlockParameterSlot(tshard::detail::ErasedTensor<T> value, tshard::detail::ErasedTensor<T> grad,
+                                       const void* identity)
       : value_(std::move(value)), grad_(std::move(grad)), identity_(identity) {}
-  ParameterView<T> view_with(std::shared_ptr<void> keep) {
+  [[gnu::noinline]] ParameterView<T> view_with(std::shared_ptr<void> keep) {
     ParameterView<T> v = parallel::detail::view_of_blocks(*value_.block, *grad_.block);
     v.layout = value_.layout();
     v.spec = value_.spec;

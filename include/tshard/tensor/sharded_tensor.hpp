@@ -47,7 +47,7 @@ Extents to_extents(const std::array<Eigen::Index, N>& a) {
 
 namespace detail {
 // "[7, 5] {x, R}": a tensor's shape and spec, for error messages.
-inline std::string describe_tensor(const Extents& shape, const SpecDesc& spec, const MeshShape& mesh) {
+[[gnu::noinline]] inline std::string describe_tensor(const Extents& shape, const SpecDesc& spec, const MeshShape& mesh) {
   return shape_to_string(shape, spec.rank) + " " + spec.to_string(mesh);
 }
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_released(const char* op, const std::string& what) {

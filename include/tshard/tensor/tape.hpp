@@ -47,16 +47,27 @@ class GradNode {
 template <class T>
 class TypedGradNode;
 // A node's rule with what it saved; run once, then dropped with what it keeps. (Move-only, so
-// the saved tensors, whose copies are deep, are never copied, and no copy is compiled.)
+// the saved tensors, whose copies are deep, are never copied, and no copy is compiled.) One
+// virtual function per rule type, finish(), runs it where asked and frees it: a virtual run and a
+// virtual destructor would compile three functions for each of the many rule types a model makes.
 template <class T>
 struct GradRule {
-  virtual ~GradRule() = default;
-  virtual void run(TypedGradNode<T>& self) = 0;
+  virtual void finish(TypedGradNode<T>* self) = 0;  // runs on *self where not null; then `delete this`
+
+ protected:
+  ~GradRule() = default;
+};
+template <class T>
+struct FinishRule {
+  void operator()(GradRule<T>* r) const { r->finish(nullptr); }
 };
 template <class T, class F>
 struct GradRuleOf final : GradRule<T> {
   explicit GradRuleOf(F&& f) : f(std::move(f)) {}
-  void run(TypedGradNode<T>& self) override { f(self); }
+  void finish(TypedGradNode<T>* self) override {
+    const std::unique_ptr<GradRuleOf> freed(this);  // (also where the rule throws)
+    if (self) f(*self);
+  }
   F f;
 };
 
@@ -68,13 +79,12 @@ class TypedGradNode final : public GradNode {
   SpecDesc primal{};  // the value's spec without its partial
   std::shared_ptr<T> cotangent;
   SpecDesc cotangent_desc{};
-  std::unique_ptr<GradRule<T>> rule;  // empty for a leaf (a value gradients are taken for)
+  std::unique_ptr<GradRule<T>, FinishRule<T>> rule;  // empty for a leaf (a value gradients are taken for)
 
   void propagate() override {
     if (!cotangent || !rule) return;
-    auto r = std::move(rule);
     OperatorScope scope(label, "backward");
-    r->run(*this);
+    rule.release()->finish(this);
   }
 };
 
@@ -206,13 +216,16 @@ bool recording(const X&... x) {
 
 // An operator with no derivative rule whose input is tracked would give a silent zero (or wrong)
 // gradient: it is refused, on every rank alike, saying what to use instead.
-template <class... X>
-void refuse_tracked(const char* op, const char* instead, const X&... x) {
-  if (!recording(x...)) return;
-  std::string which;
-  ((which.empty() && tracked(x) ? void(which = x.describe()) : void()), ...);
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_tracked(const char* op, const char* instead, const std::string& which) {
   throw SpecError(std::string("tshard::") + op + ": " + which + " is tracked by a gradient, and " + op +
                   " has no derivative rule: " + instead);
+}
+template <class... X>
+void refuse_tracked(const char* op, const char* instead, const X&... x) {
+  if (!recording(x...)) [[likely]] return;
+  std::string which;
+  ((which.empty() && tracked(x) ? void(which = x.describe()) : void()), ...);
+  throw_tracked(op, instead, which);
 }
 inline constexpr const char* kNoSecondOrder = "gradients of gradients are not taken (run it outside ts::ad, or inside a "
                                               "custom_vjp rule)";
@@ -280,7 +293,7 @@ void record(Out& out, Tag tag, Saved... saved) {
   auto rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
     vjp(tag, std::type_identity<Out>{}, self, saved...);
   };
-  node->rule = std::make_unique<GradRuleOf<T, decltype(rule)>>(std::move(rule));
+  node->rule.reset(new GradRuleOf<T, decltype(rule)>(std::move(rule)));
   Tape::active()->add(node);
   TensorAccess::set_node(out, std::move(node));
 }
