@@ -7,24 +7,50 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
 namespace detail {
 
+// uniform_init's values on this rank's block, per element type (compiled once, not per spec).
+template <class T>
+void fill_uniform(const tshard::detail::ShardLayout& l, const tshard::detail::Extents& shape, T* data, std::uint64_t seed,
+                  double bound) {
+  tshard::detail::for_each_local<tshard::detail::kMaxRank>(l, [&](const auto& g, tshard::detail::Index at) {
+    std::uint64_t linear = 0, stride = 1;
+    for (int d = 0; d < l.rank; ++d) {
+      linear += std::uint64_t(g[d]) * stride;
+      stride *= std::uint64_t(shape[d]);
+    }
+    data[at] = T((2 * tshard::detail::random_value<double>(seed, linear) - 1) * bound);
+  });
+}
+
+// A tensor of the given global shape (ShapeError on every rank for a negative extent), its
+// values unset.
+template <class T, class SpecT, class M, std::size_t N>
+ShardedTensor<T, M, SpecT> init_tensor(const M& mesh, const Eigen::Index (&shape)[N], const char* op) {
+  using Out = ShardedTensor<T, M, SpecT>;
+  const auto dims = tshard::detail::shape_argument<SpecT::rank>(shape);
+  tshard::detail::check_shape_nonnegative(mesh, dims, op, Out::spec_desc.to_string(mesh.shape()));
+  return Out(mesh, dims);
+}
+
 // Uniform in [-bound, bound) from (seed, global index): the same values on every mesh.
 template <class T, class SpecT, class M, std::size_t N>
 auto uniform_init(const M& mesh, const Eigen::Index (&shape)[N], std::uint64_t seed, double bound) {
-  std::array<Eigen::Index, N> dims{};
-  for (std::size_t d = 0; d < N; ++d) dims[d] = shape[d];
-  return from_function<T, SpecT>(mesh, shape, [=](const std::array<Eigen::Index, N>& i) {
-    std::uint64_t linear = 0, stride = 1;
-    for (std::size_t d = 0; d < N; ++d) {
-      linear += std::uint64_t(i[d]) * stride;
-      stride *= std::uint64_t(dims[d]);
-    }
-    return T((2 * tshard::detail::random_value<double>(seed, linear) - 1) * bound);
-  });
+  auto out = init_tensor<T, SpecT>(mesh, shape, "nn::init::uniform");
+  fill_uniform<T>(tshard::detail::layout_of(out), tshard::detail::extents_of(out), out.data(), seed, bound);
+  return out;
+}
+
+// Every element `value` (a norm's scale of ones, a running variance).
+template <class T, class SpecT, class M, std::size_t N>
+auto constant_init(const M& mesh, const Eigen::Index (&shape)[N], T value) {
+  auto out = init_tensor<T, SpecT>(mesh, shape, "nn::init::constant");
+  std::fill_n(out.data(), out.padded_size(), value);
+  return out;
 }
 
 }  // namespace detail
@@ -59,3 +85,11 @@ auto kaiming_uniform(const M& mesh, const Eigen::Index (&shape)[N], Eigen::Index
 
 }  // namespace init
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void fill_uniform<T>(const tshard::detail::ShardLayout&, \
+    const tshard::detail::Extents&, T*, std::uint64_t, double))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

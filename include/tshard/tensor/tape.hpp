@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -61,14 +62,19 @@ template <class T>
 struct FinishRule {
   void operator()(GradRule<T>* r) const { r->finish(nullptr); }
 };
-template <class T, class F>
+// The rule vjp(tag, type of out, node, saved...), found in ad/ by argument-dependent lookup,
+// with what it keeps (built in place: a saved tensor is moved once).
+template <class T, class Out, class Tag, class... Saved>
 struct GradRuleOf final : GradRule<T> {
-  explicit GradRuleOf(F&& f) : f(std::move(f)) {}
+  template <class... S>
+  explicit GradRuleOf(Tag&& tag, S&&... s) : tag(std::move(tag)), saved(std::move(s)...) {}
   void finish(TypedGradNode<T>* self) override {
     const std::unique_ptr<GradRuleOf> freed(this);  // (also where the rule throws)
-    if (self) f(*self);
+    if (self)
+      std::apply([&](const Saved&... s) { vjp(std::as_const(tag), std::type_identity<Out>{}, *self, s...); }, saved);
   }
-  F f;
+  Tag tag;
+  std::tuple<Saved...> saved;
 };
 
 template <class T>
@@ -283,17 +289,16 @@ template <class T>
   return node;
 }
 
-// Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/.
+// Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/. What
+// the rule keeps is moved in, never copied (a copy of a tensor is deep; what a rule keeps shares
+// buffers): pass temporaries (tape_value(x), ...) or std::move.
 template <class Out, class Tag, class... Saved>
-void record(Out& out, Tag tag, Saved... saved) {
+void record(Out& out, Tag tag, Saved&&... saved) {
+  static_assert((!std::is_lvalue_reference_v<Saved> && ...), "tshard: internal: record() takes what a rule keeps by move");
   using T = typename Out::Scalar;
   auto node = new_grad_node<T>(state_of(out.mesh()), extents_of(out), Out::spec_desc);
   (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
-  // Moved in, never copied: a copy of a tensor is deep, and what a rule keeps shares buffers.
-  auto rule = [tag = std::move(tag), ... saved = std::move(saved)](TypedGradNode<T>& self) {
-    vjp(tag, std::type_identity<Out>{}, self, saved...);
-  };
-  node->rule.reset(new GradRuleOf<T, decltype(rule)>(std::move(rule)));
+  node->rule.reset(new GradRuleOf<T, Out, Tag, std::remove_cvref_t<Saved>...>(std::move(tag), std::move(saved)...));
   Tape::active()->add(node);
   TensorAccess::set_node(out, std::move(node));
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tshard/nn/functional/batch_norm.hpp"
+#include "tshard/nn/init.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -56,7 +57,7 @@ class BatchNorm : public Module {
 
  private:
   static Vector constant(const M& mesh, Eigen::Index n, T v) {
-    return from_function<T, Spec<R>>(mesh, {n}, [v](const auto&) { return v; });
+    return detail::constant_init<T, Spec<R>>(mesh, {n}, v);
   }
   template <class X, int... I>
   static auto sum_all_but(const X& x, std::integer_sequence<int, I...>) {

@@ -1,6 +1,7 @@
 // LayerNorm: layer normalisation over the last dim as a module, gamma and beta its parameters.
 #pragma once
 #include "tshard/nn/functional/layer_norm.hpp"
+#include "tshard/nn/init.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/tensor/factories.hpp"
 
@@ -18,7 +19,7 @@ class LayerNorm : public Module {
   using Param = ShardedTensor<T, M, ParamSpec>;
 
   LayerNorm(const M& mesh, Eigen::Index features, T eps = T(1e-5))
-      : gamma_(own_parameter("weight", from_function<T, ParamSpec>(mesh, {features}, [](const auto&) { return T(1); }))),
+      : gamma_(own_parameter("weight", detail::constant_init<T, ParamSpec>(mesh, {features}, T(1)))),
         beta_(own_parameter("bias", zeros<T, ParamSpec>(mesh, {features}))),  // PyTorch's names
         eps_(eps) {
     streams_parameters_ = true;  // every use is bracketed by use()
