@@ -60,6 +60,10 @@ template <class X>
 TypedGradNode<typename X::Scalar>* node_of(const X& x) {
   return static_cast<TypedGradNode<typename X::Scalar>*>(TensorAccess::node(x).get());
 }
+template <class T>
+TypedGradNode<T>* node_of(const TapeNode<T>& x) {
+  return static_cast<TypedGradNode<T>*>(x.node.get());
+}
 
 // x's node += the cotangent contribution c (a tensor of x's shape, any spec, maybe a partial sum).
 template <class X, class C>

@@ -203,7 +203,7 @@ auto einsum(const A& a, const B& b, EinsumStrategy strategy = EinsumStrategy::Au
     Out out(natural.mesh(), natural.global_shape());
     detail::execute_reshard(*detail::state_of(natural.mesh()), natural.spec_desc, Out::spec_desc,
                             detail::extents_of(natural), natural.data(), out.data());
-    if (detail::recording(natural)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(natural));
+    if (detail::recording(natural)) detail::record(out, detail::grad::Reshard{}, detail::tape_node(natural));
     return out;
   }
 }

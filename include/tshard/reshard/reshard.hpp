@@ -15,7 +15,9 @@ namespace tshard {
 namespace detail::grad {
 // The tag of a reshard on the tape: its rule sends the cotangent back unresolved (a partial sum
 // becomes a reduce-scatter where the input is split: JAX's all_gather <-> reduce_scatter).
-struct Reshard {};
+struct Reshard {
+  static constexpr bool any_output = true;
+};
 }  // namespace detail::grad
 
 namespace detail {
@@ -43,7 +45,7 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
     Out out(t.mesh(), t.global_shape());
     detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
                             out.data());
-    if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_shape(t));
+    if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_node(t));
     return out;
   }
 }
@@ -76,7 +78,7 @@ void reshard_into(ShardedTensor<T, M, S2>& dst, const ShardedTensor<T, M, S, P>&
   detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, dst.spec_desc, detail::extents_of(t), t.data(),
                           dst.data());
   if (detail::recording(t))
-    detail::record(dst, detail::grad::Reshard{}, detail::tape_shape(t));
+    detail::record(dst, detail::grad::Reshard{}, detail::tape_node(t));
   else if (detail::tracked(dst))
     detail::TensorAccess::set_node(dst, nullptr);  // a new value, computed from untracked ones
 }
@@ -204,7 +206,7 @@ ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t
   // Already laid out so: shares t's buffer (either side copies it before writing).
   Out out(AdoptStorage{}, t.mesh(), t.global_shape(), a.owned ? std::move(a.owned) : TensorAccess::storage(t, false));
   Out result = v.scaled ? TensorAccess::scaled(out, v.scale) : std::move(out);
-  if (recording(t)) record(result, grad::Reshard{}, tape_shape(t));
+  if (recording(t)) record(result, grad::Reshard{}, tape_node(t));
   return result;
 }
 }  // namespace detail

@@ -265,15 +265,37 @@ template <class X>
 X tape_output(const X& x) {
   return X(AdoptStorage{}, x.mesh(), x.global_shape(), TensorAccess::storage(x));
 }
+// tape_node: the operand's node alone, for a linear rule: the node knows its shape and spec.
+template <class T>
+struct TapeNode {
+  std::shared_ptr<GradNode> node;
+};
+template <class S>
+struct is_tape_node : std::false_type {};
+template <class T>
+struct is_tape_node<TapeNode<T>> : std::true_type {};
+template <class X>
+TapeNode<typename X::Scalar> tape_node(const X& x) {
+  return {TensorAccess::node(x)};
+}
+
+// A rule whose tag says `any_output` reads nothing of its output's type (the node's primal spec
+// has its rank) and keeps only TapeNodes: it is recorded as a rule for AnyOutput, one rule type per
+// element type instead of one per operator instance (the adds, subtractions, scalings and
+// reshards of a model: about a third of its rules).
+struct AnyOutput {};
+template <class Tag>
+concept OutputFreeRule = requires { requires Tag::any_output; };
 
 // A rule that keeps `s` adds into s's node: note the rule's node (of creation order `order`) as
 // one of its consumers.
 template <class S>
 void note_consumer(const S& s, std::uint64_t order) {
-  if constexpr (is_sharded_tensor<S>::value) {
-    if (const auto& n = TensorAccess::node(s))
-      if (!Tape::active()->note_foreign(n)) n->first_consumer = std::min(n->first_consumer, order);
-  }
+  auto note = [&](const std::shared_ptr<GradNode>& n) {
+    if (n && !Tape::active()->note_foreign(n)) n->first_consumer = std::min(n->first_consumer, order);
+  };
+  if constexpr (is_sharded_tensor<S>::value) note(TensorAccess::node(s));
+  if constexpr (is_tape_node<S>::value) note(s.node);
 }
 
 // A node for a value of this mesh, shape and spec, labelled under the operator that records it
@@ -298,7 +320,8 @@ void record(Out& out, Tag tag, Saved&&... saved) {
   using T = typename Out::Scalar;
   auto node = new_grad_node<T>(state_of(out.mesh()), extents_of(out), Out::spec_desc);
   (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
-  node->rule.reset(new GradRuleOf<T, Out, Tag, std::remove_cvref_t<Saved>...>(std::move(tag), std::move(saved)...));
+  using RuleOut = std::conditional_t<OutputFreeRule<Tag>, AnyOutput, Out>;
+  node->rule.reset(new GradRuleOf<T, RuleOut, Tag, std::remove_cvref_t<Saved>...>(std::move(tag), std::move(saved)...));
   Tape::active()->add(node);
   TensorAccess::set_node(out, std::move(node));
 }

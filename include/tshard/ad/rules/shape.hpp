@@ -13,8 +13,8 @@
 
 namespace tshard::detail::grad {
 
-template <class Out, class T, class X>
-void vjp(Reshard, std::type_identity<Out>, TypedGradNode<T>& self, const X& x) {
+template <class T>
+void vjp(Reshard, std::type_identity<AnyOutput>, TypedGradNode<T>& self, const TapeNode<T>& x) {
   if (auto* n = node_of(x)) add_cotangent(*n, self.cotangent_desc, std::move(self.cotangent));
 }
 

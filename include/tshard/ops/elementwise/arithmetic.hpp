@@ -138,12 +138,8 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
         broadcast_shape(ea, eb, Rank, name, [&] { return a.describe(); }, [&] { return b.describe(); });
     constexpr bool linear = K == BinaryKind::Add || K == BinaryKind::Sub;  // rules that keep no value
     const bool rec = recording(a, b);
-    std::optional<A> shape_a;
-    std::optional<B> shape_b;
-    if (rec && linear) {  // (the nodes, before an operand's buffer is taken)
-      shape_a.emplace(tape_shape(a));
-      shape_b.emplace(tape_shape(b));
-    }
+    // (the nodes, before an operand's buffer is taken)
+    auto node_a = rec && linear ? tape_node(a) : TapeNode<T>{}, node_b = rec && linear ? tape_node(b) : TapeNode<T>{};
     const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
     // An expiring operand of the result's own type and shape (no broadcast) that owns its
     // buffer, without an unevaluated factor, lends it to the result: the kernel reads each
@@ -168,7 +164,7 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
                   vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
     if (rec) {
       if constexpr (linear)
-        record(out, grad::Binary<K>{}, std::move(*shape_a), std::move(*shape_b));
+        record(out, grad::Binary<K>{}, std::move(node_a), std::move(node_b));
       else
         record(out, grad::Binary<K>{}, tape_value(a), tape_value(b));
     }
@@ -211,7 +207,7 @@ auto with_scalar(const X& x, S s, const char* name) {
     return with_scalar<K, ScalarLeft>(resolved(x, name), s, name);
   } else if constexpr (K == BinaryKind::Mul) {
     X out = TensorAccess::scaled(x, T(s));  // unevaluated: fused into the next + - += -=
-    if (recording(x)) record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+    if (recording(x)) record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_node(x));
     return out;
   } else {
     X out(x.mesh(), x.global_shape());
@@ -220,7 +216,7 @@ auto with_scalar(const X& x, S s, const char* name) {
       if constexpr (K == BinaryKind::Div && ScalarLeft)  // s / x reads x back
         record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_value(x));
       else
-        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_shape(x));
+        record(out, grad::WithScalar<K, ScalarLeft, T>{T(s)}, tape_node(x));
     }
     return out;
   }
@@ -253,7 +249,7 @@ auto unary(XR&& x, const char* name) {
     return unary<K>(resolved(x, name), name);
   } else if constexpr (K == UnaryKind::Neg) {
     X out = TensorAccess::scaled(x, T(-1));
-    if (recording(x)) record(out, grad::Unary<K>{}, tape_shape(x), tape_shape(out));
+    if (recording(x)) record(out, grad::Unary<K>{}, tape_node(x));
     return out;
   } else {
     // exp, tanh, sqrt and sigmoid differentiate through their output; the others through x.

@@ -232,14 +232,21 @@ enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
 
 // The tags of elementwise operators on the tape (tensor/tape.hpp); their rules are in ad/.
 namespace grad {
+// (any_output: the linear ones keep only their operands' nodes and read nothing of the output's
+// type; see tensor/tape.hpp.)
 template <BinaryKind K>
-struct Binary {};
+struct Binary {
+  static constexpr bool any_output = K == BinaryKind::Add || K == BinaryKind::Sub;
+};
 template <BinaryKind K, bool ScalarLeft, class T>
 struct WithScalar {
+  static constexpr bool any_output = !(K == BinaryKind::Div && ScalarLeft);
   T s;
 };
 template <UnaryKind K>
-struct Unary {};
+struct Unary {
+  static constexpr bool any_output = K == UnaryKind::Neg;
+};
 template <class T>
 struct Pow {
   T p;
