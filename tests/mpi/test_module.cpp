@@ -404,6 +404,29 @@ TEST_CASE("registering a parameter, a name or a module twice is an error, not a 
   opt.add(mlp);
   TS_REQUIRE_ALL(refused([&] { opt.add(mlp); }));                                    // the model again
   TS_REQUIRE_ALL(refused([&] { opt.add(mlp.up.weight(), mlp.up.weight_grad()); }));  // one of its tensors
+  // A registered parameter assigned anew with another shape or on another mesh than its gradient's:
+  // the optimizer refuses it, naming both, instead of updating past the gradient's buffer.
+  Mlp other(mesh);
+  other.scale = ts::zeros<double, ts::Spec<ts::R>>(mesh, {13});
+  ts::nn::AdamW opt2({.lr = 1e-3f});
+  std::string said;
+  try {
+    opt2.add(other);
+  } catch (const ts::ShapeError& e) {
+    said = e.what();
+  }
+  TS_REQUIRE_ALL(said.find("does not match the parameter [13] {R}") != std::string::npos);
+  Mlp moved(mesh);
+  const M elsewhere({world_size(), 1});
+  moved.scale = ts::zeros<double, ts::Spec<ts::R>>(elsewhere, {12});
+  ts::nn::AdamW opt3({.lr = 1e-3f});
+  bool mesh_error = false;
+  try {
+    opt3.add(moved);
+  } catch (const ts::MeshError&) {
+    mesh_error = true;
+  }
+  TS_REQUIRE_ALL(mesh_error);
 }
 
 TEST_CASE("parameter groups: decay_matrices_only keeps biases, norms and vectors out of weight decay", "[module]") {

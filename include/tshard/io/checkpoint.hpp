@@ -155,8 +155,8 @@ inline void require_writable(MPI_Comm comm, std::initializer_list<std::string> p
 
 // Collective over comm: that files can be written into the folder `dir` (a Hugging Face
 // directory, say): it is a folder, or nothing yet; an existing file of that name is an IoError
-// before the run, not after it. Nothing is created where `dir` is missing but its parent. Empty:
-// nothing asked for, nothing checked.
+// before the run, not after it. A missing `dir` is not made (its parent folders are, as
+// require_writable makes them). Empty: nothing asked for, nothing checked.
 inline void require_writable_directory(MPI_Comm comm, const std::string& dir) {
   if (dir.empty()) return;
   detail::on_first_rank(comm, "'" + dir + "' cannot be written", [&] {

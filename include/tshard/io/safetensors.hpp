@@ -78,9 +78,11 @@ class NamedTensor {
     if (x) write_ = [x, d = dtype_](tshard::detail::ParallelFile& file, MPI_Offset at) { write_block(*x, file, at, d); };
   }
 
-  // The same for an erased tensor (a state dict's entry), which must outlive the writing.
+  // The same for an erased tensor (a state dict's entry); `keep` keeps it alive until written.
   template <class T>
-  NamedTensor(std::string name, const tshard::detail::ErasedTensor<T>& x, std::string stored = "") : name_(std::move(name)) {
+  NamedTensor(std::string name, const tshard::detail::ErasedTensor<T>& x, std::string stored = "",
+              std::shared_ptr<void> keep = nullptr)
+      : name_(std::move(name)), keep_(std::move(keep)) {
     if (x.spec.rank < 1) throw SpecError("tshard::io::NamedTensor: \"" + name_ + "\" has rank 0: safetensors holds tensors of rank 1 or more here");
     dtype_ = checked_dtype<T>(name_, std::move(stored));
     comm_ = x.mesh->comm();

@@ -93,7 +93,17 @@ class BlockParameterSlot : public ElementParameterSlot<T> {
   [[gnu::noinline]] BlockParameterSlot(tshard::detail::ErasedTensor<T> value, tshard::detail::ErasedTensor<T> grad,
                                        const void* identity)
       : value_(std::move(value)), grad_(std::move(grad)), identity_(identity) {}
-  [[gnu::noinline]] ParameterView<T> view_with(std::shared_ptr<void> keep) {
+  // value_mesh / grad_mesh: the tensors' meshes now (a parameter may have been assigned anew since
+  // it was registered: another shape or mesh than its gradient's is an error, not a view).
+  [[gnu::noinline]] ParameterView<T> view_with(const std::shared_ptr<tshard::detail::MeshState>& value_mesh,
+                                               const std::shared_ptr<tshard::detail::MeshState>& grad_mesh,
+                                               std::shared_ptr<void> keep) {
+    if (value_mesh != grad_mesh)
+      tshard::detail::throw_different_meshes("optim::Optimizer::add", describe(), value_mesh->shape(),
+                                             grad_.describe(), grad_mesh->shape());
+    if (value_.shape() != grad_.shape())
+      throw ShapeError("tshard::optim: the gradient " + grad_.describe() + " does not match the parameter " + describe());
+    value_.mesh = value_mesh;
     ParameterView<T> v = parallel::detail::view_of_blocks(*value_.block, *grad_.block);
     v.layout = value_.layout();
     v.spec = value_.spec;
@@ -126,7 +136,10 @@ class TypedParameterSlot final : public BlockParameterSlot<T>,
     tshard::detail::TensorAccess::set_node(t_->value, leaf);
     return leaf;
   }
-  ParameterView<T> view() override { return this->view_with(this->shared_from_this()); }
+  ParameterView<T> view() override {
+    return this->view_with(tshard::detail::state_of(t_->value.mesh()), tshard::detail::state_of(t_->grad.mesh()),
+                           this->shared_from_this());
+  }
   std::pair<std::shared_ptr<StateTensor>, accumulator_t<T>*> state_like() const override { return detail::state_like(t_->value); }
   std::shared_ptr<StateTensor> value_state() override {
     return detail::state_of_tensor(std::shared_ptr<Tensor>(this->shared_from_this(), &t_->value));

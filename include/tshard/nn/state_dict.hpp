@@ -82,8 +82,7 @@ const char* dtype_name() {
   else return "complex";
 }
 
-// The bodies of TypedStateTensor's members that need only the element type, compiled once per
-// element type instead of once per tensor type.
+// What ErasedStateTensor's members share with other descriptor code, per element type.
 template <class T>
 std::vector<double> global_values(const tshard::detail::BlockView<T>& x) {
   std::vector<T> g(static_cast<std::size_t>(tshard::detail::volume(x.shape, x.spec.rank)));
@@ -180,7 +179,7 @@ class ErasedStateTensor final : public StateTensor {
     auto block = in.load_block<T>(*t_.mesh, t_.spec, name, expect);
     adopt(block.shape, std::move(block.data));
   }
-  io::NamedTensor named(const std::string& name) const override { return io::NamedTensor(name, t_); }
+  io::NamedTensor named(const std::string& name) const override { return io::NamedTensor(name, t_, "", keep_); }
   std::vector<double> values() const override {
     const tshard::detail::ReadableBlock<T> readable(t_, "nn::StateTensor::values");
     return global_values(readable.view());
@@ -228,6 +227,8 @@ class ErasedStateTensor final : public StateTensor {
 
 template <class T, class M, class S>
 std::shared_ptr<StateTensor> state_of_tensor(std::shared_ptr<ShardedTensor<T, M, S>> t) {
+  static_assert(S::rank >= 1, "tshard: a module's parameters and buffers have rank 1 or more (files hold no rank-0 tensors): "
+                              "register a scalar as a tensor of shape {1}");
   auto erased = tshard::detail::erased(*t);
   void* typed = t.get();
   return std::make_shared<ErasedStateTensor<T>>(std::move(t), std::move(erased), typeid(ShardedTensor<T, M, S>), typed);

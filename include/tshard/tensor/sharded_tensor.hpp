@@ -550,6 +550,7 @@ class ReadableBlock {
     copy_ = pooled_array<T>(static_cast<std::size_t>(x.layout().padded_size()));
     (*restore)(copy_.get());
   }
+  ReadableBlock(ErasedTensor<T>&&, const char*) = delete;  // (it refers to x: keep x alive)
   BlockView<T> view() const {
     return {*x_.mesh, x_.spec, x_.shape(), x_.layout(), copy_ ? copy_.get() : TensorAccess::block_values(*x_.block)};
   }
