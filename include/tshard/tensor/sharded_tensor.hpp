@@ -400,6 +400,10 @@ struct TensorAccess {
   static TensorBlock<T>& block(ShardedTensor<T, M, S, P>& x) {
     return x;
   }
+  template <class T, class M, class S, class P>
+  static const TensorBlock<T>& block(const ShardedTensor<T, M, S, P>& x) {
+    return x;
+  }
   template <class T>
   static bool has_block_storage(const TensorBlock<T>& x) {
     return bool(x.data_);
@@ -514,19 +518,29 @@ ErasedTensor<T> erased(ShardedTensor<T, M, S, P>& x) {
 // x itself, or, for a parameter ZeRO-3 released, a copy gathered back from the chunks its
 // optimizer holds (collective over them: every rank holds x released alike). A tensor released
 // with no way back is the SpecError that gather() gives.
+// The values of a block whose buffer ZeRO-3 released, gathered back from the chunks that hold
+// them (null where the block holds its own, or none); the SpecError that gather() gives where
+// nothing holds them. What Readable and ReadableBlock share.
+template <class T>
+std::shared_ptr<T> restored_values(const TensorBlock<T>& x, const char* op, Text describe) {
+  const Index n = TensorAccess::block_layout(x).padded_size();
+  if (TensorAccess::has_block_storage(x) || n == 0) return nullptr;
+  const auto& restore = TensorAccess::block_restore(x);
+  if (!restore)
+    throw SpecError(std::string("tshard::") + op + ": " + describe.str() +
+                    " holds no values: its buffer was released, and nothing holds them");
+  auto block = pooled_array<T>(static_cast<std::size_t>(n));
+  (*restore)(block.get());
+  return block;
+}
 template <class X>
 class Readable {
  public:
   Readable(const X& x, const char* op) : x_(&x) {
-    if (TensorAccess::has_storage(x) || x.padded_size() == 0) return;
-    const auto& restore = TensorAccess::restore(x);
-    if (!restore)
-      throw SpecError(std::string("tshard::") + op + ": " + x.describe() +
-                      " holds no values: its buffer was released, and nothing holds them");
-    auto block = pooled_array<typename X::Scalar>(static_cast<std::size_t>(x.padded_size()));
-    (*restore)(block.get());
-    copy_.emplace(AdoptStorage{}, x.mesh(), x.global_shape(), std::move(block));
-    x_ = &*copy_;
+    if (auto block = restored_values(TensorAccess::block(x), op, [&] { return x.describe(); })) {
+      copy_.emplace(AdoptStorage{}, x.mesh(), x.global_shape(), std::move(block));
+      x_ = &*copy_;
+    }
   }
   Readable(const Readable&) = delete;
   Readable& operator=(const Readable&) = delete;
@@ -541,15 +555,8 @@ class Readable {
 template <class T>
 class ReadableBlock {
  public:
-  ReadableBlock(const ErasedTensor<T>& x, const char* op) : x_(x) {
-    if (TensorAccess::has_block_storage(*x.block) || x.layout().padded_size() == 0) return;
-    const auto& restore = TensorAccess::block_restore(*x.block);
-    if (!restore)
-      throw SpecError(std::string("tshard::") + op + ": " + x.describe() +
-                      " holds no values: its buffer was released, and nothing holds them");
-    copy_ = pooled_array<T>(static_cast<std::size_t>(x.layout().padded_size()));
-    (*restore)(copy_.get());
-  }
+  ReadableBlock(const ErasedTensor<T>& x, const char* op)
+      : x_(x), copy_(restored_values(*x.block, op, [&] { return x.describe(); })) {}
   ReadableBlock(ErasedTensor<T>&&, const char*) = delete;  // (it refers to x: keep x alive)
   BlockView<T> view() const {
     return {*x_.mesh, x_.spec, x_.shape(), x_.layout(), copy_ ? copy_.get() : TensorAccess::block_values(*x_.block)};
