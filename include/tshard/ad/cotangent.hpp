@@ -65,6 +65,28 @@ TypedGradNode<T>* node_of(const TapeNode<T>& x) {
   return static_cast<TypedGradNode<T>*>(x.node.get());
 }
 
+// A value in a rule on descriptors: a buffer laid out as `spec` over `shape`.
+template <class T>
+struct BlockValue {
+  std::shared_ptr<T> data;
+  SpecDesc spec{};
+  Extents shape{};
+};
+
+template <class T>
+TypedGradNode<T>* node_of(const TapeValue<T>& x) {
+  return static_cast<TypedGradNode<T>*>(x.node.get());
+}
+
+// The descriptor form of accumulate: node += the contribution c (laid out as cd over shape sc).
+template <class T>
+void accumulate_block(TypedGradNode<T>& node, const SpecDesc& cd, const Extents& sc, std::shared_ptr<T> c) {
+  if (sc != node.shape)
+    throw ShapeError("tshard::ad: internal: a cotangent contribution of shape " + shape_to_string(sc, cd.rank) +
+                     " does not match its value's " + shape_to_string(node.shape, node.primal.rank));
+  add_cotangent(node, cd, std::move(c));
+}
+
 // x's node += the cotangent contribution c (a tensor of x's shape, any spec, maybe a partial sum).
 template <class X, class C>
 void accumulate(const X& x, const C& c) {
@@ -88,6 +110,15 @@ auto cotangent(std::type_identity<Out>, TypedGradNode<typename Out::Scalar>& sel
   using G = ShardedTensor<T, M, typename Out::SpecType>;
   auto a = implicit_reshard(*self.mesh, self.cotangent_desc, G::spec_desc, self.shape, self.cotangent.get(), "backward");
   G g(AdoptStorage{}, mesh, to_array<G::rank>(self.shape), a.owned ? std::move(a.owned) : self.cotangent);
+  self.cotangent.reset();
+  return g;
+}
+
+// The descriptor form: the cotangent of a rule's output laid out as the output (self.primal).
+template <class T>
+std::shared_ptr<T> read_cotangent(TypedGradNode<T>& self) {
+  auto a = implicit_reshard(*self.mesh, self.cotangent_desc, self.primal, self.shape, self.cotangent.get(), "backward");
+  std::shared_ptr<T> g = a.owned ? std::move(a.owned) : self.cotangent;
   self.cotangent.reset();
   return g;
 }
@@ -161,6 +192,13 @@ TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void add_unbroadcast<T>(TypedGradNode<T>&, const SpecDesc&, \
     const Extents&, int, std::shared_ptr<T>, T))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(std::shared_ptr<T> read_cotangent<T>(TypedGradNode<T>&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void accumulate_block<T>(TypedGradNode<T>&, const SpecDesc&, \
+    const Extents&, std::shared_ptr<T>))
 TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::detail

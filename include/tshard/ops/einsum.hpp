@@ -73,8 +73,12 @@ inline Extents einsum_output_shape(const EinsumLabels& e, const Extents& sa, con
 }
 
 namespace grad {  // the tag of einsum on the tape; its rule (two einsums) is in ad/
-template <EinsumLabels E>
-struct Einsum {};
+// The labels at run time: every einsum of a model shares one rule per element type, which runs
+// on its operands' descriptors.
+struct Einsum {
+  static constexpr bool any_output = true;
+  EinsumLabels e;
+};
 }  // namespace grad
 
 // einsum on parsed labels (einsum<Eq> parses its string; gradient rules build theirs). Gradient
@@ -117,7 +121,7 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
     if (kept && kept->replaying()) {
       Out out(detail::AdoptStorage{}, a.mesh(), detail::to_array<e.no>(shape), nullptr);
       out = Out(detail::AdoptStorage{}, a.mesh(), out.global_shape(), kept->template take<T>(out.padded_size()));
-      if constexpr (Record) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
+      if constexpr (Record) detail::record(out, grad::Einsum{e}, detail::tape_block(a), detail::tape_block(b));
       return out;
     }
     Out out(a.mesh(), detail::to_array<e.no>(shape));
@@ -125,7 +129,7 @@ auto einsum_labeled(const A& a_in, const B& b_in, EinsumStrategy strategy, std::
                           detail::extents_of(b), b.data(), Out::spec_desc, shape, out.data(), strategy);
     if (kept) kept->keep(detail::TensorAccess::storage(out), out.padded_size());
     if constexpr (Record)
-      if (detail::recording(a, b)) detail::record(out, grad::Einsum<e>{}, detail::tape_value(a), detail::tape_value(b));
+      if (detail::recording(a, b)) detail::record(out, grad::Einsum{e}, detail::tape_block(a), detail::tape_block(b));
     return out;
   }
 }

@@ -19,10 +19,19 @@ namespace tshard {
 namespace detail {
 
 namespace grad {  // the tags of reductions on the tape; their rules are in ad/
-template <ReduceOp Op, int... Dims>
-struct Reduce {};
-template <int... Dims>
-struct KeepDims {};
+// Rules on descriptors, one per element type (see tensor/tape.hpp's any_output).
+struct Extremum {  // max, min
+  static constexpr bool any_output = true;
+  ReduceOp op;
+  std::array<bool, kMaxRank> reduced;
+};
+struct Sum {
+  static constexpr bool any_output = true;
+  std::array<bool, kMaxRank> reduced;
+};
+struct KeepDims {
+  static constexpr bool any_output = true;
+};
 }  // namespace grad
 
 template <ReduceOp Op, int... Dims, class T, class M, class S, class P>
@@ -52,9 +61,9 @@ auto reduce(const ShardedTensor<T, M, S, P>& x, const char* name) {
     reduce_kernel<T>(Op, x.data(), detail::layout_of(x), reduced, out.data(), detail::layout_of(out).padded, OutRank);
     if (recording(x)) {
       if constexpr (Op == ReduceOp::Sum)
-        record(out, grad::Reduce<Op, Dims...>{}, tape_shape(x), tape_shape(out));
+        record(out, grad::Sum{reduced}, tape_block(x, false));
       else  // the gradient goes to the elements equal to the result
-        record(out, grad::Reduce<Op, Dims...>{}, tape_value(x), tape_output(out));
+        record(out, grad::Extremum{Op, reduced}, tape_block(x), tape_output_block(out));
     }
     return out;
   }
@@ -80,7 +89,7 @@ auto with_kept_dims(const X& x, const Reduced& r) {
   auto shape = x.global_shape();
   ((shape[Dims] = 1), ...);
   Out out(AdoptStorage{}, x.mesh(), shape, TensorAccess::storage(r));
-  if (recording(r)) record(out, grad::KeepDims<Dims...>{}, tape_shape(r));
+  if (recording(r)) record(out, grad::KeepDims{}, tape_block(r, false));
   return out;
 }
 

@@ -270,14 +270,36 @@ template <class T>
 struct TapeNode {
   std::shared_ptr<GradNode> node;
 };
-template <class S>
-struct is_tape_node : std::false_type {};
-template <class T>
-struct is_tape_node<TapeNode<T>> : std::true_type {};
 template <class X>
 TapeNode<typename X::Scalar> tape_node(const X& x) {
   return {TensorAccess::node(x)};
 }
+// tape_block: an operand as a rule on descriptors keeps it: its node, spec and shape, and its
+// value (shared, as tape_value's) where the rule reads it. Such rules are compiled once per
+// element type (ad/rules/), not once per operator instance with its typed tensors.
+template <class T>
+struct TapeValue {
+  std::shared_ptr<GradNode> node;
+  std::shared_ptr<T> value;  // null where the rule reads only where the operand lies
+  SpecDesc spec{};
+  Extents shape{};
+};
+template <class X>
+TapeValue<typename X::Scalar> tape_block(const X& x, bool with_value = true) {
+  return {TensorAccess::node(x), with_value ? TensorAccess::storage(x) : nullptr, X::spec_desc, extents_of(x)};
+}
+// An output's value without its node (see tape_output).
+template <class X>
+TapeValue<typename X::Scalar> tape_output_block(const X& x) {
+  return {nullptr, TensorAccess::storage(x), X::spec_desc, extents_of(x)};
+}
+// (what note_consumer reads a node from)
+template <class S>
+struct is_tape_node : std::false_type {};
+template <class T>
+struct is_tape_node<TapeNode<T>> : std::true_type {};
+template <class T>
+struct is_tape_node<TapeValue<T>> : std::true_type {};
 
 // A rule whose tag says `any_output` reads nothing of its output's type (the node's primal spec
 // has its rank) and keeps only TapeNodes: it is recorded as a rule for AnyOutput, one rule type per
@@ -311,19 +333,41 @@ template <class T>
   return node;
 }
 
+// A node for a value of this mesh, shape and spec whose rule is vjp(tag, RuleOut, node, saved...),
+// found in ad/, added to the active tape. Per rule type: an output-free rule's (RuleOut =
+// AnyOutput) is shared by every operator instance that records it, and the common ones are
+// compiled in tshard::kernels (their instances are listed at the end of ad/rules/).
+template <class T, class RuleOut, class Tag, class... Saved>
+[[gnu::noinline]] std::shared_ptr<GradNode> record_node(const std::shared_ptr<MeshState>& mesh, const Extents& shape,
+                                                        const SpecDesc& spec, Tag&& tag, Saved&&... saved) {
+  auto node = new_grad_node<T>(mesh, shape, spec);
+  (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
+  node->rule.reset(new GradRuleOf<T, RuleOut, Tag, Saved...>(std::move(tag), std::move(saved)...));
+  Tape::active()->add(node);
+  return node;
+}
+
+// record_node's instance for an output-free rule keeping S1 (S1, S2; S1, S2, S3), compiled once
+// in tshard::kernels (core/kernel_instances.hpp). The tag comes last: it may hold commas.
+#define TSHARD_RULE_INSTANCE_1(T, S1, ...)                                                                  \
+  TSHARD_KERNEL_INSTANCE(std::shared_ptr<GradNode> record_node<T, AnyOutput, __VA_ARGS__, S1>(              \
+      const std::shared_ptr<MeshState>&, const Extents&, const SpecDesc&, __VA_ARGS__&&, S1&&))
+#define TSHARD_RULE_INSTANCE_2(T, S1, S2, ...)                                                              \
+  TSHARD_KERNEL_INSTANCE(std::shared_ptr<GradNode> record_node<T, AnyOutput, __VA_ARGS__, S1, S2>(          \
+      const std::shared_ptr<MeshState>&, const Extents&, const SpecDesc&, __VA_ARGS__&&, S1&&, S2&&))
+#define TSHARD_RULE_INSTANCE_3(T, S1, S2, S3, ...)                                                          \
+  TSHARD_KERNEL_INSTANCE(std::shared_ptr<GradNode> record_node<T, AnyOutput, __VA_ARGS__, S1, S2, S3>(      \
+      const std::shared_ptr<MeshState>&, const Extents&, const SpecDesc&, __VA_ARGS__&&, S1&&, S2&&, S3&&))
+
 // Gives `out` a node whose rule is vjp(tag, type of out, node, saved...), found in ad/. What
 // the rule keeps is moved in, never copied (a copy of a tensor is deep; what a rule keeps shares
-// buffers): pass temporaries (tape_value(x), ...) or std::move.
+// buffers): pass temporaries (tape_value(x), tape_block(x), ...) or std::move.
 template <class Out, class Tag, class... Saved>
 void record(Out& out, Tag tag, Saved&&... saved) {
   static_assert((!std::is_lvalue_reference_v<Saved> && ...), "tshard: internal: record() takes what a rule keeps by move");
-  using T = typename Out::Scalar;
-  auto node = new_grad_node<T>(state_of(out.mesh()), extents_of(out), Out::spec_desc);
-  (note_consumer(saved, Tape::active()->next_order()), ...);  // (add() gives the node that order)
   using RuleOut = std::conditional_t<OutputFreeRule<Tag>, AnyOutput, Out>;
-  node->rule.reset(new GradRuleOf<T, RuleOut, Tag, std::remove_cvref_t<Saved>...>(std::move(tag), std::move(saved)...));
-  Tape::active()->add(node);
-  TensorAccess::set_node(out, std::move(node));
+  TensorAccess::set_node(out, record_node<typename Out::Scalar, RuleOut, Tag, std::remove_cvref_t<Saved>...>(
+                                  state_of(out.mesh()), extents_of(out), Out::spec_desc, std::move(tag), std::move(saved)...));
 }
 
 }  // namespace tshard::detail

@@ -45,31 +45,6 @@ constexpr EinsumLabels broadcast_back(const EinsumLabels& g) {
   return r;
 }
 
-namespace grad {
-
-// A rule's product: never recorded (see einsum_labeled's Record).
-template <EinsumLabels G, class U, class V>
-auto rule_einsum(const U& u, const V& v) {
-  return einsum_labeled<G, U, V, false>(u, v, EinsumStrategy::Auto, "backward");
-}
-
-// The contribution of einsum<G>(u, v) to an operand x whose labels are G's output, where some of
-// them are summed inside x alone: the einsum of the labels it knows, broadcast back over the rest.
-template <EinsumLabels G, class X, class U, class V>
-auto operand_gradient(const X& x, const U& u, const V& v) {
-  if constexpr (outputs_known(G)) {
-    return rule_einsum<G>(u, v);
-  } else {
-    constexpr EinsumLabels B = broadcast_back(G);
-    using T = typename X::Scalar;
-    std::array<Eigen::Index, std::size_t(B.nb)> extents{};
-    for (int i = 0; i < B.nb; ++i) extents[std::size_t(i)] = extents_of(x)[std::size_t(G.in_o(B.b[i]))];
-    ShardedTensor<T, typename X::MeshT, Replicated<B.nb>> ones(x.mesh(), extents);  // replicated: no padding
-    std::fill(ones.data(), ones.data() + ones.padded_size(), T(1));
-    return rule_einsum<B>(rule_einsum<known_part(G)>(u, v), ones);
-  }
-}
-
 // Whether two label lists are the same letters in the same order.
 constexpr bool same_labels(const EinsumLabels& e) {
   if (e.na != e.nb) return false;
@@ -78,30 +53,96 @@ constexpr bool same_labels(const EinsumLabels& e) {
   return true;
 }
 
-template <EinsumLabels E, class Out, class T, class A, class B>
-void vjp(Einsum<E>, std::type_identity<Out>, TypedGradNode<T>& self, const A& a, const B& b) {
-  const bool ta = tracked(a), tb = tracked(b);
-  if (!ta && !tb) return;
-  constexpr bool full_contraction = E.no == 0 && same_labels(E);  // "ij,ij->": the cotangent scales
-  // Each gradient is an einsum of the cotangent with the other operand; labels summed inside one
-  // operand alone are broadcast back over (the transpose of that sum).
-  constexpr bool by_einsums = E.no > 0 && known_part(gradient_labels(E, true)).no > 0 &&
-                              known_part(gradient_labels(E, false)).no > 0;
-  if constexpr (full_contraction) {
-    const auto g = cotangent(std::type_identity<Out>{}, self, a.mesh());
-    const T s = g.data()[0];  // rank 0, replicated: the same on every rank
-    if (ta) accumulate(a, b * s);
-    if (tb) accumulate(b, a * s);
-  } else if constexpr (by_einsums) {
-    const auto g = cotangent(std::type_identity<Out>{}, self, a.mesh());
-    if (ta) accumulate(a, operand_gradient<gradient_labels(E, true)>(a, g, b));
-    if (tb) accumulate(b, operand_gradient<gradient_labels(E, false)>(b, a, g));
-  } else {
+// A rule's product einsum<e>(u, v), as einsum() computes it (the same decision, plan, kernels
+// and collectives, counted under "einsum"; a partial operand resolved first), never recorded.
+template <class T>
+BlockValue<T> rule_product(MeshState& mesh, const EinsumLabels& e, const BlockValue<T>& u, const BlockValue<T>& v) {
+  OperatorScope scope("einsum");
+  auto ua = implicit_reshard(mesh, u.spec, u.spec.without_partial(), u.shape, u.data.get(), "einsum");
+  auto va = implicit_reshard(mesh, v.spec, v.spec.without_partial(), v.shape, v.data.get(), "einsum");
+  const SpecDesc du = u.spec.without_partial(), dv = v.spec.without_partial();
+  const EinsumDecision decision = decide_einsum(e, du, dv);
+  BlockValue<T> out{nullptr, einsum_output_desc(e, decision, du, dv), einsum_output_shape(e, u.shape, v.shape)};
+  out.data = pooled_array<T>(static_cast<std::size_t>(
+      shard_layout(out.spec, out.shape, mesh.shape(), mesh.coords()).padded_size()));
+  einsum_run<T>(mesh, e, decision, du, u.shape, ua.data, dv, v.shape, va.data, out.spec, out.shape, out.data.get(),
+                EinsumStrategy::Auto);
+  return out;
+}
+
+// The contribution of einsum<g>(u, v) to an operand of shape sx whose labels are g's output,
+// where some of them are summed inside that operand alone: the einsum of the labels it knows,
+// broadcast back over the rest (times ones: the transpose of that sum).
+template <class T>
+BlockValue<T> operand_gradient(MeshState& mesh, const EinsumLabels& g, const Extents& sx, const BlockValue<T>& u,
+                               const BlockValue<T>& v) {
+  if (outputs_known(g)) return rule_product(mesh, g, u, v);
+  const EinsumLabels back = broadcast_back(g);
+  BlockValue<T> ones;  // replicated: no padding
+  ones.spec.rank = back.nb;
+  for (int i = 0; i < back.nb; ++i) ones.shape[i] = sx[g.in_o(back.b[i])];
+  const Index n = shard_layout(ones.spec, ones.shape, mesh.shape(), mesh.coords()).padded_size();
+  ones.data = pooled_array<T>(static_cast<std::size_t>(n));
+  std::fill(ones.data.get(), ones.data.get() + n, T(1));
+  return rule_product(mesh, back, rule_product(mesh, known_part(g), u, v), ones);
+}
+
+// Each operand's gradient is an einsum of the cotangent with the other operand (GSPMD section
+// 3.5: a gradient contracting a split batch gives a partial sum, resolved where it is read).
+template <class T>
+void einsum_vjp(const EinsumLabels& e, TypedGradNode<T>& self, const TapeValue<T>& a, const TapeValue<T>& b) {
+  auto *na = node_of(a), *nb = node_of(b);
+  if (!na && !nb) return;
+  MeshState& mesh = *self.mesh;
+  const bool full_contraction = e.no == 0 && same_labels(e);  // "ij,ij->": the cotangent scales
+  const bool by_einsums =
+      e.no > 0 && known_part(gradient_labels(e, true)).no > 0 && known_part(gradient_labels(e, false)).no > 0;
+  if (!full_contraction && !by_einsums)
     throw SpecError(
         "tshard::ad: this einsum contracts to a scalar, or sums every index of an operand away, in a form whose "
         "gradient is not derived; sum first (ts::sum), then contract");
+  const BlockValue<T> g{read_cotangent(self), self.primal, self.shape};
+  const BlockValue<T> va{a.value, a.spec, a.shape}, vb{b.value, b.spec, b.shape};
+  if (full_contraction) {
+    const T s = g.data.get()[0];  // rank 0, replicated: the same on every rank
+    auto scaled = [&](const BlockValue<T>& x) {  // s x, as an unevaluated s * x is evaluated
+      const Index n = shard_layout(x.spec, x.shape, mesh.shape(), mesh.coords()).padded_size();
+      auto out = pooled_array<T>(static_cast<std::size_t>(n));
+      for (Index i = 0; i < n; ++i) out.get()[i] = s * x.data.get()[i];
+      return out;
+    };
+    if (na) accumulate_block(*na, b.spec, b.shape, scaled(vb));
+    if (nb) accumulate_block(*nb, a.spec, a.shape, scaled(va));
+    return;
+  }
+  if (na) {
+    auto c = operand_gradient(mesh, gradient_labels(e, true), a.shape, g, vb);
+    accumulate_block(*na, c.spec, c.shape, std::move(c.data));
+  }
+  if (nb) {
+    auto c = operand_gradient(mesh, gradient_labels(e, false), b.shape, va, g);
+    accumulate_block(*nb, c.spec, c.shape, std::move(c.data));
   }
 }
 
+namespace grad {
+
+template <class T>
+void vjp(const Einsum& tag, std::type_identity<AnyOutput>, TypedGradNode<T>& self, const TapeValue<T>& a,
+         const TapeValue<T>& b) {
+  einsum_vjp(tag.e, self, a, b);
+}
+
 }  // namespace grad
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_RULE_INSTANCE_2(T, TapeValue<T>, TapeValue<T>, grad::Einsum)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void einsum_vjp<T>(const EinsumLabels&, TypedGradNode<T>&, \
+    const TapeValue<T>&, const TapeValue<T>&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -92,3 +92,10 @@ void vjp(Take<Axis>, std::type_identity<Out>, TypedGradNode<T>& self, const Tabl
 }
 
 }  // namespace tshard::detail::grad
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_RULE_INSTANCE_1(T, TapeNode<T>, grad::Reshard)
+TSHARD_FOR_EACH_NUMBER(TSHARD_INSTANCE)  // (integer tensors are resharded with the rest)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

@@ -127,22 +127,35 @@ namespace detail {
 
 // The tape's node of a fused cross-entropy: the logits' gradient made in the forward pass,
 // kept until the backward (the logits themselves are not), and scaled there by the loss's
-// cotangent. Its rule, found by argument-dependent lookup, is below.
-template <class G>
+// cotangent. Its rule, found by argument-dependent lookup, is below: one per element type.
+template <class T>
 struct FusedCrossEntropy {
-  std::shared_ptr<std::optional<G>> gradient;  // moved out by the rule: it runs once
+  static constexpr bool any_output = true;
+  std::shared_ptr<std::optional<tshard::detail::BlockValue<T>>> gradient;  // moved out by the rule: it runs once
 };
 
-template <class G, class Out, class T, class X>
-void vjp(const FusedCrossEntropy<G>& tag, std::type_identity<Out>, tshard::detail::TypedGradNode<T>& self, const X& logits) {
-  const auto dl = tshard::detail::cotangent(std::type_identity<Out>{}, self, logits.mesh());
-  const T scale = std::as_const(dl).data()[0];
-  G g = std::move(**tag.gradient);
-  tag.gradient->reset();
-  if (scale == T(1))
-    tshard::detail::accumulate(logits, g);  // (g * 1 is g, bit for bit)
-  else
-    tshard::detail::accumulate(logits, std::move(g) * scale);
+template <class T>
+void fused_cross_entropy_vjp(tshard::detail::TypedGradNode<T>& self, const tshard::detail::TapeValue<T>& logits,
+                             std::optional<tshard::detail::BlockValue<T>>& kept) {
+  const T scale = tshard::detail::read_cotangent(self).get()[0];
+  tshard::detail::BlockValue<T> g = std::move(*kept);
+  kept.reset();
+  auto* node = tshard::detail::node_of(logits);
+  if (!node) return;
+  if (scale != T(1)) {  // (g * 1 is g, bit for bit)
+    const auto& mesh = *self.mesh;
+    const tshard::detail::Index n = shard_layout(g.spec, g.shape, mesh.shape(), mesh.coords()).padded_size();
+    auto scaled = tshard::detail::pooled_array<T>(static_cast<std::size_t>(n));
+    for (tshard::detail::Index i = 0; i < n; ++i) scaled.get()[i] = scale * g.data.get()[i];
+    g.data = std::move(scaled);
+  }
+  tshard::detail::accumulate_block(*node, g.spec, g.shape, std::move(g.data));
+}
+
+template <class T>
+void vjp(const FusedCrossEntropy<T>& tag, std::type_identity<tshard::detail::AnyOutput>,
+         tshard::detail::TypedGradNode<T>& self, const tshard::detail::TapeValue<T>& logits) {
+  fused_cross_entropy_vjp(self, logits, *tag.gradient);
 }
 
 }  // namespace detail
@@ -165,7 +178,7 @@ auto cross_entropy(const L& logits_in, const Labels& labels) {
   using G = ShardedTensor<T, M, typename L::SpecType>;
   tshard::detail::OperatorScope scope("cross_entropy");
   const bool differentiate = tshard::detail::recording(logits_in);
-  auto gradient = differentiate ? std::make_shared<std::optional<G>>() : nullptr;
+  auto gradient = differentiate ? std::make_shared<std::optional<tshard::detail::BlockValue<T>>>() : nullptr;
   ShardedTensor<T, M, Spec<>> loss = [&] {
     tshard::detail::PauseRecording pause;
     const auto& logits = tshard::detail::resolved(logits_in, "cross_entropy");
@@ -177,11 +190,16 @@ auto cross_entropy(const L& logits_in, const Labels& labels) {
     const Eigen::Tensor<T, 0> total = detail::sum_all(log(sum<V>(e)) - picked).gather();  // log-sum-exp minus it
     ShardedTensor<T, M, Spec<>> l(logits.mesh(), std::array<Eigen::Index, 0>{});
     l.data()[0] = total() / T(detail::rows_of(logits));
-    if (differentiate) gradient->emplace(detail::softmax_minus_labels(std::move(e), lab, logits));
+    if (differentiate) {
+      const G g = detail::softmax_minus_labels(std::move(e), lab, logits);
+      gradient->emplace(tshard::detail::BlockValue<T>{tshard::detail::TensorAccess::storage(g), G::spec_desc,
+                                                      tshard::detail::extents_of(g)});
+    }
     return l;
   }();
   if (differentiate)
-    tshard::detail::record(loss, detail::FusedCrossEntropy<G>{std::move(gradient)}, tshard::detail::tape_shape(logits_in));
+    tshard::detail::record(loss, detail::FusedCrossEntropy<T>{std::move(gradient)},
+                           tshard::detail::tape_block(logits_in, false));
   return ad::Scalar<T, M>(std::move(loss));
 }
 
@@ -224,3 +242,16 @@ auto cross_entropy_backward(const L& logits_in, const Labels& labels) {
 }
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void fused_cross_entropy_vjp<T>(tshard::detail::TypedGradNode<T>&, \
+    const tshard::detail::TapeValue<T>&, std::optional<tshard::detail::BlockValue<T>>&))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_RULE_INSTANCE_1(T, TapeValue<T>, nn::detail::FusedCrossEntropy<T>)
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::detail

@@ -166,7 +166,7 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
       if constexpr (linear)
         record(out, grad::Binary<K>{}, std::move(node_a), std::move(node_b));
       else
-        record(out, grad::Binary<K>{}, tape_value(a), tape_value(b));
+        record(out, grad::Binary<K>{}, tape_block(a), tape_block(b));
     }
     return out;
   }
@@ -260,10 +260,10 @@ auto unary(XR&& x, const char* name) {
       // place), unless a rule would read x's value afterwards.
       if (TensorAccess::reusable(x) && (by_output || !recording(x))) {
         const bool rec = recording(x);
-        X shape = tape_shape(x);  // (no buffer: only the node goes with it)
+        auto node = tape_block(x, false);  // (no buffer: only the node goes with it)
         X out = TensorAccess::taken(std::move(x));
         unary_run<K, T>(out.data(), out.data(), out.padded_size());
-        if (rec) record(out, grad::Unary<K>{}, std::move(shape), tape_output(out));
+        if (rec) record(out, grad::Unary<K>{}, std::move(node), tape_output_block(out));
         return out;
       }
     }
@@ -271,9 +271,9 @@ auto unary(XR&& x, const char* name) {
     unary_run<K, T>(x.data(), out.data(), x.padded_size());
     if (recording(x)) {
       if constexpr (by_output)
-        record(out, grad::Unary<K>{}, tape_shape(x), tape_output(out));
+        record(out, grad::Unary<K>{}, tape_block(x, false), tape_output_block(out));
       else
-        record(out, grad::Unary<K>{}, tape_value(x), tape_shape(out));
+        record(out, grad::Unary<K>{}, tape_block(x), TapeValue<T>{});
     }
     return out;
   }

@@ -223,13 +223,13 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
   detail::where_run<T>(*detail::state_of(mask_in.mesh()), dm, sm, mask_in.data(), va.desc, va.shape, va.data, vb.desc,
                        vb.shape, vb.data, Out::spec_desc, shape, out.data());
   if (detail::recording(a, b)) {  // the mask carries no gradient; a scalar side is a constant
-    auto side = [](const auto& v) {
+    auto side = [](const auto& v) {  // (a scalar side: no node)
       if constexpr (detail::OperandTraits<std::remove_cvref_t<decltype(v)>>::tensor)
-        return detail::tape_shape(v);
+        return detail::tape_block(v, false);
       else
-        return v;
+        return detail::TapeValue<T>{};
     };
-    detail::record(out, detail::grad::Where{}, detail::tape_value(mask_in), side(a), side(b));
+    detail::record(out, detail::grad::Where{}, detail::tape_block(mask_in), side(a), side(b));
   }
   return out;
 }

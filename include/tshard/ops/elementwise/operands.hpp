@@ -232,11 +232,11 @@ enum class UnaryKind { Exp, Log, Tanh, Relu, Sqrt, Abs, Neg, Sigmoid, Square };
 
 // The tags of elementwise operators on the tape (tensor/tape.hpp); their rules are in ad/.
 namespace grad {
-// (any_output: the linear ones keep only their operands' nodes and read nothing of the output's
-// type; see tensor/tape.hpp.)
+// (any_output: the rule reads nothing of the output's type, see tensor/tape.hpp: the linear ones
+// keep only their operands' nodes, the others their values as descriptors.)
 template <BinaryKind K>
 struct Binary {
-  static constexpr bool any_output = K == BinaryKind::Add || K == BinaryKind::Sub;
+  static constexpr bool any_output = true;
 };
 template <BinaryKind K, bool ScalarLeft, class T>
 struct WithScalar {
@@ -245,13 +245,15 @@ struct WithScalar {
 };
 template <UnaryKind K>
 struct Unary {
-  static constexpr bool any_output = K == UnaryKind::Neg;
+  static constexpr bool any_output = true;
 };
 template <class T>
 struct Pow {
   T p;
 };
-struct Where {};
+struct Where {
+  static constexpr bool any_output = true;
+};
 }  // namespace grad
 
 }  // namespace detail
