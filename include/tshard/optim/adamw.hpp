@@ -77,6 +77,9 @@ class AdamW : public Optimizer<AdamWOptions, AdamWRule> {
 
 // Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
 TSHARD_KERNEL_INSTANCE(class Optimizer<AdamWOptions, AdamWRule>)
+TSHARD_KERNEL_INSTANCE(void Optimizer<AdamWOptions, AdamWRule>::add_module_slot<nn::detail::ParameterSlot>(
+    nn::detail::ParameterSlot&, const std::string&, const std::function<ParameterGroup(const ParameterInfo&)>&, bool,
+    Optimizer<AdamWOptions, AdamWRule>::ModuleBucket&, Optimizer<AdamWOptions, AdamWRule>::OpenBucket&, std::uint32_t&))
 
 }  // namespace tshard::optim
 

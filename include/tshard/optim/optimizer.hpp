@@ -443,19 +443,12 @@ class Optimizer {
       return 0;
   }
 
-  // One registered parameter of a module: its bucket (made or joined by the first parameter), its group.
-  template <class Slot>
-  void add_module_slot(Slot& slot, const std::string& name, const std::function<ParameterGroup(const ParameterInfo&)>& group,
-                       bool streamable, ModuleBucket& mine, OpenBucket& open, std::uint32_t& deferred) {
-    ParameterGroup settings;
-    if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
-    bool done = false;
-    visit_slot<float>(slot, name, settings, streamable, mine, open, deferred, done);
-    visit_slot<double>(slot, name, settings, streamable, mine, open, deferred, done);
-    visit_slot<bfloat16>(slot, name, settings, streamable, mine, open, deferred, done);
-    if (!done)
-      throw SpecError("tshard::optim::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
-  }
+  // One registered parameter of a module: its bucket (made or joined by the first parameter), its
+  // group. Defined below the class, out of line: with the optimizers' instances in
+  // tshard::kernels, a program compiles none of the bucket and update machinery under it.
+  template <class ParamSlot>
+  void add_module_slot(ParamSlot& slot, const std::string& name, const std::function<ParameterGroup(const ParameterInfo&)>& group,
+                       bool streamable, ModuleBucket& mine, OpenBucket& open, std::uint32_t& deferred);
   template <class T, class Slot>
   void visit_slot(Slot& slot, const std::string& name, const ParameterGroup& settings, bool streamable, ModuleBucket& mine,
                   OpenBucket& open, std::uint32_t& deferred, bool& done) {
@@ -601,5 +594,21 @@ class Optimizer {
   GradientReductionStats reduction_, this_step_;
   parallel::detail::ParameterStreaming streaming_{options_.prefetch};  // stage 3's gathers
 };
+
+template <class Options, class Rule>
+template <class ParamSlot>
+void Optimizer<Options, Rule>::add_module_slot(ParamSlot& slot, const std::string& name,
+                                               const std::function<ParameterGroup(const ParameterInfo&)>& group,
+                                               bool streamable, ModuleBucket& mine, OpenBucket& open,
+                                               std::uint32_t& deferred) {
+  ParameterGroup settings;
+  if (group) settings = group(ParameterInfo{name, slot.rank(), slot.shape()});
+  bool done = false;
+  visit_slot<float>(slot, name, settings, streamable, mine, open, deferred, done);
+  visit_slot<double>(slot, name, settings, streamable, mine, open, deferred, done);
+  visit_slot<bfloat16>(slot, name, settings, streamable, mine, open, deferred, done);
+  if (!done)
+    throw SpecError("tshard::optim::Optimizer::add: the parameter " + name + " is not float, double or bfloat16");
+}
 
 }  // namespace tshard::optim

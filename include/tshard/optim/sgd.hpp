@@ -43,6 +43,9 @@ class SGD : public Optimizer<SGDOptions, SGDRule> {
 
 // Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
 TSHARD_KERNEL_INSTANCE(class Optimizer<SGDOptions, SGDRule>)
+TSHARD_KERNEL_INSTANCE(void Optimizer<SGDOptions, SGDRule>::add_module_slot<nn::detail::ParameterSlot>(
+    nn::detail::ParameterSlot&, const std::string&, const std::function<ParameterGroup(const ParameterInfo&)>&, bool,
+    Optimizer<SGDOptions, SGDRule>::ModuleBucket&, Optimizer<SGDOptions, SGDRule>::OpenBucket&, std::uint32_t&))
 
 }  // namespace tshard::optim
 

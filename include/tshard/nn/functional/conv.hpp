@@ -22,6 +22,7 @@
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/core/halo_geometry.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/nn/functional/window_gather.hpp"
 #include "tshard/reshard/reshard.hpp"
 
@@ -166,28 +167,56 @@ void for_each_conv_point(const tshard::detail::ShardLayout& ol, const ConvGeomet
   });
 }
 
+// The local products, per element type and rank (compiled in tshard::kernels): out's valid
+// points from the gathered window and the weights,
+template <class T, int K>
+void conv_forward_local(T* out, const tshard::detail::ShardLayout& ol, const T* w, const tshard::detail::ShardLayout& wl,
+                        const ConvGeometry<K>& g, const T* win, const Extents& window_dims) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  const auto wb = weight_columns(w, wl, g);
+  if (ol.valid_size() == 0) return;
+  const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1], rows = g.C * g.k[0];
+  for_each_conv_point(ol, g, window_dims, [&](Index at_y, const std::vector<Index>& at) {
+    Eigen::Map<Mat, 0, Eigen::OuterStride<>> y(out + at_y, nv, Ol, Eigen::OuterStride<>(np));
+    y.setZero();
+    for (std::size_t t = 0; t < at.size(); ++t) y.noalias() += Eigen::Map<const Mat>(win + at[t], nv, rows) * wb[t];
+  });
+}
+// and, for dy laid out as the output, the window's gradient (into dwin, zeroed) and this rank's
+// part of the weights' (into dw, zeroed, laid out as w).
+template <class T, int K>
+void conv_backward_local(const T* dy, const tshard::detail::ShardLayout& ol, const T* w,
+                         const tshard::detail::ShardLayout& wl, const ConvGeometry<K>& g, const T* win,
+                         const Extents& window_dims, T* dwin, T* dw) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
+  const auto wb = weight_columns(w, wl, g);
+  const Index rows = g.C * g.k[0];
+  std::vector<Mat> dwb(std::size_t(g.trailing()), Mat::Zero(rows, wl.valid[0]));
+  if (ol.valid_size() > 0) {
+    const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1];
+    for_each_conv_point(ol, g, window_dims, [&](Index at_y, const std::vector<Index>& at) {
+      Eigen::Map<const Mat, 0, Eigen::OuterStride<>> d(dy + at_y, nv, Ol, Eigen::OuterStride<>(np));
+      for (std::size_t t = 0; t < at.size(); ++t) {
+        Eigen::Map<Mat>(dwin + at[t], nv, rows).noalias() += d * wb[t].transpose();
+        dwb[t].noalias() += Eigen::Map<const Mat>(win + at[t], nv, rows).transpose() * d;
+      }
+    });
+  }
+  store_weight_columns(dwb, dw, wl, g);
+}
+
 template <class X, class Wt, class Out, int K>
 Out conv_forward(const X& x, const Wt& w, const ConvGeometry<K>& g, WindowGather<typename X::Scalar>& saved) {
-  using T = typename X::Scalar;
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   auto mesh = tshard::detail::state_of(x.mesh());
   std::array<Index, std::size_t(K + 2)> shape{g.N, g.O};
   for (int d = 0; d < K; ++d) shape[std::size_t(2 + d)] = g.out[std::size_t(d)];
   Out out(x.mesh(), shape);
   const Extents out_extents = tshard::detail::extents_of(out);
-  const auto& ol = tshard::detail::layout_of(out);
   saved.gather(x, [&](int r) {
     return conv_window(tshard::detail::shard_layout_of_rank(Out::spec_desc, out_extents, mesh->shape(), r), g);
   });
-  const auto wb = weight_columns(w.data(), tshard::detail::layout_of(w), g);
-  if (ol.valid_size() == 0) return out;
-  const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1], rows = g.C * g.k[0];
-  const T* win = saved.window.get();
-  for_each_conv_point(ol, g, saved.dims, [&](Index at_y, const std::vector<Index>& at) {
-    Eigen::Map<Mat, 0, Eigen::OuterStride<>> y(out.data() + at_y, nv, Ol, Eigen::OuterStride<>(np));
-    y.setZero();
-    for (std::size_t t = 0; t < at.size(); ++t) y.noalias() += Eigen::Map<const Mat>(win + at[t], nv, rows) * wb[t];
-  });
+  conv_forward_local<typename X::Scalar, K>(out.data(), tshard::detail::layout_of(out), w.data(),
+                                            tshard::detail::layout_of(w), g, saved.window.get(), saved.dims);
   return out;
 }
 
@@ -196,33 +225,17 @@ template <class X, class Wt, class DY, int K>
 std::pair<X, Wt> conv_backward(const X& x, const Wt& w, const DY& dy, const ConvGeometry<K>& g,
                                WindowGather<typename X::Scalar>& saved) {
   using T = typename X::Scalar;
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   auto mesh = tshard::detail::state_of(x.mesh());
-  const auto& ol = tshard::detail::layout_of(dy);
-  const auto& wl = tshard::detail::layout_of(w);
   auto dwin = saved.zeroed_window();
-  const auto wb = weight_columns(w.data(), wl, g);
-  const Index rows = g.C * g.k[0];
-  std::vector<Mat> dwb(std::size_t(g.trailing()), Mat::Zero(rows, wl.valid[0]));
-  if (ol.valid_size() > 0) {
-    const Index nv = ol.valid[0], np = ol.padded[0], Ol = ol.valid[1];
-    const T* win = saved.window.get();
-    for_each_conv_point(ol, g, saved.dims, [&](Index at_y, const std::vector<Index>& at) {
-      Eigen::Map<const Mat, 0, Eigen::OuterStride<>> d(dy.data() + at_y, nv, Ol, Eigen::OuterStride<>(np));
-      for (std::size_t t = 0; t < at.size(); ++t) {
-        Eigen::Map<Mat>(dwin.get() + at[t], nv, rows).noalias() += d * wb[t].transpose();
-        dwb[t].noalias() += Eigen::Map<const Mat>(win + at[t], nv, rows).transpose() * d;
-      }
-    });
-  }
+  Wt dw(w.mesh(), w.global_shape());
+  std::fill(dw.data(), dw.data() + dw.padded_size(), T(0));
+  conv_backward_local<T, K>(dy.data(), tshard::detail::layout_of(dy), w.data(), tshard::detail::layout_of(w), g,
+                            saved.window.get(), saved.dims, dwin.get(), dw.data());
   // dx: the window's gradient back to the blocks it was read from; summed over O's axes.
   X dx = saved.template add_back<X>(dwin.get(), x);
   if (const std::uint32_t o_axes = Wt::spec_desc.dims[0].count ? Wt::spec_desc.split_axes() : 0u)
     tshard::detail::all_reduce(mesh->group_of_mask(o_axes), dx.data(), dx.data(), dx.padded_size(), ReduceOp::Sum);
   // dw: this rank's partial over the axes splitting N and the spatial dims, reduced once.
-  Wt dw(w.mesh(), w.global_shape());
-  std::fill(dw.data(), dw.data() + dw.padded_size(), T(0));
-  store_weight_columns(dwb, dw.data(), wl, g);
   if (const std::uint32_t spatial = X::spec_desc.split_axes())
     tshard::detail::all_reduce(mesh->group_of_mask(spatial), dw.data(), dw.data(), dw.padded_size(), ReduceOp::Sum);
   return {std::move(dx), std::move(dw)};
@@ -285,3 +298,19 @@ auto conv3d(const XT& x, const WT& w, const Conv& conv = {}) {
 }
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T, K)                                                                                  \
+  TSHARD_KERNEL_INSTANCE(void conv_forward_local<T, K>(T*, const tshard::detail::ShardLayout&, const T*,       \
+                                                       const tshard::detail::ShardLayout&, const ConvGeometry<K>&, \
+                                                       const T*, const Extents&))                                \
+  TSHARD_KERNEL_INSTANCE(void conv_backward_local<T, K>(const T*, const tshard::detail::ShardLayout&, const T*, \
+                                                        const tshard::detail::ShardLayout&, const ConvGeometry<K>&, \
+                                                        const T*, const Extents&, T*, T*))
+TSHARD_INSTANCE(float, 2)
+TSHARD_INSTANCE(double, 2)
+TSHARD_INSTANCE(float, 3)
+TSHARD_INSTANCE(double, 3)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail
