@@ -24,6 +24,17 @@ namespace detail {
 bool same_blocks(const SpecDesc& have, const SpecDesc& want, const MeshShape& mesh);
 template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op);
+template <class T>
+void record_reshard(const std::shared_ptr<MeshState>& mesh, const TensorBlock<T>& t, const SpecDesc& want,
+                    TensorBlock<T>& out);
+// reshard()'s moving path on blocks: out (allocated) = t laid out as `want`, recorded.
+template <class T>
+void moving_reshard_block(const std::shared_ptr<MeshState>& mesh, const TensorBlock<T>& t, const SpecDesc& have,
+                          const SpecDesc& want, TensorBlock<T>& out) {
+  execute_reshard(*mesh, have, want, TensorAccess::block_shape(t), TensorAccess::block_values(t),
+                  TensorAccess::block_data(out));
+  record_reshard(mesh, t, want, out);
+}
 }  // namespace detail
 
 // A new tensor with the same global value laid out as NewSpec.
@@ -43,9 +54,8 @@ ShardedTensor<T, M, NewSpec> reshard(const ShardedTensor<T, M, S, P>& t) {
         detail::same_blocks(t.spec_desc, Out::spec_desc, detail::state_of(t.mesh())->shape()))
       return detail::implicit_reshard<NewSpec>(t, "reshard");
     Out out(t.mesh(), t.global_shape());
-    detail::execute_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), t.data(),
-                            out.data());
-    if (detail::recording(t)) detail::record(out, detail::grad::Reshard{}, detail::tape_node(t));
+    detail::moving_reshard_block<T>(detail::state_of(t.mesh()), detail::TensorAccess::block(t), t.spec_desc,
+                                    Out::spec_desc, detail::TensorAccess::block(out));
     return out;
   }
 }
@@ -194,20 +204,38 @@ void implicit_redistribute(MeshState& mesh, const SpecDesc& from, const Extents&
   redistribute(mesh, from, from_shape, src, to, to_shape, dst, shift);
 }
 
-// The typed form: a tensor resharded to NewSpec unless it already is. An unevaluated `s * x`
+// A reshard's node, where t is tracked: its rule sends the cotangent back as it lies.
+template <class T>
+void record_reshard(const std::shared_ptr<MeshState>& mesh, const TensorBlock<T>& t, const SpecDesc& want,
+                    TensorBlock<T>& out) {
+  const auto& node = TensorAccess::block_node(t);
+  if (!node || !Tape::active() || Tape::paused()) return;
+  TensorAccess::set_block_node(out, record_node<T, AnyOutput, grad::Reshard, TapeNode<T>>(
+                                        mesh, TensorAccess::block_shape(t), want, grad::Reshard{}, TapeNode<T>{node}));
+}
+
+// The typed implicit_reshard's body on blocks, per element type: out (t's shape laid out as
+// `want`, no buffer yet) takes t's value, moved where the blocks differ; an unevaluated `s * x`
 // moves x's buffer and keeps the factor (a reshard, a partial's sum included, is linear), so
-// `w -= lr * g` with g partial all-reduces g once and reads it once more in the update.
+// `w -= lr * g` with g partial all-reduces g once and reads it once more in the update. Already
+// laid out so, out shares t's buffer (either side copies it before writing).
+template <class T>
+void implicit_reshard_block(const std::shared_ptr<MeshState>& mesh, const TensorBlock<T>& t, const SpecDesc& have,
+                            const SpecDesc& want, TensorBlock<T>& out, const char* op) {
+  const ScaledBuffer<T> v = TensorAccess::block_buffer(t);
+  auto a = implicit_reshard(*mesh, have, want, TensorAccess::block_shape(t), v.data, op);
+  TensorAccess::share_block(t, out, std::move(a.owned));
+  record_reshard(mesh, t, want, out);
+}
+
+// The typed form: a tensor resharded to NewSpec unless it already is.
 template <class NewSpec, class T, class M, class S, class P>
 ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t, const char* op) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  const ScaledBuffer<T> v = TensorAccess::buffer(t);
-  auto a =
-      implicit_reshard(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), v.data, op);
-  // Already laid out so: shares t's buffer (either side copies it before writing).
-  Out out(AdoptStorage{}, t.mesh(), t.global_shape(), a.owned ? std::move(a.owned) : TensorAccess::storage(t, false));
-  Out result = v.scaled ? TensorAccess::scaled(out, v.scale) : std::move(out);
-  if (recording(t)) record(result, grad::Reshard{}, tape_node(t));
-  return result;
+  Out out(AdoptStorage{}, t.mesh(), t.global_shape(), nullptr);
+  implicit_reshard_block<T>(state_of(t.mesh()), TensorAccess::block(t), t.spec_desc, Out::spec_desc,
+                            TensorAccess::block(out), op);
+  return out;
 }
 }  // namespace detail
 
@@ -215,6 +243,13 @@ ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t
 
 // Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
 namespace tshard::detail {
+#define TSHARD_INSTANCE(T)                                                                                \
+  TSHARD_KERNEL_INSTANCE(void implicit_reshard_block<T>(const std::shared_ptr<MeshState>&, const TensorBlock<T>&, \
+                                                        const SpecDesc&, const SpecDesc&, TensorBlock<T>&, const char*)) \
+  TSHARD_KERNEL_INSTANCE(void moving_reshard_block<T>(const std::shared_ptr<MeshState>&, const TensorBlock<T>&,   \
+                                                      const SpecDesc&, const SpecDesc&, TensorBlock<T>&))
+TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void implicit_redistribute<T>(MeshState&, const SpecDesc&, \
     const Extents&, const T*, const SpecDesc&, const Extents&, T*, const Extents&, const char*))
 TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)

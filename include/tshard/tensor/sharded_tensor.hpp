@@ -417,6 +417,46 @@ struct TensorAccess {
     x.node_ = std::move(n);
   }
   template <class T>
+  static const std::shared_ptr<GradNode>& block_node(const TensorBlock<T>& x) {
+    return x.node_;
+  }
+  template <class T>
+  static ScaledBuffer<T> block_buffer(const TensorBlock<T>& x) {
+    return {x.data_.get(), x.scaled_ ? x.scale_ : T(1), x.scaled_};
+  }
+  template <class T>
+  static bool reusable_block(const TensorBlock<T>& x) {
+    return x.data_ && x.data_.use_count() == 1 && std::get_deleter<PoolDeleter>(x.data_) != nullptr && !x.scaled_;
+  }
+  // x's buffer, evaluated first (as storage()).
+  template <class T>
+  static std::shared_ptr<T> block_storage(const TensorBlock<T>& x) {
+    x.evaluate();
+    return x.data_;
+  }
+  // out (a block of x's layout, no buffer yet) takes x's buffer: x expires, its node with it.
+  template <class T>
+  static void take_block(TensorBlock<T>& x, TensorBlock<T>& out) {
+    out.data_ = std::move(x.data_);
+    x.node_.reset();
+  }
+  // out (a block with no buffer yet) gets a pooled buffer of its layout (contents unspecified).
+  template <class T>
+  static void allocate_block(TensorBlock<T>& out) {
+    out.data_ = pooled_array<T>(static_cast<std::size_t>(out.layout_.padded_size()));
+  }
+  // out (a block with no buffer yet) holds x's value in another layout whose blocks are x's:
+  // `moved` (x's buffer moved into out's layout) or, where null, x's own buffer, shared; an
+  // unevaluated factor stays unevaluated (a reshard is linear).
+  template <class T>
+  static void share_block(const TensorBlock<T>& x, TensorBlock<T>& out, std::shared_ptr<T> moved) {
+    out.data_ = moved ? std::move(moved) : x.data_;
+    if (x.scaled_) {
+      out.scale_ = x.scale_;
+      out.scaled_ = true;
+    }
+  }
+  template <class T>
   static const Extents& block_shape(const TensorBlock<T>& x) {
     return x.shape_;
   }

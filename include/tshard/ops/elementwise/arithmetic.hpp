@@ -62,6 +62,63 @@ void binary_run(MeshState& mesh, BinaryKind k, const SpecDesc& da, const Extents
 }
 
 
+// An operand of binary_block: its block, the block again where the caller gave it as an
+// expiring tensor of the result's type, its own spec, and its spec and extents at the output's rank.
+template <class T>
+struct BinaryOperand {
+  const TensorBlock<T>* block;
+  TensorBlock<T>* expiring;
+  SpecDesc own;
+  SpecDesc desc;
+  Extents shape;
+};
+
+// binary()'s body on blocks, per element type: out (shape sout laid out as dout, no buffer yet)
+// = a (k) b, recorded where an operand is tracked.
+template <class T>
+void binary_block(BinaryKind k, const std::shared_ptr<MeshState>& mesh, const BinaryOperand<T>& a,
+                  const BinaryOperand<T>& b, const SpecDesc& dout, const Extents& sout, TensorBlock<T>& out,
+                  const char* name) {
+  const bool linear = k == BinaryKind::Add || k == BinaryKind::Sub;  // rules that keep no value
+  const auto& node_a = TensorAccess::block_node(*a.block);
+  const auto& node_b = TensorAccess::block_node(*b.block);
+  const bool rec = Tape::active() && !Tape::paused() && (node_a || node_b);
+  // (the nodes, before an operand's buffer is taken)
+  TapeNode<T> keep_a{rec && linear ? node_a : nullptr}, keep_b{rec && linear ? node_b : nullptr};
+  const auto va = TensorAccess::block_buffer(*a.block), vb = TensorAccess::block_buffer(*b.block);
+  // An expiring operand of the result's own type and shape (no broadcast) that owns its
+  // buffer, without an unevaluated factor, lends it to the result: the kernel reads each
+  // element before it writes it, so the arithmetic is the same. Not while a rule would keep
+  // the operands' values (multiply and divide under a gradient).
+  auto lends = [&](const BinaryOperand<T>& x) {
+    if (!x.expiring || !(linear || !rec) || !TensorAccess::reusable_block(*x.expiring)) return false;
+    for (int d = 0; d < dout.rank; ++d)
+      if (x.shape[d] != sout[d]) return false;
+    return true;
+  };
+  if (lends(a)) TensorAccess::take_block(*a.expiring, out);
+  else if (lends(b)) TensorAccess::take_block(*b.expiring, out);
+  else TensorAccess::allocate_block(out);
+  binary_run<T>(*mesh, k, a.desc, a.shape, va.data, b.desc, b.shape, vb.data, dout, sout,
+                TensorAccess::block_data(out), name, va.scale, vb.scale);
+  if (!rec) return;
+  auto recorded = [&](auto tag, auto&& sa, auto&& sb) {
+    using Saved = std::remove_cvref_t<decltype(sa)>;
+    TensorAccess::set_block_node(out, record_node<T, AnyOutput, decltype(tag), Saved, Saved>(
+                                          mesh, sout, dout, std::move(tag), std::move(sa), std::move(sb)));
+  };
+  auto value = [](const BinaryOperand<T>& x) {
+    return TapeValue<T>{TensorAccess::block_node(*x.block), TensorAccess::block_storage(*x.block), x.own,
+                        TensorAccess::block_shape(*x.block)};
+  };
+  switch (k) {
+    case BinaryKind::Add: recorded(grad::Binary<BinaryKind::Add>{}, std::move(keep_a), std::move(keep_b)); break;
+    case BinaryKind::Sub: recorded(grad::Binary<BinaryKind::Sub>{}, std::move(keep_a), std::move(keep_b)); break;
+    case BinaryKind::Mul: recorded(grad::Binary<BinaryKind::Mul>{}, value(a), value(b)); break;
+    case BinaryKind::Div: recorded(grad::Binary<BinaryKind::Div>{}, value(a), value(b)); break;
+  }
+}
+
 // A partial sum X combined with a plain operand Y of its rank split, on dims where X is whole,
 // over axes X sums over (Megatron's sequence-parallel residual: x {S<model> on T} + a row-parallel
 // product partial over model): X resolves by reduce-scatter straight into Y's split (GSPMD's
@@ -136,38 +193,17 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
                   eb = extents_of_rank(detail::extents_of(b), B::rank, Rank);
     const Extents shape =
         broadcast_shape(ea, eb, Rank, name, [&] { return a.describe(); }, [&] { return b.describe(); });
-    constexpr bool linear = K == BinaryKind::Add || K == BinaryKind::Sub;  // rules that keep no value
-    const bool rec = recording(a, b);
-    // (the nodes, before an operand's buffer is taken)
-    auto node_a = rec && linear ? tape_node(a) : TapeNode<T>{}, node_b = rec && linear ? tape_node(b) : TapeNode<T>{};
-    const auto va = TensorAccess::buffer(a), vb = TensorAccess::buffer(b);
-    // An expiring operand of the result's own type and shape (no broadcast) that owns its
-    // buffer, without an unevaluated factor, lends it to the result: the kernel reads each
-    // element before it writes it, so the arithmetic is the same. Not while a rule would keep
-    // the operands' values (multiply and divide under a gradient).
-    auto whole = [&](const Extents& e) {  // an operand that does not broadcast
-      for (int d = 0; d < Rank; ++d)
-        if (e[d] != shape[d]) return false;
-      return true;
-    };
-    Out out = [&] {
-      if (linear || !rec) {
-        if constexpr (std::is_same_v<A, Out>)
-          if (expiring_a && whole(ea) && TensorAccess::reusable(*expiring_a)) return TensorAccess::taken(std::move(*expiring_a));
-        if constexpr (std::is_same_v<B, Out>)
-          if (expiring_b && whole(eb) && TensorAccess::reusable(*expiring_b)) return TensorAccess::taken(std::move(*expiring_b));
-      }
-      return Out(a.mesh(), to_array<Rank>(shape));
-    }();
-    // (out's mesh: an operand whose buffer out took has expired)
-    binary_run<T>(*detail::state_of(out.mesh()), K, desc_of_rank<A, Rank>(), ea, va.data, desc_of_rank<B, Rank>(), eb,
-                  vb.data, Out::spec_desc, shape, out.data(), name, va.scale, vb.scale);
-    if (rec) {
-      if constexpr (linear)
-        record(out, grad::Binary<K>{}, std::move(node_a), std::move(node_b));
-      else
-        record(out, grad::Binary<K>{}, tape_block(a), tape_block(b));
-    }
+    Out out(AdoptStorage{}, a.mesh(), to_array<Rank>(shape), nullptr);
+    // (an operand may lend its buffer only to a result of its own type)
+    TensorBlock<T>* lend_a = nullptr;
+    TensorBlock<T>* lend_b = nullptr;
+    if constexpr (std::is_same_v<A, Out>)
+      if (expiring_a) lend_a = &TensorAccess::block(*expiring_a);
+    if constexpr (std::is_same_v<B, Out>)
+      if (expiring_b) lend_b = &TensorAccess::block(*expiring_b);
+    binary_block<T>(K, state_of(a.mesh()), {&TensorAccess::block(a), lend_a, A::spec_desc, desc_of_rank<A, Rank>(), ea},
+                    {&TensorAccess::block(b), lend_b, B::spec_desc, desc_of_rank<B, Rank>(), eb}, Out::spec_desc, shape,
+                    TensorAccess::block(out), name);
     return out;
   }
 }
@@ -406,6 +442,10 @@ namespace tshard::detail {
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void binary_run<T>(MeshState&, BinaryKind, const SpecDesc&, \
     const Extents&, const T*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, T*, \
     const char*, T, T))
+TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void binary_block<T>(BinaryKind, const std::shared_ptr<MeshState>&, \
+    const BinaryOperand<T>&, const BinaryOperand<T>&, const SpecDesc&, const Extents&, TensorBlock<T>&, const char*))
 TSHARD_FOR_EACH_REAL(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::detail
