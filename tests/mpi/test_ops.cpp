@@ -2,6 +2,7 @@
 // every 2-D mesh of the world size, for a representative set of input specs (every per-dim case
 // of the propagation rules), with uneven shapes.
 #include <algorithm>
+#include <complex>
 #include <map>
 #include <numeric>
 
@@ -93,6 +94,25 @@ TEST_CASE("scalars, unary functions and map equal the serial result", "[ops]") {
       TS_REQUIRE_ALL(calls == x.local_shape()[0] * x.local_shape()[1]);
       Eigen::Tensor<std::int64_t, 2> wm = (gf * 100.0f).cast<std::int64_t>();
       TS_REQUIRE_ALL(compare(m.gather(), wm) == "");
+    });
+  });
+}
+
+TEST_CASE("complex tensors take exp, log, tanh, sqrt, sigmoid and square, as std:: computes them", "[ops]") {
+  using C = std::complex<double>;
+  on_every_mesh([](M2& mesh, auto) {
+    const auto g = values(9, 4, 6);
+    auto to_c = [](double v) { return C(v, 0.5 * v + 0.25); };
+    Eigen::Tensor<C, 2> want(9, 4);
+    for (Eigen::Index i = 0; i < 9; ++i)
+      for (Eigen::Index j = 0; j < 4; ++j) {
+        const C c = to_c(g(i, j));
+        want(i, j) = std::exp(c) + std::log(c) + std::tanh(c) + std::sqrt(c) + c * c + C(1) / (C(1) + std::exp(-c));
+      }
+    for_each_type(Specs2{}, [&]<class S>(S*) {
+      auto z = ts::map(ts::distribute<S>(mesh, g), to_c);
+      auto y = ts::exp(z) + ts::log(z) + ts::tanh(z) + ts::sqrt(z) + ts::square(z) + ts::sigmoid(z);
+      TS_REQUIRE_ALL(compare(y.gather(), want, 1e-9) == "");
     });
   });
 }

@@ -90,10 +90,15 @@ void unary_vjp(UnaryKind k, TypedGradNode<T>& self, const TapeValue<T>& x, const
     case UnaryKind::Sqrt: run([](T gv, T yv) { return gv * T(0.5) / yv; }); break;
     case UnaryKind::Sigmoid: run([](T gv, T yv) { return gv * yv * (T(1) - yv); }); break;
     case UnaryKind::Log: run([](T gv, T xv) { return gv / xv; }); break;
-    case UnaryKind::Relu: run([](T gv, T xv) { return xv > T(0) ? gv : T(0); }); break;
-    case UnaryKind::Abs: run([](T gv, T xv) { return xv > T(0) ? gv : xv < T(0) ? -gv : T(0); }); break;
+    case UnaryKind::Relu:  // (real element types only: complex values have no order)
+      if constexpr (!is_complex_v<T>) run([](T gv, T xv) { return xv > T(0) ? gv : T(0); });
+      break;
+    case UnaryKind::Abs:
+      if constexpr (!is_complex_v<T>) run([](T gv, T xv) { return xv > T(0) ? gv : xv < T(0) ? -gv : T(0); });
+      break;
     case UnaryKind::Square: run([](T gv, T xv) { return T(2) * xv * gv; }); break;
-    case UnaryKind::Neg: break;  // (a linear rule: never recorded with values)
+    case UnaryKind::Neg:  // a linear rule: recorded with its operand's node alone, never here
+      throw SpecError("tshard::ad: internal: negation's rule was recorded with values");
   }
   accumulate_block(*nx, self.primal, self.shape, std::move(out));
 }
