@@ -13,7 +13,7 @@
 // [0, k), [k, 2k), ... nodes (tests and benchmarks on one machine; scripts/two_hosts.sh runs two
 // real network namespaces).
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <cstdlib>

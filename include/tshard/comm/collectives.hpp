@@ -3,7 +3,7 @@
 // exceed the chunk limit (MPI counts are int; the limit is settable so tests exercise chunking
 // with small buffers).
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <climits>

@@ -2,7 +2,7 @@
 // complex datatypes by hand (Boost.MPI has none for std::complex), and bfloat16 (Eigen's) moved
 // as 16-bit words and reduced by operations of its own that add in float.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <Eigen/Core>
 

@@ -9,7 +9,7 @@
 // legitimately finish far apart) or Environment::set_finalize_timeout(). A rank blocked inside
 // a collective is the watchdog's case (comm/watchdog.hpp, TSHARD_TIMEOUT).
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <chrono>
 #include <cstdio>

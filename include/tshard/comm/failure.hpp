@@ -2,7 +2,7 @@
 // an uncaught exception ends the whole job with its message instead of leaving ranks hanging
 // in a collective.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <cstdio>
 #include <exception>

@@ -3,7 +3,7 @@
 // stats ("file_write", "file_read": this rank's bytes). Opening and closing are collective and
 // agreed on: a file that will not open on one rank is an IoError on every rank.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -14,16 +14,13 @@
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/stats.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::detail {
 
-inline std::string mpi_error_string(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int n = 0;
-  MPI_Error_string(code, text, &n);
-  return std::string(text, std::size_t(n));
-}
+// The text of an MPI error code.
+std::string mpi_error_string(int code);
 
 // Where a box lies: its start and extent in a global array of `global` (in file order `fortran`
 // or C) and in the rank's column-major buffer of `buffer` extents (the box at its origin).
@@ -83,68 +80,24 @@ class ParallelFile {
   enum class Mode { Read, Write };
 
   // Collective over comm. Write creates the file or truncates it.
-  ParallelFile(MPI_Comm comm, const std::string& path, Mode mode, const std::string& op) : comm_(comm), path_(path), op_(op) {
-    MPI_Info info = MPI_INFO_NULL;
-    const int amode = mode == Mode::Read ? MPI_MODE_RDONLY : (MPI_MODE_CREATE | MPI_MODE_WRONLY);
-    const int rc = MPI_File_open(comm, path.c_str(), amode, info, &file_);
-    const bool ok = rc == MPI_SUCCESS;
-    if (!agree(ok, comm)) {
-      if (ok) MPI_File_close(&file_);
-      throw IoError(op + ": cannot open '" + path + "' for " + (mode == Mode::Read ? "reading" : "writing") + ": " +
-                    (ok ? std::string("failed on another rank") : mpi_error_string(rc)));
-    }
-    MPI_File_set_errhandler(file_, MPI_ERRORS_RETURN);
-  }
-  ~ParallelFile() {
-    finish_read();
-    if (file_ != MPI_FILE_NULL) MPI_File_close(&file_);
-  }
+  ParallelFile(MPI_Comm comm, const std::string& path, Mode mode, const std::string& op);
+  ~ParallelFile();
   ParallelFile(const ParallelFile&) = delete;
   ParallelFile& operator=(const ParallelFile&) = delete;
 
   const std::string& path() const { return path_; }
 
   // Collective; the same on every rank.
-  MPI_Offset size() {
-    MPI_Offset s = 0;
-    MPI_File_get_size(file_, &s);
-    return s;
-  }
-  void set_size(MPI_Offset s) { check(MPI_File_set_size(file_, s), "set its size"); }
+  MPI_Offset size();
+  void set_size(MPI_Offset s);
 
   // Rank-local: bytes at an offset (a header). Reads return the bytes actually there.
-  void write_at(MPI_Offset at, const void* data, Index bytes) {
-    CollectiveTimer t("file_write", std::uint64_t(bytes), 0);
-    local_ok_ &= MPI_File_write_at(file_, at, data, int(bytes), MPI_BYTE, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-  }
-  std::vector<char> read_at(MPI_Offset at, Index bytes) {
-    std::vector<char> out(static_cast<std::size_t>(bytes));
-    MPI_Status status;
-    CollectiveTimer t("file_read", 0, std::uint64_t(bytes));
-    if (MPI_File_read_at(file_, at, out.data(), int(bytes), MPI_BYTE, &status) != MPI_SUCCESS) local_ok_ = false;
-    int got = 0;
-    MPI_Get_count(&status, MPI_BYTE, &got);
-    out.resize(static_cast<std::size_t>(std::max(got, 0)));
-    return out;
-  }
+  void write_at(MPI_Offset at, const void* data, Index bytes);
+  std::vector<char> read_at(MPI_Offset at, Index bytes);
 
   // Collective: the bytes at an offset, read by the first rank of comm and broadcast, so every
   // rank parses the same header and fails alike.
-  std::vector<char> read_everywhere(MPI_Offset at, Index max_bytes) {
-    std::vector<char> bytes;
-    std::int64_t n = 0;
-    if (comm_rank(comm_) == 0) {
-      bytes = read_at(at, max_bytes);
-      n = std::int64_t(bytes.size());
-    }
-    agree_or_throw("reading");
-    broadcast(comm_, &n, 1, 0);
-    bytes.resize(static_cast<std::size_t>(n));
-    CollectiveTimer t("broadcast", comm_rank(comm_) == 0 ? std::uint64_t(n) * std::uint64_t(comm_size(comm_) - 1) : 0,
-                      comm_rank(comm_) == 0 ? 0 : std::uint64_t(n));
-    MPI_Bcast(bytes.data(), int(n), MPI_BYTE, 0, comm_);
-    return bytes;
-  }
+  std::vector<char> read_everywhere(MPI_Offset at, Index max_bytes);
 
   // Collective: every rank writes (or reads) its box of the array stored from byte `at`; a rank
   // with `take_part` false (a replica, or an empty block) moves nothing.
@@ -170,23 +123,10 @@ class ParallelFile {
     pending_bytes_ = types->bytes;
     pending_types_ = types;
   }
-  void finish_read() {
-    if (!reading_) return;
-    {
-      CollectiveTimer t("file_read", 0, pending_bytes_);
-      local_ok_ &= MPI_Wait(&pending_, MPI_STATUS_IGNORE) == MPI_SUCCESS;
-    }
-    reading_ = false;
-    MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
-    pending_types_.reset();
-  }
+  void finish_read();
 
   // Collective: an IoError on every rank where any rank's I/O failed so far.
-  void agree_or_throw(const std::string& what) {
-    const bool ok = local_ok_;
-    if (!agree(ok, comm_))
-      throw IoError(op_ + ": " + what + " '" + path_ + "' failed" + (ok ? " on another rank" : ""));
-  }
+  void agree_or_throw(const std::string& what);
 
  private:
   template <class T>
@@ -203,10 +143,7 @@ class ParallelFile {
     MPI_File_set_view(file_, 0, MPI_BYTE, MPI_BYTE, "native", MPI_INFO_NULL);
   }
 
-  void check(int rc, const char* what) {
-    if (rc != MPI_SUCCESS) local_ok_ = false;
-    agree_or_throw(what);
-  }
+  void check(int rc, const char* what);
 
   MPI_Comm comm_;
   std::string path_, op_;
@@ -219,3 +156,7 @@ class ParallelFile {
 };
 
 }  // namespace tshard::detail
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/comm/file-inl.hpp"
+#endif

@@ -2,7 +2,7 @@
 // point messages from buffers taken from the pool once, so repeated exchanges allocate nothing.
 // Instantiated per element type only (types check, descriptors do: docs/architecture.md).
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <chrono>
 #include <cstdint>

@@ -10,7 +10,7 @@
 //   std::vector<double> all = ts::gather(mesh, seconds);               // every rank's, on every rank
 //   ts::send<"stage">(mesh, std::span<const float>(...), stage + 1);   // to a neighbour on the line
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <array>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // every subset of axes, whose rank is the mixed-radix coordinate over those axes in the order
 // asked for (first major), so that a group's rank is the shard coordinate of a split.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <array>
 #include <map>
@@ -13,6 +13,7 @@
 
 #include "tshard/comm/all_reduce.hpp"
 #include "tshard/core/fixed_string.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/mesh_shape.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 
@@ -21,31 +22,8 @@ namespace detail {
 
 class MeshState {
  public:
-  MeshState(MPI_Comm parent, std::vector<std::string> names, std::vector<int> sizes) {
-    int ranks = 0;
-    MPI_Comm_size(parent, &ranks);
-    // Checked before any collective: every rank sees the same sizes and throws alike.
-    shape_.sizes = infer_mesh_sizes(std::move(sizes), ranks, names);
-    shape_.names = std::move(names);
-    MPI_Comm_dup(parent, &comm_);
-    MPI_Comm_rank(comm_, &rank_);
-    coords_ = shape_.coords_of(rank_);
-    // Every subset of axes in mesh order, created up front (each is one MPI_Comm_split).
-    const int n = shape_.axes();
-    for (unsigned mask = 1; mask < (1u << n); ++mask) {
-      std::vector<int> axes;
-      for (int a = 0; a < n; ++a)
-        if (mask & (1u << a)) axes.push_back(a);
-      group(axes);
-    }
-  }
-  ~MeshState() {
-    int down = 0;
-    MPI_Finalized(&down);
-    if (down) return;
-    for (auto& [axes, c] : groups_) MPI_Comm_free(&c);
-    MPI_Comm_free(&comm_);
-  }
+  MeshState(MPI_Comm parent, std::vector<std::string> names, std::vector<int> sizes);
+  ~MeshState();
   MeshState(const MeshState&) = delete;
   MeshState& operator=(const MeshState&) = delete;
 
@@ -58,42 +36,12 @@ class MeshState {
   // The communicator of the ranks that share this rank's coordinates on every axis not listed;
   // its rank is the mixed radix of the listed axes' coordinates, first major. Collective over
   // the mesh the first time a given ordered list is asked for (SPMD: all ranks ask alike).
-  MPI_Comm group(const std::vector<int>& axes) {
-    if (axes.empty()) return MPI_COMM_SELF;
-    auto it = groups_.find(axes);
-    if (it != groups_.end()) return it->second;
-    std::uint32_t in = 0;
-    int key = 0;
-    for (int a : axes) {
-      in |= 1u << a;
-      key = key * shape_.sizes[a] + coords_[a];
-    }
-    int color = 0;
-    for (int a = 0; a < shape_.axes(); ++a)
-      if (!(in & (1u << a))) color = color * shape_.sizes[a] + coords_[a];
-    MPI_Comm c;
-    MPI_Comm_split(comm_, color, key, &c);
-    groups_.emplace(axes, c);
-    return c;
-  }
-  MPI_Comm group(const DimSplit& split, int first = 0) {
-    std::vector<int> axes;
-    for (int i = first; i < split.count; ++i) axes.push_back(split[i]);
-    return group(axes);
-  }
-  MPI_Comm group_of_mask(std::uint32_t mask) {
-    std::vector<int> axes;
-    for (int a = 0; a < shape_.axes(); ++a)
-      if (mask & (1u << a)) axes.push_back(a);
-    return group(axes);
-  }
+  MPI_Comm group(const std::vector<int>& axes);
+  MPI_Comm group(const DimSplit& split, int first = 0);
+  MPI_Comm group_of_mask(std::uint32_t mask);
   // The group of `mask` split by node (all_reduce.hpp's two levels), made on first use:
   // collective over that group, whose ranks ask alike (they build the same buckets).
-  std::shared_ptr<const NodeGroups> node_groups(std::uint32_t mask) {
-    auto& g = node_groups_[mask];
-    if (!g) g = split_by_node(group_of_mask(mask));
-    return g;
-  }
+  std::shared_ptr<const NodeGroups> node_groups(std::uint32_t mask);
 
  private:
   MeshShape shape_;
@@ -213,3 +161,7 @@ int axis_coord(const M& mesh) {
 }
 
 }  // namespace tshard
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/comm/mesh-inl.hpp"
+#endif

@@ -4,7 +4,7 @@
 // and records bytes and time under the operator that started it, with the time spent blocked
 // in wait() apart.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -6,7 +6,7 @@
 // to call MPI again after a long computation. Counts beyond int are split into chunks
 // (delivered in order, MPI's non-overtaking rule).
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -14,7 +14,7 @@
 //   tshard::StepProfiler profile(mesh.comm());
 //   for (...) { profile.begin_step(); ...; const auto t = profile.end_step(); }  // t.median.skew, ...
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -18,6 +18,7 @@
 #include "tshard/comm/profile.hpp"
 #include "tshard/comm/trace.hpp"
 #include "tshard/comm/watchdog.hpp"
+#include "tshard/core/kernel_instances.hpp"
 
 namespace tshard {
 
@@ -39,20 +40,14 @@ struct CollectiveStats {
 // What one operator (reshard, gather, matmul, ...) did, per collective kind.
 struct OperatorStats {
   std::map<std::string, CollectiveStats> collectives;
-  CollectiveStats total() const {
-    CollectiveStats t;
-    for (auto& [name, c] : collectives) t += c;
-    return t;
-  }
-  std::uint64_t calls(const std::string& collective) const {
-    auto it = collectives.find(collective);
-    return it == collectives.end() ? 0 : it->second.calls;
-  }
+  CollectiveStats total() const;
+  std::uint64_t calls(const std::string& collective) const;
 };
 
 class CommStats;
 namespace detail {
-inline void record_collective(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received,
+// Counts one call of collective `kind` under operator `op` in this rank's stats.
+void record_collective(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received,
                        double seconds);
 }
 
@@ -60,61 +55,23 @@ class CommStats {
  public:
   // Operators by name; nested operators are joined with '/': "matmul/reshard".
   const std::map<std::string, OperatorStats>& operators() const { return ops_; }
-  const OperatorStats& op(const std::string& name) const {
-    static const OperatorStats empty;
-    auto it = ops_.find(name);
-    return it == ops_.end() ? empty : it->second;
-  }
-  CollectiveStats total() const {
-    CollectiveStats t;
-    for (auto& [name, o] : ops_) t += o.total();
-    return t;
-  }
+  const OperatorStats& op(const std::string& name) const;
+  CollectiveStats total() const;
   // Total over every operator of one collective kind ("all_gather", "all_to_all", ...).
-  CollectiveStats collective(const std::string& kind) const {
-    CollectiveStats t;
-    for (auto& [name, o] : ops_) {
-      auto it = o.collectives.find(kind);
-      if (it != o.collectives.end()) t += it->second;
-    }
-    return t;
-  }
+  CollectiveStats collective(const std::string& kind) const;
   void reset() { ops_.clear(); }
-  std::string report() const {
-    std::string s;
-    for (auto& [name, o] : ops_)
-      for (auto& [kind, c] : o.collectives)
-        s += name + " " + kind + ": " + std::to_string(c.calls) + " calls, " + std::to_string(c.bytes_sent) +
-             " B sent, " + std::to_string(c.bytes_received) + " B received, " +
-             std::to_string(c.seconds * 1e3) + " ms\n";
-    return s;
-  }
+  std::string report() const;
  private:
   // Only comm/ records, through detail::record_collective.
   friend void detail::record_collective(const std::string&, const char*, std::uint64_t, std::uint64_t, double);
-  void record(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received, double seconds) {
-    CollectiveStats& c = ops_[op].collectives[kind];
-    c.calls += 1;
-    c.bytes_sent += sent;
-    c.bytes_received += received;
-    c.seconds += seconds;
-  }
+  void record(const std::string& op, const char* kind, std::uint64_t sent, std::uint64_t received, double seconds);
 
   std::map<std::string, OperatorStats> ops_;
 };
 
 // This rank's counters since the start or the last reset.
-inline CommStats& comm_stats() {
-  static CommStats stats;
-  return stats;
-}
+CommStats& comm_stats();
 inline void reset_comm_stats() { comm_stats().reset(); }
-
-// Counts one call of collective `kind` under operator `op` in this rank's stats.
-inline void detail::record_collective(const std::string& op, const char* kind, std::uint64_t sent,
-                                      std::uint64_t received, double seconds) {
-  comm_stats().record(op, kind, sent, received, seconds);
-}
 
 namespace detail {
 
@@ -127,13 +84,7 @@ class OperatorLabel {
   const std::string& name() const { return name_; }
   const std::string& path() const { return path_; }
   // The label of `name` entered inside this one (inside the root, unnamed: `name` alone).
-  OperatorLabel* child(std::string_view name) {
-    for (auto& c : children_)
-      if (c->name_ == name) return c.get();
-    std::string path = name_.empty() ? std::string(name) : path_ + "/" + std::string(name);
-    children_.push_back(std::make_unique<OperatorLabel>(std::string(name), std::move(path)));
-    return children_.back().get();
-  }
+  OperatorLabel* child(std::string_view name);
 
  private:
   std::string name_, path_;
@@ -146,10 +97,7 @@ struct OperatorStack {
   std::vector<OperatorLabel*> open;
   OperatorLabel& top() { return open.empty() ? root : *open.back(); }
 };
-inline OperatorStack& operator_stack() {
-  thread_local OperatorStack stack;
-  return stack;
-}
+OperatorStack& operator_stack();
 
 // The path of the innermost open operator, "user" outside them all.
 inline const std::string& current_operator() { return operator_stack().top().path(); }
@@ -159,33 +107,16 @@ inline const std::string& current_operator() { return operator_stack().top().pat
 // "subtract/subtract/auto".
 class OperatorScope {
  public:
-  explicit OperatorScope(std::string_view name) {
-    auto& st = operator_stack();
-    if (st.open.empty() || st.open.back()->name() != name) enter(st.top().child(name));
-  }
+  explicit OperatorScope(std::string_view name);
   // Enters an interned label itself (a backward rule runs under its forward's path + "/backward"),
   // or `fallback` inside the current scope where there is none.
-  OperatorScope(OperatorLabel* label, std::string_view fallback) {
-    auto& st = operator_stack();
-    if (!label) label = st.open.empty() || st.open.back()->name() != fallback ? st.top().child(fallback) : nullptr;
-    if (label && (st.open.empty() || st.open.back() != label)) enter(label);
-  }
-  ~OperatorScope() {
-    if (!pushed_) return;
-    auto& st = operator_stack();
-    auto& trace = TraceRecorder::instance();
-    if (trace.on() && start_us_ >= 0) trace.add({st.open.back()->name(), "", start_us_, trace.now_us() - start_us_, 0, 0, false});
-    st.open.pop_back();
-  }
+  OperatorScope(OperatorLabel* label, std::string_view fallback);
+  ~OperatorScope();
   OperatorScope(const OperatorScope&) = delete;
   OperatorScope& operator=(const OperatorScope&) = delete;
 
  private:
-  void enter(OperatorLabel* label) {
-    pushed_ = true;
-    if (TraceRecorder::instance().on()) start_us_ = TraceRecorder::instance().now_us();
-    operator_stack().open.push_back(label);
-  }
+  void enter(OperatorLabel* label);
   bool pushed_ = false;
   double start_us_ = -1;
 };
@@ -194,22 +125,8 @@ class OperatorScope {
 class CollectiveTimer {
  public:
   // `comm`, where given, lets a StepProfiler tell waiting for the last member from moving bytes.
-  CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received, MPI_Comm comm = MPI_COMM_NULL)
-      : kind_(kind), sent_(sent), received_(received), comm_(comm), start_(std::chrono::steady_clock::now()),
-        watched_(kind, [] { return current_operator(); }) {}
-  ~CollectiveTimer() {
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    auto& trace = TraceRecorder::instance();
-    if (trace.on()) {
-      const double start = std::chrono::duration<double, std::micro>(start_ - trace.origin()).count();
-      trace.add({kind_, current_operator(), start, s * 1e6, sent_, received_, true});
-    }
-    record_collective(current_operator(), kind_, sent_, received_, s);
-    if (auto& profile = ProfileRecorder::instance(); profile.on()) {
-      const double enter = std::chrono::duration<double>(start_.time_since_epoch()).count();
-      profile.add(comm_, enter, enter + s);
-    }
-  }
+  CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received, MPI_Comm comm = MPI_COMM_NULL);
+  ~CollectiveTimer();
   CollectiveTimer(const CollectiveTimer&) = delete;
   CollectiveTimer& operator=(const CollectiveTimer&) = delete;
 
@@ -236,3 +153,7 @@ class [[nodiscard]] Scope {
 [[nodiscard]] inline Scope scope(std::string_view name) { return Scope(name); }
 
 }  // namespace tshard
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/comm/stats-inl.hpp"
+#endif

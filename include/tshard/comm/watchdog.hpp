@@ -6,7 +6,7 @@
 //
 // A background thread checks about ten times per timeout; it never calls MPI except MPI_Abort.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <atomic>

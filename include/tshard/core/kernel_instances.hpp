@@ -16,8 +16,25 @@
 //   #undef TSHARD_INSTANCE
 //
 // An element type outside the list is instantiated where it is used, as without the library.
+//
+// Code that is no template at all (file formats, the reshard planner, flags, configurations, the
+// module tree's bookkeeping) is split as {fmt} splits format.h and format-inl.h: a header declares,
+// its `-inl.hpp` defines with TSHARD_FUNC and is included at the header's end where
+// TSHARD_HEADER_BODIES is 1. Header-only, TSHARD_FUNC is `inline`; in kernels.cpp it is nothing (one
+// definition, in tshard::kernels); a program on tshard::kernels neither parses nor compiles them.
 #pragma once
 #include <cstdint>
+
+#if defined(TSHARD_KERNELS_INSTANTIATE)
+#define TSHARD_FUNC
+#define TSHARD_HEADER_BODIES 1
+#elif defined(TSHARD_PRECOMPILED_KERNELS)
+#define TSHARD_FUNC inline
+#define TSHARD_HEADER_BODIES 0
+#else
+#define TSHARD_FUNC inline
+#define TSHARD_HEADER_BODIES 1
+#endif
 
 #if defined(TSHARD_KERNELS_INSTANTIATE)
 #define TSHARD_KERNEL_INSTANCE(...) template __VA_ARGS__;

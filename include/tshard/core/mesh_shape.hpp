@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tshard/core/error.hpp"
+#include "tshard/core/kernel_instances.hpp"
 
 namespace tshard::detail {
 
@@ -54,14 +55,7 @@ struct MeshShape {
       if (!(axes & (1u << x)) && c[x] != 0) return false;
     return true;
   }
-  std::string describe() const {
-    std::string s = "(";
-    for (int a = 0; a < axes(); ++a) {
-      if (a) s += ", ";
-      s += names[a] + "=" + std::to_string(sizes[a]);
-    }
-    return s + ")";
-  }
+  std::string describe() const;
 };
 
 // The axes set in a bit mask, in order.
@@ -99,38 +93,10 @@ inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const s
 
 // Resolve one -1 entry so that the product equals `ranks`; MeshError when impossible.
 // Depends only on global facts, so every rank throws alike.
-inline std::vector<int> infer_mesh_sizes(std::vector<int> sizes, int ranks,
-                                         const std::vector<std::string>& names) {
-  auto describe = [&] {
-    std::string s = "{";
-    for (std::size_t a = 0; a < sizes.size(); ++a)
-      s += (a ? ", " : "") + names[a] + "=" + std::to_string(sizes[a]);
-    return s + "}";
-  };
-  int infer = -1;
-  long known = 1;
-  for (std::size_t a = 0; a < sizes.size(); ++a) {
-    if (sizes[a] == -1 && infer < 0) {
-      infer = int(a);
-    } else if (sizes[a] <= 0) {
-      throw MeshError("tshard::Mesh: axis sizes must be positive (one may be -1 to infer it), got " +
-                      describe());
-    } else {
-      known *= sizes[a];
-    }
-  }
-  if (infer >= 0) {
-    if (known == 0 || ranks % known != 0)
-      throw MeshError("tshard::Mesh: cannot infer the -1 axis of " + describe() + " for " +
-                      std::to_string(ranks) + " ranks");
-    sizes[infer] = int(ranks / known);
-    known = ranks;
-  }
-  if (known != ranks)
-    throw MeshError("tshard::Mesh: the axis sizes " + describe() + " multiply to " +
-                    std::to_string(known) + ", but the communicator has " +
-                    std::to_string(ranks) + " ranks");
-  return sizes;
-}
+std::vector<int> infer_mesh_sizes(std::vector<int> sizes, int ranks, const std::vector<std::string>& names);
 
 }  // namespace tshard::detail
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/core/mesh_shape-inl.hpp"
+#endif

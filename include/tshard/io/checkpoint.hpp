@@ -36,6 +36,7 @@
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/text.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/io/blocks.hpp"
 #include "tshard/io/npy.hpp"
 
@@ -87,21 +88,11 @@ std::uint64_t checksum(const X& x_in) {
 
 namespace detail {
 
-inline std::string file_name(const std::string& tensor) {
-  std::string f = tensor;
-  for (char& c : f)
-    if (c == '/' || c == '\\' || c == ' ') c = '_';
-  return f + ".npy";
-}
+// The file of a tensor: its name with '/', '\\' and ' ' as '_', and ".npy".
+std::string file_name(const std::string& tensor);
 
 // Flushes a file or directory to disk (POSIX fsync).
-inline bool sync_path(const std::filesystem::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return false;
-  const bool ok = ::fsync(fd) == 0;
-  ::close(fd);
-  return ok;
-}
+bool sync_path(const std::filesystem::path& p, bool directory);
 
 // Runs f on the first rank; where it failed, every rank throws an IoError with its message.
 template <class F>
@@ -120,66 +111,29 @@ void on_first_rank(MPI_Comm comm, const std::string& what, F&& f) {
 }
 
 // On the first rank: a file can be created in `folder` (made if missing), and is removed again.
-inline void probe_folder(const std::filesystem::path& folder, const std::string& stem) {
-  std::filesystem::create_directories(folder);
-  const std::filesystem::path probe = folder / ("." + stem + ".probe");
-  std::ofstream file(probe);
-  file << "probe\n";
-  file.close();
-  const bool written = !file.fail();
-  std::error_code ignored;
-  std::filesystem::remove(probe, ignored);
-  if (!written) throw std::runtime_error("no file can be created in '" + folder.string() + "'");
-}
-inline std::filesystem::path parent_or_here(const std::filesystem::path& p) {
-  return p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
-}
+void probe_folder(const std::filesystem::path& folder, const std::string& stem);
+// p's parent folder, or "." where p has none.
+std::filesystem::path parent_or_here(const std::filesystem::path& p);
 }  // namespace detail
 
 // Collective over comm: that a checkpoint or file can be written at `path` (its parent folder
 // made, a file written there and removed), so that a run learns of an unwritable --save before
 // it trains rather than after; else an IoError naming the path on every rank.
-inline void require_writable(MPI_Comm comm, const std::string& path) {
-  detail::on_first_rank(comm, "'" + path + "' cannot be written", [&] {
-    std::filesystem::path p = std::filesystem::path(path).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();  // "ckpt/"
-    detail::probe_folder(detail::parent_or_here(p), p.filename().string());
-  });
-}
+void require_writable(MPI_Comm comm, const std::string& path);
 
 // Each of `paths` that is not empty (the outputs a command line asked for).
-inline void require_writable(MPI_Comm comm, std::initializer_list<std::string> paths) {
-  for (const auto& path : paths)
-    if (!path.empty()) require_writable(comm, path);
-}
+void require_writable(MPI_Comm comm, std::initializer_list<std::string> paths);
 
 // Collective over comm: that files can be written into the folder `dir` (a Hugging Face
 // directory, say): it is a folder, or nothing yet; an existing file of that name is an IoError
 // before the run, not after it. A missing `dir` is not made (its parent folders are, as
 // require_writable makes them). Empty: nothing asked for, nothing checked.
-inline void require_writable_directory(MPI_Comm comm, const std::string& dir) {
-  if (dir.empty()) return;
-  detail::on_first_rank(comm, "'" + dir + "' cannot be written", [&] {
-    std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();
-    if (std::filesystem::exists(p) && !std::filesystem::is_directory(p))
-      throw std::runtime_error("it exists and is not a folder");
-    if (std::filesystem::is_directory(p))
-      detail::probe_folder(p, "tshard");
-    else
-      detail::probe_folder(detail::parent_or_here(p), p.filename().string());
-  });
-}
+void require_writable_directory(MPI_Comm comm, const std::string& dir);
 
 class CheckpointWriter {
  public:
   // Collective over comm: starts a checkpoint into DIR.tmp (removing a stale one).
-  CheckpointWriter(MPI_Comm comm, std::string dir) : comm_(comm), dir_(std::move(dir)), tmp_(dir_ + ".tmp") {
-    detail::on_first_rank(comm_, "preparing the checkpoint '" + dir_ + "'", [&] {
-      std::filesystem::remove_all(tmp_);
-      std::filesystem::create_directories(tmp_);
-    });
-  }
+  CheckpointWriter(MPI_Comm comm, std::string dir);
 
   // Writes the global tensor (collective over its mesh, which must span comm's ranks).
   template <ShardedTensorType X>
@@ -211,31 +165,7 @@ class CheckpointWriter {
   void set(const std::string& key, const std::string& value) { meta_[key] = value; }
 
   // Collective: makes the checkpoint DIR, atomically.
-  void commit() {
-    std::string mine;
-    for (auto& [k, v] : tensors_) mine += k + " " + std::to_string(v) + "\n";
-    std::istringstream all(tshard::detail::gather_text(comm_, mine));
-    for (std::string name, sum; all >> name >> sum;) tensors_[name] = std::stoull(sum);
-    detail::on_first_rank(comm_, "committing the checkpoint '" + dir_ + "'", [&] {
-      {
-        std::ofstream m(tmp_ / "manifest.txt");
-        m << "tshard-checkpoint 1\n";
-        for (auto& [k, v] : meta_) m << "meta " << k << " " << v << "\n";
-        for (auto& [k, v] : tensors_) m << "tensor " << k << " " << v << "\n";
-        m << "end\n";
-        if (!m) throw std::runtime_error("cannot write the manifest");
-      }
-      for (auto& entry : std::filesystem::directory_iterator(tmp_))
-        if (!detail::sync_path(entry.path(), false)) throw std::runtime_error("cannot fsync " + entry.path().string());
-      detail::sync_path(tmp_, true);
-      const std::filesystem::path dir(dir_), old(dir_ + ".old");
-      std::filesystem::remove_all(old);
-      if (std::filesystem::exists(dir)) std::filesystem::rename(dir, old);
-      std::filesystem::rename(tmp_, dir);
-      detail::sync_path(std::filesystem::absolute(dir).parent_path(), true);
-      std::filesystem::remove_all(old);
-    });
-  }
+  void commit();
 
  private:
   MPI_Comm comm_;
@@ -249,30 +179,11 @@ class CheckpointWriter {
 class CheckpointReader {
  public:
   // Collective over comm: reads the manifest (on the first rank, shared with all).
-  CheckpointReader(MPI_Comm comm, std::string dir) : comm_(comm), dir_(std::move(dir)) {
-    std::string text;
-    detail::on_first_rank(comm_, "opening the checkpoint '" + dir_ + "'", [&] {
-      // Killed between the two renames of a commit, the previous checkpoint is DIR.old.
-      std::filesystem::path at(dir_);
-      if (!std::filesystem::exists(at / "manifest.txt") && std::filesystem::exists(dir_ + ".old/manifest.txt"))
-        at = dir_ + ".old";
-      std::ifstream m(at / "manifest.txt");
-      if (!m) throw std::runtime_error("it has no manifest (missing or incomplete)");
-      std::stringstream ss;
-      ss << m.rdbuf();
-      text = at.string() + "\n" + ss.str();
-    });
-    text = tshard::detail::broadcast_text(comm_, text);
-    parse(text);
-  }
+  CheckpointReader(MPI_Comm comm, std::string dir);
 
   const std::string& directory() const { return at_; }
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
-  std::string get(const std::string& key) const {
-    auto it = meta_.find(key);
-    if (it == meta_.end()) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has no '" + key + "'");
-    return it->second;
-  }
+  std::string get(const std::string& key) const;
 
   // The tensor `name` with any spec on any mesh (collective over it); its checksum is checked.
   template <class T, class SpecT, MeshType M>
@@ -300,26 +211,7 @@ class CheckpointReader {
     if (detail::checksum_block(x) != sum)
       throw IoError("tshard::io: the tensor '" + name + "' of the checkpoint '" + dir_ + "' does not match its checksum");
   }
-  void parse(const std::string& text) {
-    std::istringstream in(text);
-    std::getline(in, at_);
-    std::string line;
-    bool header = false, end = false;
-    while (std::getline(in, line)) {
-      std::istringstream l(line);
-      std::string kind, key;
-      l >> kind >> key;
-      if (kind == "tshard-checkpoint") header = true;
-      else if (kind == "end") end = true;
-      else if (kind == "tensor") l >> tensors_[key];
-      else if (kind == "meta") {
-        std::string value;
-        std::getline(l, value);
-        meta_[key] = value.empty() ? value : value.substr(1);
-      }
-    }
-    if (!header || !end) throw IoError("tshard::io: the checkpoint '" + dir_ + "' has a malformed or incomplete manifest");
-  }
+  void parse(const std::string& text);
 
   MPI_Comm comm_;
   std::string dir_, at_;
@@ -328,3 +220,7 @@ class CheckpointReader {
 };
 
 }  // namespace tshard::io
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/io/checkpoint-inl.hpp"
+#endif

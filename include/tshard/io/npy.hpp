@@ -29,15 +29,7 @@ using tshard::detail::Index;
 
 // Reads the header on the first rank, and every rank parses the same bytes: a bad header is the
 // same IoError everywhere.
-inline NpyHeader read_npy_header(tshard::detail::ParallelFile& file, const std::string& path) {
-  const MPI_Offset size = file.size();
-  const std::vector<char> head = file.read_everywhere(0, Index(std::min<MPI_Offset>(size, 1 << 20)));
-  NpyHeader h = parse_npy_header(head.data(), head.size(), path);
-  if (h.data_offset + h.data_bytes() > std::int64_t(size))
-    throw IoError("tshard::io: '" + path + "' is truncated: its shape needs " + std::to_string(h.data_bytes()) +
-                  " bytes of data, the file holds " + std::to_string(std::int64_t(size) - h.data_offset));
-  return h;
-}
+NpyHeader read_npy_header(tshard::detail::ParallelFile& file, const std::string& path);
 
 }  // namespace detail
 
@@ -215,3 +207,7 @@ TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::io::detail
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/io/npy-inl.hpp"
+#endif

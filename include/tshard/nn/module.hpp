@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/parallel/hooks.hpp"
 #include "tshard/parallel/micro_batch.hpp"
 #include "tshard/nn/parameter.hpp"
@@ -43,24 +44,7 @@ class Module {
   Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
-  Module(Module&& o) noexcept
-      : hooks_(std::move(o.hooks_)),
-        deferred_(o.deferred_),
-        streams_parameters_(o.streams_parameters_),
-        parameters_(std::move(o.parameters_)),
-        buffers_(std::move(o.buffers_)),
-        spare_(std::move(o.spare_)),
-        children_(std::move(o.children_)),
-        training_(o.training_),
-        micro_batch_(o.micro_batch_),
-        parent_(o.parent_) {
-    // Member submodules move next and find this module as their parent; others stay put.
-    for (auto& c : children_) c.module->parent_ = this;
-    if (parent_)
-      for (auto& c : parent_->children_)
-        if (c.module == &o) c.module = this;
-    o.parent_ = nullptr;
-  }
+  Module(Module&& o) noexcept;
   Module& operator=(Module&&) = delete;
   virtual ~Module() = default;
 
@@ -91,15 +75,7 @@ class Module {
   template <class Child>
   Child& register_module(const std::string& name, Child& child) {
     static_assert(std::is_base_of_v<Module, Child>, "tshard: register_module takes a ts::nn::Module");
-    check_name(name);
-    for (const auto& c : children_)
-      if (c.module == &child)
-        throw SpecError("tshard::nn::Module::register_module: the module registered as \"" + name +
-                        "\" is already registered as \"" + c.name + "\"");
-    if (static_cast<Module*>(&child) == this)
-      throw SpecError("tshard::nn::Module::register_module: a module cannot be its own submodule (\"" + name + "\")");
-    children_.push_back({name, &child});
-    static_cast<Module&>(child).parent_ = this;
+    add_module(name, child);
     child.defer_gradient_sums(deferred_);
     return child;
   }
@@ -117,23 +93,11 @@ class Module {
 
   // Every parameter's name, submodules' first (in registration order, prefixed "name."), then
   // this module's own in registration order.
-  std::vector<std::string> parameter_names() const {
-    std::vector<std::string> out;
-    for_each_slot([&](const std::string& n, detail::ParameterSlot&, const Module&) { out.push_back(n); });
-    return out;
-  }
+  std::vector<std::string> parameter_names() const;
   // Every parameter's name with its global shape, in parameter_names() order.
-  std::vector<std::pair<std::string, std::vector<Eigen::Index>>> parameter_shapes() const {
-    std::vector<std::pair<std::string, std::vector<Eigen::Index>>> out;
-    for_each_slot([&](const std::string& n, detail::ParameterSlot& s, const Module&) { out.emplace_back(n, s.shape()); });
-    return out;
-  }
+  std::vector<std::pair<std::string, std::vector<Eigen::Index>>> parameter_shapes() const;
   // Every buffer's name, in the order of parameter_names() (submodules' first).
-  std::vector<std::string> buffer_names() const {
-    std::vector<std::string> out;
-    for_each_buffer([&](const std::string& n, const std::shared_ptr<StateTensor>&) { out.push_back(n); });
-    return out;
-  }
+  std::vector<std::string> buffer_names() const;
   // f(name, entry) for every registered buffer, submodules' first.
   template <class F>
   void for_each_buffer(F&& f, const std::string& prefix = "") const {
@@ -155,15 +119,7 @@ class Module {
     for (const auto& p : parameters_) f(prefix + p.name, *p.slot, *this);
   }
   // The handle of a registered parameter by its full name (SpecError if there is none).
-  std::shared_ptr<detail::ParameterSlot> parameter_slot(const std::string& name) const {
-    std::shared_ptr<detail::ParameterSlot> found;
-    for_each_module([&](const Module& m, const std::string& prefix) {
-      for (const auto& p : m.parameters_)
-        if (prefix + p.name == name) found = p.slot;
-    });
-    if (!found) throw SpecError("tshard::nn::Module: no parameter named \"" + name + "\"");
-    return found;
-  }
+  std::shared_ptr<detail::ParameterSlot> parameter_slot(const std::string& name) const;
   // f(module, prefix) for this module and every submodule, parents first.
   template <class F>
   void for_each_module(F&& f, const std::string& prefix = "") const {
@@ -186,13 +142,9 @@ class Module {
   bool streams_parameters() const { return streams_parameters_; }
 
   // Zeroes every registered gradient (this module's and its submodules').
-  void zero_grad() {
-    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.zero_grad(); });
-  }
+  void zero_grad();
   // Training or evaluation mode, for this module and every submodule (PyTorch's train()/eval()).
-  void train(bool on = true) {
-    for_each_module([on](Module& m, const std::string&) { m.training_ = on; });
-  }
+  void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
 
@@ -202,23 +154,13 @@ class Module {
   // forward is the whole batch, micro-batch 0 of 1. Each model has its own: nothing
   // process-wide is read by a forward written for ts::ad.
   const MicroBatch& micro_batch() const { return micro_batch_; }
-  void set_micro_batch(const MicroBatch& mb) {
-    for_each_module([&mb](Module& m, const std::string&) { m.micro_batch_ = mb; });
-  }
+  void set_micro_batch(const MicroBatch& mb);
 
   // ---- what ts::ad::backward(model, loss) and ts::ad::vjp(model, ...) call ----
   // Every registered parameter becomes a fresh leaf of the active tape; the leaves come back in
   // for_each_module_children_first order, for gradient_collector once that forward's backward runs.
-  ParameterLeaves track_parameters() {
-    ParameterLeaves leaves;
-    for_each_module_children_first([&](Module& m) {
-      for (auto& p : m.parameters_) leaves.push_back(p.slot->track());
-    });
-    return leaves;
-  }
-  void untrack_parameters() {
-    for_each_slot([](const std::string&, detail::ParameterSlot& s, const Module&) { s.untrack(); });
-  }
+  ParameterLeaves track_parameters();
+  void untrack_parameters();
   // Adds each leaf's cotangent into its parameter's gradient (its data-parallel sum left to an
   // owning optimizer) and reports each module ready to its owner once its submodules' and its
   // own gradients are in. ts::ad drives it while the backward runs: advance(order) as nodes
@@ -228,55 +170,19 @@ class Module {
    public:
     GradientCollector(Module& root, ParameterLeaves leaves) : root_(&root), leaves_(std::move(leaves)) {}
     // Every node of creation order >= `order` has run.
-    void advance(std::uint64_t order) {
-      if (!planned_) plan();
-      while (next_ < entries_.size() && entries_[next_].threshold >= order) fire(entries_[next_++]);
-      if (progress_) (*progress_)();  // (reductions started by layers before this one travel on)
-    }
-    void finish() {
-      if (!planned_) plan();
-      while (next_ < entries_.size()) fire(entries_[next_++]);
-    }
+    void advance(std::uint64_t order);
+    void finish();
 
    private:
     // The order in which modules become final, read once the forward has recorded its nodes
     // (each leaf's oldest consumer is known then).
-    void plan() {
-      planned_ = true;
-      std::size_t i = 0;
-      // Post-order: children before parents. A module is final when the oldest node reading any
-      // parameter of its subtree has run.
-      std::vector<std::uint64_t> subtree;  // per entry, the threshold of its subtree
-      root_->for_each_module_children_first([&](Module& m) {
-        Entry e{std::numeric_limits<std::uint64_t>::max(), &m, i, m.parameters_.size()};
-        if (i + e.count > leaves_.size())
-          throw SpecError("tshard::nn::Module: a parameter was registered between a forward and its backward");
-        for (std::size_t k = i; k < i + e.count; ++k) e.threshold = std::min(e.threshold, leaves_[k]->first_consumer);
-        i += e.count;
-        // Its submodules are the entries just before it that are not yet claimed by a parent.
-        for (std::size_t c = 0; c < m.children_.size(); ++c) {
-          e.threshold = std::min(e.threshold, subtree.back());
-          subtree.pop_back();
-        }
-        entries_.push_back(e);
-        subtree.push_back(e.threshold);
-      });
-      for (const auto& e : entries_)
-        if (!progress_ && e.module->hooks_.progress) progress_ = &e.module->hooks_.progress;
-      // Descending thresholds; a stable sort keeps children before their parent on ties.
-      std::stable_sort(entries_.begin(), entries_.end(),
-                       [](const Entry& a, const Entry& b) { return a.threshold > b.threshold; });
-    }
+    void plan();
     struct Entry {
       std::uint64_t threshold;
       Module* module;
       std::size_t first, count;  // its own parameters' leaves
     };
-    void fire(const Entry& e) {
-      std::size_t k = e.first;
-      for (auto& p : e.module->parameters_) p.slot->collect(*leaves_[k++], e.module->deferred_);
-      e.module->gradients_ready();
-    }
+    void fire(const Entry& e);
     Module* root_;
     ParameterLeaves leaves_;
     std::vector<Entry> entries_;
@@ -296,9 +202,7 @@ class Module {
   // ---- what an optimizer sets ----
   void attach_hooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
   // Mesh axes (a bit mask) whose gradient sums this module and its submodules leave to their owner.
-  void defer_gradient_sums(std::uint32_t axes) {
-    for_each_module([axes](Module& m, const std::string&) { m.deferred_ = axes; });
-  }
+  void defer_gradient_sums(std::uint32_t axes);
   std::uint32_t deferred_gradient_sums() const { return deferred_; }
 
  protected:
@@ -359,24 +263,10 @@ class Module {
     std::string name;
     std::shared_ptr<StateTensor> state;
   };
-  void check_name(const std::string& name) const {
-    if (name.empty() || name.find('.') != std::string::npos)
-      throw SpecError("tshard::nn::Module: \"" + name + "\" is not a name: non-empty, without '.'");
-    for (const auto& p : parameters_)
-      if (p.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
-    for (const auto& b : buffers_)
-      if (b.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
-    for (const auto& c : children_)
-      if (c.name == name) throw SpecError("tshard::nn::Module: the name \"" + name + "\" is registered twice");
-  }
-  void add_parameter(const std::string& name, std::shared_ptr<detail::ParameterSlot> slot) {
-    check_name(name);
-    for (const auto& p : parameters_)
-      if (p.slot->identity() == slot->identity())
-        throw SpecError("tshard::nn::Module: the tensor registered as \"" + name + "\" is already registered as \"" +
-                        p.name + "\"");
-    parameters_.push_back({name, std::move(slot)});
-  }
+  void check_name(const std::string& name) const;
+  void add_parameter(const std::string& name, std::shared_ptr<detail::ParameterSlot> slot);
+  // register_module's checks and links, alike for every type of child.
+  void add_module(const std::string& name, Module& child);
 
   std::vector<NamedParameter> parameters_;
   std::vector<NamedBuffer> buffers_;
@@ -388,3 +278,7 @@ class Module {
 };
 
 }  // namespace tshard::nn
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/nn/module-inl.hpp"
+#endif

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
+
 namespace tshard::parallel {
 
 enum class Schedule {
@@ -29,23 +31,7 @@ struct PipelineTask {
 
 // The order in which stage `stage` of `stages` runs the forwards and backwards of `microbatches`
 // micro-batches. Pure arithmetic, the same on every rank.
-inline std::vector<PipelineTask> pipeline_order(Schedule schedule, int stages, int stage, int microbatches) {
-  std::vector<PipelineTask> order;
-  if (schedule == Schedule::GPipe) {
-    for (int m = 0; m < microbatches; ++m) order.push_back({true, m});
-    for (int m = 0; m < microbatches; ++m) order.push_back({false, m});
-    return order;
-  }
-  const int warmup = std::min(stages - stage - 1, microbatches);
-  int f = 0, b = 0;
-  for (; f < warmup; ++f) order.push_back({true, f});
-  while (f < microbatches) {
-    order.push_back({true, f++});
-    order.push_back({false, b++});
-  }
-  while (b < microbatches) order.push_back({false, b++});
-  return order;
-}
+std::vector<PipelineTask> pipeline_order(Schedule schedule, int stages, int stage, int microbatches);
 
 }  // namespace tshard::parallel
 
@@ -56,3 +42,7 @@ using parallel::PipelineTask;
 using parallel::Schedule;
 using parallel::to_string;
 }  // namespace tshard::nn
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/parallel/schedule-inl.hpp"
+#endif

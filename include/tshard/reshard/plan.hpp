@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tshard/comm/cost.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/shard.hpp"
 #include "tshard/core/spec_descriptor.hpp"
 #include "tshard/reshard/step.hpp"
@@ -31,30 +32,9 @@ namespace tshard::detail {
 // How much cheaper a direct redistribution must be to replace the staged collectives.
 inline constexpr double kStagedPreference = 2.0;
 
-inline Index box_overlap(const ShardLayout& a, const ShardLayout& b) {
-  Index v = 1;
-  for (int d = 0; d < a.rank; ++d) {
-    Index lo = std::max(a.offset[d], b.offset[d]);
-    Index hi = std::min(a.offset[d] + a.valid[d], b.offset[d] + b.valid[d]);
-    if (hi <= lo) return 0;
-    v *= hi - lo;
-  }
-  return v;
-}
-
-inline bool box_inside(const ShardLayout& inner, const ShardLayout& outer, int d) {
-  if (inner.valid[d] == 0) return true;
-  return inner.offset[d] >= outer.offset[d] && inner.offset[d] + inner.valid[d] <= outer.offset[d] + outer.valid[d];
-}
-
 // The ranks that send to rank r in a direct redistribution from `from`: those whose
 // coordinates on the axes `from` does not split equal r's (one owner per element).
-inline std::vector<int> direct_senders(const SpecDesc& from, const MeshShape& mesh, int r) {
-  std::vector<int> v;
-  for (int s = 0; s < mesh.size(); ++s)
-    if (mesh.same_outside(s, r, from.split_axes())) v.push_back(s);
-  return v;
-}
+std::vector<int> direct_senders(const SpecDesc& from, const MeshShape& mesh, int r);
 
 class Planner {
  public:
@@ -62,260 +42,46 @@ class Planner {
   Planner(const Extents& shape, const MeshShape& mesh, std::size_t element_bytes)
       : shape_(shape), mesh_(mesh), bytes_(element_bytes) {}
 
-  ReshardPlan plan(const SpecDesc& src, const SpecDesc& dst) const {
-    // Partial values moved as they are (operators aligning partial operands): the partial axes
-    // are split by neither spec, so the plain plan keeps every value in its partial group.
-    if (dst.partial != PartialKind::None && src.partial == dst.partial && src.partial_axes == dst.partial_axes)
-      return plan(src.without_partial(), dst.without_partial());
-    ReshardPlan p;
-    SpecDesc cur = src;
-    if (cur.partial != PartialKind::None) resolve_partial(cur, dst, p);
-    if (cur.partial != PartialKind::None) {
-      // Still partial over the axes dst keeps partial (a sum left to an owner), summed over the
-      // others: the rest moves the values as they are, as above (a plain copy after the sum is
-      // not needed; a local slice is).
-      const ReshardPlan rest = plan(cur.without_partial(), dst.without_partial());
-      const bool copy_only = rest.steps.size() == 1 && rest.steps[0].kind == StepKind::Local &&
-                             rest.steps[0].from == rest.steps[0].to;
-      if (!copy_only)
-        for (auto& st : rest.steps) p.add(st);
-      return p;
-    }
-    std::optional<ReshardPlan> staged = staged_plan(cur, dst);
-    ReshardPlan direct;
-    if (!(cur == dst)) direct.add(ReshardStep{StepKind::Direct, cur, dst, -1, -1, {}, busiest_direct_traffic(cur, dst)});
-    // Regular collectives are bandwidth-optimal and better tuned than point-to-point: the staged
-    // plan wins unless the direct one is cheaper by more than kStagedPreference.
-    const ReshardPlan& best =
-        (staged && (staged->cost <= kStagedPreference * direct.cost || cur == dst)) ? *staged : direct;
-    for (auto& st : best.steps) p.add(st);
-    if (p.steps.empty()) p.steps.push_back({StepKind::Local, cur, dst});  // a plain copy
-    return p;
-  }
+  ReshardPlan plan(const SpecDesc& src, const SpecDesc& dst) const;
 
   // What rank r sends and receives in a direct redistribution from `from` to `to`: the boxes
   // it owns that others lack, and those it lacks (O(P) layouts; the planner's busiest rank
   // takes O(P^2), once per cached plan).
-  Traffic direct_traffic(const SpecDesc& from, const SpecDesc& to, int r) const {
-    const ShardLayout mine_from = layout(from, r), mine_to = layout(to, r);
-    std::uint64_t sent = 0, received = 0;
-    int sends = 0, receives = 0;
-    for (int q = 0; q < mesh_.size(); ++q) {
-      // r and q are each other's senders exactly when they agree off `from`'s split axes.
-      if (q == r || !mesh_.same_outside(q, r, from.split_axes())) continue;
-      if (const Index o = box_overlap(mine_from, layout(to, q))) {
-        sent += std::uint64_t(o) * bytes_;
-        ++sends;
-      }
-      if (const Index o = box_overlap(layout(from, q), mine_to)) {
-        received += std::uint64_t(o) * bytes_;
-        ++receives;
-      }
-    }
-    return messages_traffic(sent, received, sends, receives);
-  }
+  Traffic direct_traffic(const SpecDesc& from, const SpecDesc& to, int r) const;
 
  private:
   ShardLayout layout(const SpecDesc& s, int r) const { return shard_layout_of_rank(s, shape_, mesh_, r); }
   Index axes_size(const std::vector<int>& axes) const { return group_size(mesh_, axes); }
 
   // Every rank's `to` block along dim d lies inside its `from` block (a local slice).
-  bool refines(const SpecDesc& from, const SpecDesc& to, int d) const {
-    for (int r = 0; r < mesh_.size(); ++r)
-      if (!box_inside(layout(to, r), layout(from, r), d)) return false;
-    return true;
-  }
+  bool refines(const SpecDesc& from, const SpecDesc& to, int d) const;
   // Every rank's `to` block along d lies inside the union of the `from` blocks of its group
   // over `axes` (what an all-gather over those axes gives it).
-  bool gathers(const SpecDesc& from, const SpecDesc& to, int d, const std::vector<int>& axes) const {
-    for (int r = 0; r < mesh_.size(); ++r) {
-      ShardLayout t = layout(to, r);
-      auto c = mesh_.coords_of(r);
-      Index lo = shape_[d], hi = 0;
-      for (Index g = 0; g < axes_size(axes); ++g) {
-        const ShardLayout f = shard_layout(from, shape_, mesh_, group_member_coords(mesh_, axes, g, c));
-        if (f.valid[d] == 0) continue;
-        // Every member's slices must land inside the new buffer (they are received in place).
-        if (f.offset[d] < t.offset[d] || f.offset[d] + f.valid[d] > t.offset[d] + t.padded[d]) return false;
-        lo = std::min(lo, f.offset[d]);
-        hi = std::max(hi, f.offset[d] + f.valid[d]);
-      }
-      if (t.valid[d] > 0 && (t.offset[d] < lo || t.offset[d] + t.valid[d] > hi)) return false;
-    }
-    return true;
-  }
+  bool gathers(const SpecDesc& from, const SpecDesc& to, int d, const std::vector<int>& axes) const;
   Index max_padded(const SpecDesc& s) const { return layout(s, 0).padded_size(); }
 
-  void resolve_partial(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const {
-    // Reduce-scatter along the dim whose target split continues with partial axes.
-    int best_dim = -1;
-    std::vector<int> best_axes;
-    Index best_k = 1;
-    for (int d = 0; d < cur.rank; ++d) {
-      if (!cur.dims[d].is_prefix_of(dst.dims[d])) continue;
-      std::vector<int> q;
-      SpecDesc next = cur;
-      for (int i = cur.dims[d].count; i < dst.dims[d].count; ++i) {
-        int a = dst.dims[d][i];
-        if (!(cur.partial_axes & (1u << a))) break;
-        q.push_back(a);
-        next.dims[d].push(a);
-      }
-      while (!q.empty()) {
-        if (refines(cur.without_partial(), next.without_partial(), d)) break;
-        q.pop_back();
-        next.dims[d].count--;
-      }
-      if (!q.empty() && axes_size(q) > best_k) {
-        best_k = axes_size(q);
-        best_dim = d;
-        best_axes = q;
-      }
-    }
-    if (best_dim >= 0) {
-      SpecDesc next = cur;
-      for (int a : best_axes) {
-        next.dims[best_dim].push(a);
-        next.partial_axes &= ~(1u << a);
-      }
-      if (next.partial_axes == 0) next.partial = PartialKind::None;
-      p.add({StepKind::ReduceScatter, cur, next, best_dim, -1, best_axes,
-             reduce_scatter_traffic(std::uint64_t(max_padded(next)) * bytes_, int(best_k))});
-      cur = next;
-    }
-    // dst may keep the sum over some of the partial axes (of the same kind): those stay partial.
-    const std::uint32_t keep = dst.partial == cur.partial && (dst.partial_axes & ~cur.partial_axes) == 0 ? dst.partial_axes : 0u;
-    if (cur.partial != PartialKind::None && (cur.partial_axes & ~keep)) {
-      SpecDesc next = cur.without_partial();
-      if (keep) {
-        next.partial = cur.partial;
-        next.partial_axes = keep;
-      }
-      std::vector<int> axes;
-      for (int a = 0; a < mesh_.axes(); ++a)
-        if (cur.partial_axes & ~keep & (1u << a)) axes.push_back(a);
-      p.add({StepKind::AllReduce, cur, next, -1, -1, axes, all_reduce_traffic(std::uint64_t(max_padded(cur)) * bytes_, int(axes_size(axes)))});
-      cur = next;
-    }
-  }
+  void resolve_partial(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const;
 
   // The cheapest sequence of regular steps from cur to dst, by a small exhaustive search:
   // a free local slice is always taken first; otherwise every all-to-all and all-gather that
   // makes progress is tried. Memoised per spec; nullopt where only a direct move will do.
-  std::optional<ReshardPlan> staged_plan(const SpecDesc& cur, const SpecDesc& dst) const {
-    std::map<std::string, std::optional<ReshardPlan>> memo;
-    return search(cur, dst, 3 * kMaxAxes, memo);
-  }
+  std::optional<ReshardPlan> staged_plan(const SpecDesc& cur, const SpecDesc& dst) const;
 
   std::optional<ReshardPlan> search(const SpecDesc& cur, const SpecDesc& dst, int depth,
-                                    std::map<std::string, std::optional<ReshardPlan>>& memo) const {
-    if (cur == dst) return ReshardPlan{};
-    if (depth == 0) return std::nullopt;
-    const std::string key = cur.to_string(mesh_);
-    if (auto it = memo.find(key); it != memo.end()) return it->second;
-    memo[key] = std::nullopt;  // cuts cycles while this state is open
-    std::vector<ReshardStep> options;
-    if (auto s = slice_option(cur, dst)) {
-      options.push_back(*s);
-    } else {
-      all_to_all_options(cur, dst, options);
-      all_gather_options(cur, dst, options);
-    }
-    std::optional<ReshardPlan> best;
-    for (auto& st : options) {
-      auto rest = search(st.to, dst, depth - 1, memo);
-      if (!rest) continue;
-      // The cheaper plan; within rounding, the one of fewer steps (fewer copies, one call).
-      const double c = st.traffic.seconds() + rest->cost;
-      if (!best || c < best->cost * (1 - 1e-9) ||
-          (c <= best->cost * (1 + 1e-9) && rest->steps.size() + 1 < best->steps.size())) {
-        ReshardPlan p;
-        p.add(st);
-        for (auto& r : rest->steps) p.add(r);
-        best = p;
-      }
-    }
-    memo[key] = best;
-    return best;
-  }
+                                    std::map<std::string, std::optional<ReshardPlan>>& memo) const;
 
   // Adds free target axes to every dim whose split is a prefix of its target's.
-  std::optional<ReshardStep> slice_option(const SpecDesc& cur, const SpecDesc& dst) const {
-    SpecDesc next = cur;
-    bool any = false;
-    for (int d = 0; d < cur.rank; ++d) {
-      if (!cur.dims[d].is_prefix_of(dst.dims[d])) continue;
-      SpecDesc trial = next;
-      for (int i = cur.dims[d].count; i < dst.dims[d].count; ++i) {
-        int a = dst.dims[d][i];
-        if ((trial.split_axes() & (1u << a))) break;
-        trial.dims[d].push(a);
-      }
-      while (trial.dims[d].count > cur.dims[d].count && !refines(cur, trial, d)) trial.dims[d].count--;
-      if (trial.dims[d].count > cur.dims[d].count) {
-        next = trial;
-        any = true;
-      }
-    }
-    if (!any) return std::nullopt;
-    return ReshardStep{StepKind::Local, cur, next};
-  }
+  std::optional<ReshardStep> slice_option(const SpecDesc& cur, const SpecDesc& dst) const;
 
   // Moves trailing axes of a dim that must shed them (one, or several together over their
   // group) to a dim whose target continues with exactly those axes.
-  void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const {
-    for (int d1 = 0; d1 < cur.rank; ++d1) {
-      if (cur.dims[d1].count == 0 || cur.dims[d1].is_prefix_of(dst.dims[d1])) continue;
-      for (int len = 1; len <= cur.dims[d1].count; ++len) {
-        std::vector<int> axes;
-        for (int i = cur.dims[d1].count - len; i < cur.dims[d1].count; ++i) axes.push_back(cur.dims[d1][i]);
-        for (int d2 = 0; d2 < cur.rank; ++d2) {
-          if (d2 == d1 || !cur.dims[d2].is_prefix_of(dst.dims[d2])) continue;
-          const int at = cur.dims[d2].count;
-          if (dst.dims[d2].count < at + len) continue;
-          bool continues = true;
-          for (int i = 0; i < len; ++i) continues &= dst.dims[d2][at + i] == axes[i];
-          if (!continues) continue;
-          SpecDesc next = cur;
-          next.dims[d1].count -= len;
-          for (int a : axes) next.dims[d2].push(a);
-          if (!gathers(cur, next, d1, axes) || !refines(cur, next, d2)) continue;
-          const Index k = axes_size(axes);
-          const Index chunk =
-              max_padded(cur) / std::max<Index>(1, layout(cur, 0).padded[d2]) * layout(next, 0).padded[d2];
-          out.push_back({StepKind::AllToAll, cur, next, d1, d2, axes, all_to_all_traffic(std::uint64_t(chunk) * bytes_, int(k))});
-        }
-      }
-    }
-  }
+  void all_to_all_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const;
 
   // Drops trailing axes of a dim that are not in its target: every suffix the padding allows.
-  void all_gather_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const {
-    for (int d = 0; d < cur.rank; ++d) {
-      if (cur.dims[d].is_prefix_of(dst.dims[d])) continue;
-      int keep = 0;
-      while (keep < cur.dims[d].count && keep < dst.dims[d].count && cur.dims[d][keep] == dst.dims[d][keep]) ++keep;
-      for (int first = keep; first < cur.dims[d].count; ++first) {
-        std::vector<int> axes;
-        for (int i = first; i < cur.dims[d].count; ++i) axes.push_back(cur.dims[d][i]);
-        SpecDesc next = cur;
-        next.dims[d].count = first;
-        if (!gathers(cur, next, d, axes)) continue;
-        const Index k = axes_size(axes);
-        out.push_back({StepKind::AllGather, cur, next, d, -1, axes, all_gather_traffic(std::uint64_t(max_padded(cur)) * bytes_, int(k))});
-      }
-    }
-  }
+  void all_gather_options(const SpecDesc& cur, const SpecDesc& dst, std::vector<ReshardStep>& out) const;
 
   // The direct redistribution's traffic on its busiest rank (by the cost model's seconds).
-  Traffic busiest_direct_traffic(const SpecDesc& from, const SpecDesc& to) const {
-    Traffic worst;
-    for (int r = 0; r < mesh_.size(); ++r) {
-      const Traffic t = direct_traffic(from, to, r);
-      if (t.seconds() > worst.seconds()) worst = t;
-    }
-    return worst;
-  }
+  Traffic busiest_direct_traffic(const SpecDesc& from, const SpecDesc& to) const;
 
  private:
   Extents shape_;
@@ -323,20 +89,17 @@ class Planner {
   std::uint64_t bytes_;
 };
 
-inline ReshardPlan plan_reshard(const SpecDesc& src, const SpecDesc& dst, const Extents& shape, const MeshShape& mesh,
-                                std::size_t element_bytes) {
-  return Planner(shape, mesh, element_bytes).plan(src, dst);
-}
+ReshardPlan plan_reshard(const SpecDesc& src, const SpecDesc& dst, const Extents& shape,
+                         const MeshShape& mesh, std::size_t element_bytes);
 
 // What rank r sends and receives (bytes as comm_stats() counts them) when the plan runs: the
 // collectives' padded blocks (equal on every rank; the executor moves only valid elements where
 // shards are uneven, so it measures at most this), a direct step's exact boxes.
-inline Traffic predicted_traffic(const ReshardPlan& plan, const Extents& shape, const MeshShape& mesh,
-                                 std::size_t element_bytes, int r) {
-  Traffic t;
-  const Planner planner(shape, mesh, element_bytes);
-  for (const auto& st : plan.steps) t += st.kind == StepKind::Direct ? planner.direct_traffic(st.from, st.to, r) : st.traffic;
-  return t;
-}
+Traffic predicted_traffic(const ReshardPlan& plan, const Extents& shape, const MeshShape& mesh,
+                          std::size_t element_bytes, int r);
 
 }  // namespace tshard::detail
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/reshard/plan-inl.hpp"
+#endif

@@ -21,6 +21,7 @@
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/text.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/io/npy.hpp"
 #include "tshard/tensor/factories.hpp"
@@ -55,58 +56,18 @@ class TokenWindows {
  public:
   // `tokens` cut into windows of seq + 1; the last tenth (rounded down) held out. At least ten
   // windows are needed (an IoError otherwise, naming `what`).
-  TokenWindows(std::vector<std::int32_t> tokens, Index seq, const std::string& what = "the tokens")
-      : tokens_(std::move(tokens)), seq_(seq) {
-    const Index n = Index(tokens_.size());
-    held_ = n / 10;
-    train_ = n - held_;
-    if (n < 10 * (seq + 1))
-      throw IoError(what + " holds fewer than " + std::to_string(10 * (seq + 1)) + " tokens (10 windows of seq + 1)");
-  }
+  TokenWindows(std::vector<std::int32_t> tokens, Index seq, const std::string& what = "the tokens");
   // A file's bytes as tokens (vocab 256), read by every rank; a UsageError on every rank where it
   // cannot be read or is too short (the flag that named it was wrong).
-  static TokenWindows bytes_of(const std::string& program, const std::string& path, Index seq) {
-    std::ifstream f(path, std::ios::binary);
-    std::vector<std::int32_t> tokens;
-    for (std::istreambuf_iterator<char> it(f), end; it != end; ++it) tokens.push_back(std::int32_t(static_cast<unsigned char>(*it)));
-    const bool ok = agree(bool(f.good() || f.eof()) && Index(tokens.size()) >= 10 * (seq + 1));
-    if (!ok)
-      throw UsageError(program + ": --text '" + path + "' cannot be read or holds fewer than " + std::to_string(10 * (seq + 1)) +
-                    " bytes (10 windows of seq + 1)");
-    return TokenWindows(std::move(tokens), seq);
-  }
+  static TokenWindows bytes_of(const std::string& program, const std::string& path, Index seq);
 
   // A text file encoded by a tokenizer, whole and once (nothing inserted: no BOS), as windows of
   // seq + 1 ids: read and encoded on world rank 0, the ids broadcast. A UsageError as bytes_of's,
   // an IoError (the text is not UTF-8, say) on every rank alike.
-  static TokenWindows encoded(const std::string& program, const std::string& path, Index seq, const Tokenizer& tokenizer) {
-    std::vector<std::int32_t> tokens;
-    std::string error;
-    std::int64_t n = 0;
-    if (tshard::detail::comm_rank(MPI_COMM_WORLD) == 0) {
-      std::ifstream f(path, std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      try {
-        if (f.good() || f.eof()) tokens = tokenizer.encode(text, false);
-      } catch (const IoError& e) {
-        error = e.what();
-      }
-      n = std::int64_t(tokens.size());
-    }
-    if (!(error = tshard::detail::broadcast_text(MPI_COMM_WORLD, error)).empty()) throw IoError(error);
-    tshard::detail::broadcast(MPI_COMM_WORLD, &n, 1, 0);
-    tokens.resize(std::size_t(n));
-    if (n > 0) tshard::detail::broadcast(MPI_COMM_WORLD, tokens.data(), Index(n), 0);
-    if (Index(tokens.size()) < 10 * (seq + 1))
-      throw UsageError(program + ": --text '" + path + "' cannot be read or holds fewer than " + std::to_string(10 * (seq + 1)) +
-                       " tokens (10 windows of seq + 1)");
-    return TokenWindows(std::move(tokens), seq);
-  }
+  static TokenWindows encoded(const std::string& program, const std::string& path, Index seq, const Tokenizer& tokenizer);
 
   // The file's tokens: the tokenizer's where there is one, else its bytes.
-  static TokenWindows text_of(const std::string& program, const std::string& path, Index seq, const Tokenizer* tokenizer) {
-    return tokenizer ? encoded(program, path, seq, *tokenizer) : bytes_of(program, path, seq);
-  }
+  static TokenWindows text_of(const std::string& program, const std::string& path, Index seq, const Tokenizer* tokenizer);
 
   Index seq() const { return seq_; }
   Index training_windows() const { return train_ / (seq_ + 1); }
@@ -140,23 +101,13 @@ class TokenWindows {
 
 // A prompt's ids: the tokenizer's (with what its post-processor adds, a BOS say), or its bytes
 // modulo `vocab` where there is no tokenizer.
-inline std::vector<std::int32_t> prompt_ids(const std::string& prompt, const Tokenizer* tokenizer, Index vocab) {
-  if (tokenizer) return tokenizer->encode(prompt);
-  std::vector<std::int32_t> ids;
-  for (const unsigned char ch : prompt) ids.push_back(std::int32_t(ch % vocab));
-  return ids;
-}
+std::vector<std::int32_t> prompt_ids(const std::string& prompt, const Tokenizer* tokenizer, Index vocab);
 
 class TokenFile {
  public:
   // `flag` names the file in errors ("train_llama: --data 'f.npy' must hold ..."); the file must
   // hold at least `least_rows` rows of seq + 1 tokens (an IoError on every rank otherwise).
-  TokenFile(MPI_Comm comm, const std::string& path, Index seq, Index least_rows, const std::string& flag)
-      : file_(comm, path), seq_(seq) {
-    if (file_.shape().size() != 2 || file_.shape()[1] != seq + 1 || file_.rows() < least_rows)
-      throw IoError(flag + " '" + path + "' must hold int32 [N >= " + std::to_string(least_rows) + ", seq + 1 = " +
-                    std::to_string(seq + 1) + "] tokens");
-  }
+  TokenFile(MPI_Comm comm, const std::string& path, Index seq, Index least_rows, const std::string& flag);
   Index rows() const { return file_.rows(); }
 
   // Rows [first, first + count), shifted; then rows [next, next + next_count) start to be read
@@ -200,3 +151,7 @@ class TokenFile {
 };
 
 }  // namespace tshard::train
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/train/data-inl.hpp"
+#endif

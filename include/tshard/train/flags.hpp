@@ -25,6 +25,7 @@
 #include "tshard/comm/environment.hpp"
 #include "tshard/comm/mesh.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/kernel_instances.hpp"
 
 namespace tshard::train {
 
@@ -94,27 +95,9 @@ class Flags {
   }
   Flags& flag(const std::string& name, bool& target) { return flag(name, target, true); }
   // `name value` handled by the caller (which may throw fail(...)).
-  Flags& custom(const std::string& name, std::function<void(const std::string&)> f, std::string placeholder = "VALUE") {
-    options_.push_back({name, true, std::move(f), std::move(placeholder)});
-    return *this;
-  }
+  Flags& custom(const std::string& name, std::function<void(const std::string&)> f, std::string placeholder = "VALUE");
   // `name value` where the value is one of `allowed`: else "<name> takes a or b, not 'c'".
-  Flags& choice(const std::string& name, std::string& target, std::vector<std::string> allowed) {
-    std::string alternatives;
-    for (const auto& a : allowed) alternatives += (alternatives.empty() ? "" : "|") + a;
-    custom(name, [this, name, &target, allowed](const std::string& v) {
-      for (const auto& a : allowed)
-        if (a == v) {
-          target = v;
-          return;
-        }
-      std::string list;
-      for (std::size_t i = 0; i < allowed.size(); ++i) list += (i ? (i + 1 == allowed.size() ? " or " : ", ") : "") + allowed[i];
-      fail(name + " takes " + list + ", not '" + v + "'");
-    }, alternatives);
-    options_.back().default_value = target;
-    return *this;
-  }
+  Flags& choice(const std::string& name, std::string& target, std::vector<std::string> allowed);
   // `--mesh axis=size,...` over the axes of M; `order` lists the axes in the error text (as
   // "(data, model or stage)"), M's order where empty.
   template <MeshType M>
@@ -130,22 +113,7 @@ class Flags {
 
   // Reads the command line; a UsageError on the first flag that does not parse, a HelpRequested
   // where it asks for --help.
-  void parse() {
-    for (const auto& a : args_)
-      if (a == "--help" || a == "-h") throw HelpRequested(usage());
-    for (std::size_t i = 0; i < args_.size(); ++i) {
-      const std::string& a = args_[i];
-      const Option* o = find(a);
-      if (!o) fail("unknown option " + a);
-      if (o->takes_value) {
-        if (i + 1 >= args_.size()) fail(a + " needs a value");
-        o->apply(args_[++i]);
-      } else {
-        o->apply("");
-      }
-      given_.push_back(a);
-    }
-  }
+  void parse();
 
   [[noreturn]] void fail(const std::string& what) const { throw UsageError(program_ + ": " + what); }
   // Whether the command line gave the flag `name` (after parse()).
@@ -153,23 +121,11 @@ class Flags {
   const std::string& program() const { return program_; }
 
   // "usage: <program> [options]" and a line per flag, in the order they were bound.
-  std::string usage() const {
-    std::string text = "usage: " + program_ + " [options]\n";
-    for (const auto& o : options_) {
-      std::string line = "  " + o.name + (o.takes_value ? " " + o.placeholder : "");
-      if (!o.default_value.empty()) line += std::string(line.size() < 34 ? 34 - line.size() : 1, ' ') + "(default " + o.default_value + ")";
-      text += line + "\n";
-    }
-    return text + "  --help, -h                      this list\n";
-  }
+  std::string usage() const;
 
   // Prints an error every rank threw alike once (world rank 0) and returns `code` (2 for a
   // UsageError, as command-line tools do); --help's text goes to standard output, returning 0.
-  static int report(const std::exception& e, int code = 2) {
-    const bool help = dynamic_cast<const HelpRequested*>(&e) != nullptr;
-    if (Environment::world_size() == 1 || Environment::world_rank() == 0) std::fprintf(help ? stdout : stderr, help ? "%s" : "%s\n", e.what());
-    return help ? 0 : code;
-  }
+  static int report(const std::exception& e, int code = 2);
 
  private:
   struct Option {
@@ -194,11 +150,7 @@ class Flags {
       return buffer;
     } else return std::to_string(v);
   }
-  const Option* find(const std::string& name) const {
-    for (const auto& o : options_)
-      if (o.name == name) return &o;
-    return nullptr;
-  }
+  const Option* find(const std::string& name) const;
   template <class V>
   void assign(V& target, const std::string& v, const std::string& name) const {
     if constexpr (std::is_same_v<V, std::string>) {
@@ -257,3 +209,7 @@ class Flags {
 };
 
 }  // namespace tshard::train
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/train/flags-inl.hpp"
+#endif

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/io/safetensors.hpp"
 #include "tshard/io/safetensors_shards.hpp"
 #include "tshard/train/hf_config.hpp"
@@ -30,28 +31,7 @@ struct HfDirectory {
 
   // Reads the directory's config, tokenizer and weights' dtype; collective over comm (rank 0
   // reads, every rank parses: a bad file is the same IoError on every rank).
-  static HfDirectory open(MPI_Comm comm, const std::string& dir) {
-    HfDirectory hf;
-    hf.path = dir;
-    hf.config = LlamaConfig::from_directory(comm, dir);
-    const std::string tokenizer = read_text_file(comm, dir + "/tokenizer.json", true);
-    if (!tokenizer.empty()) {
-      hf.tokenizer.emplace(tokenizer, dir + "/tokenizer.json");
-      const std::string config = read_text_file(comm, dir + "/tokenizer_config.json", true);
-      if (!config.empty()) {
-        const auto c = io::detail::parse_json(config.data(), config.size(), dir + "/tokenizer_config.json");
-        const auto* clean = c.find("clean_up_tokenization_spaces");
-        hf.tokenizer->set_clean_up_tokenization_spaces(clean && clean->kind == io::detail::JsonValue::Kind::Bool && clean->boolean);
-      }
-    }
-    io::SafetensorsReader weights(comm, dir);
-    const std::string probe = "model.embed_tokens.weight";
-    if (!weights.contains(probe)) throw IoError("tshard::train::HfDirectory: " + dir + "'s weights hold no \"" + probe + "\"");
-    hf.dtype = weights.dtype(probe);
-    if (hf.dtype != "F32" && hf.dtype != "BF16" && hf.dtype != "F16")
-      throw IoError("tshard::train::HfDirectory: " + dir + "'s weights are " + hf.dtype + ", not F32, BF16 or F16");
-    return hf;
-  }
+  static HfDirectory open(MPI_Comm comm, const std::string& dir);
 };
 
 // Writes `dir` as a model directory transformers loads (collective over comm: every rank, every
@@ -59,27 +39,12 @@ struct HfDirectory {
 // `dtype` (F32, BF16 or F16), in one file or shards past max_shard_bytes; config.json and
 // generation_config.json copied from `from` where the model came from a directory, else written
 // from `config`; the tokenizer files `from` has.
-inline void save_hf_directory(MPI_Comm comm, const std::string& dir, nn::Module& model, const LlamaConfig& config,
-                              const HfDirectory* from, const std::string& dtype = "F32", std::int64_t max_shard_bytes = 5'000'000'000) {
-  namespace fs = std::filesystem;
-  std::vector<io::NamedTensor> tensors;
-  std::vector<std::shared_ptr<void>> keep;
-  for (const auto& [name, p] : hf_parameters(model, true)) keep.push_back(p->add_to(tensors, name, dtype));
-  io::save_safetensors_shards(comm, dir, tensors, max_shard_bytes);
-  io::detail::on_first_rank(comm, "writing the configuration and tokenizer into '" + dir + "'", [&] {
-    const char* dtype_name = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
-    const std::vector<std::string> copied{"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                                          "special_tokens_map.json"};
-    std::error_code same;
-    for (const auto& file : copied)  // (not onto itself: --save-hf into the directory --hf read)
-      if (from && fs::exists(fs::path(from->path) / file) && !fs::equivalent(fs::path(from->path) / file, fs::path(dir) / file, same))
-        fs::copy_file(fs::path(from->path) / file, fs::path(dir) / file, fs::copy_options::overwrite_existing);
-    if (!from) {
-      std::ofstream out(fs::path(dir) / "config.json", std::ios::binary);
-      out << config.to_json(dtype_name);
-      if (!out.flush()) throw std::runtime_error("cannot write config.json");
-    }
-  });
-}
+void save_hf_directory(MPI_Comm comm, const std::string& dir, nn::Module& model, const LlamaConfig& config,
+                       const HfDirectory* from, const std::string& dtype = "F32",
+                       std::int64_t max_shard_bytes = 5'000'000'000);
 
 }  // namespace tshard::train
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/train/hf_directory-inl.hpp"
+#endif

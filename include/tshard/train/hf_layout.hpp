@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/io/safetensors.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/shape.hpp"
@@ -132,29 +133,18 @@ struct HfWeight : nn::Module, HfLayout<ShardedTensor<T, M, SpecT>> {
 // Every HF parameter of a model (its modules that are HfParameters) by its name in HF's files:
 // "<module path>weight", or the name a tied copy reads. `written`: only those a file holds (no
 // tied copy).
-inline std::vector<std::pair<std::string, HfParameter*>> hf_parameters(nn::Module& model, bool written = false) {
-  std::vector<std::pair<std::string, HfParameter*>> out;
-  model.for_each_module([&](nn::Module& m, const std::string& prefix) {
-    auto* p = dynamic_cast<HfParameter*>(&m);
-    if (p && !(written && !p->tied_to.empty())) out.emplace_back(p->tied_to.empty() ? prefix + "weight" : p->tied_to, p);
-  });
-  return out;
-}
+std::vector<std::pair<std::string, HfParameter*>> hf_parameters(nn::Module& model, bool written = false);
 
 // The model's HF parameters from a safetensors file, an index or a model directory (collective
 // over comm, whose ranks hold the model's tensors; a pipeline stage reads its own).
-inline void load_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& model) {
-  io::SafetensorsReader in(comm, path);
-  for (const auto& [name, p] : hf_parameters(model)) p->load(in, name);
-}
+void load_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& model);
 
 // The model's HF parameters into one safetensors file in HF's layout (collective over comm: every
 // rank, every stage's tensors). ZeRO-3 parameters must be present (opt.gather_parameters()).
-inline void save_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& model) {
-  std::vector<io::NamedTensor> tensors;
-  std::vector<std::shared_ptr<void>> keep;
-  for (const auto& [name, p] : hf_parameters(model, true)) keep.push_back(p->add_to(tensors, name));
-  io::save_safetensors(comm, path, tensors, {{"format", "pt"}});
-}
+void save_hf_weights(MPI_Comm comm, const std::string& path, nn::Module& model);
 
 }  // namespace tshard::train
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/train/hf_layout-inl.hpp"
+#endif

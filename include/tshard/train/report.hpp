@@ -22,6 +22,7 @@
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/host_collectives.hpp"
 #include "tshard/comm/mesh.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/ops/gemm.hpp"
 
 namespace tshard::train {
@@ -69,40 +70,17 @@ double gemm_rate(const M& mesh, int n) {
 struct Resident {
   double now = 0, peak = 0;
 };
-inline Resident resident_memory() {
-  Resident r;
-  if (std::FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, f)) {
-      double kib = 0;
-      if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) r.now = kib * 1024;
-      if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) r.peak = kib * 1024;
-    }
-    std::fclose(f);
-  }
-  return r;
-}
+Resident resident_memory();
 // Restarts the high-water mark from the resident memory now (Linux 4.0 and later).
-inline void reset_resident_peak() {
-  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
-    std::fputs("5", f);
-    std::fclose(f);
-  }
-}
+void reset_resident_peak();
 
 // A run's memory: the resident peak above the start, and the buffer pool at a sampled moment.
 class MemoryMeter {
  public:
   // Before the model: the high-water mark restarts here (what ran before is not this run's).
-  void start() {
-    reset_resident_peak();
-    before_ = resident_memory().now;
-  }
+  void start();
   // The buffer pool now: bytes in use and the peak since its last reset.
-  void sample_pool() {
-    pool_now_ = double(pool_stats().bytes_in_use);
-    pool_peak_ = double(pool_stats().peak_bytes_in_use);
-  }
+  void sample_pool();
   // The resident peak above the start, this rank's and the sum over the mesh (collective).
   template <MeshType M>
   void measure(const M& mesh) {
@@ -128,12 +106,7 @@ class MemoryMeter {
 };
 
 // The largest relative difference between two loss curves (`got` may start later, at `first`).
-inline double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want, std::size_t first = 0) {
-  double worst = 0;
-  for (std::size_t s = 0; s < got.size() && s + first < want.size(); ++s)
-    worst = std::max(worst, std::abs(got[s] - want[s + first]) / std::abs(want[s + first]));
-  return worst;
-}
+double largest_relative_difference(const std::vector<double>& got, const std::vector<double>& want, std::size_t first = 0);
 
 // What a training run produced: its report, and --check's comparison with the one-rank run.
 struct RunLog {
@@ -150,19 +123,14 @@ struct RunLog {
 struct CurveCheck {
   double worst = 0;
   bool same_sample = true, ok = true;
-  CurveCheck(const RunLog& run, const RunLog& serial, double tolerance, bool compare_sample) {
-    worst = largest_relative_difference(run.losses, serial.losses, std::size_t(run.first_step));
-    for (std::size_t e = 0; e < run.evals.size() && e < serial.evals.size(); ++e)
-      worst = std::max(worst, std::abs(run.evals[e].second - serial.evals[e].second) / serial.evals[e].second);
-    same_sample = !compare_sample || run.sample == serial.sample;
-    ok = worst < tolerance && same_sample;
-  }
+  CurveCheck(const RunLog& run, const RunLog& serial, double tolerance, bool compare_sample);
   // "largest relative difference from the single-rank curve 1.2e-16", and what failed (`ok`: as
   // every rank agreed).
-  void print(bool agreed_ok) const {
-    std::printf("largest relative difference from the single-rank curve %.2e%s%s\n", worst, same_sample ? "" : "; the sample differs",
-                agreed_ok ? "" : " (FAILED)");
-  }
+  void print(bool agreed_ok) const;
 };
 
 }  // namespace tshard::train
+
+#if TSHARD_HEADER_BODIES
+#include "tshard/train/report-inl.hpp"
+#endif

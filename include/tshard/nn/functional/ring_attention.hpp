@@ -14,7 +14,7 @@
 // the outputs kept for the backward) comes from the buffer pool, so its peak counts them; queries
 // are packed per visit, so only one (batch row, head, chunk) unit at a time is an Eigen matrix.
 #pragma once
-#include <mpi.h>
+#include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
 #include <cmath>
