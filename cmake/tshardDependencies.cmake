@@ -78,7 +78,7 @@ endfunction()
 # tshard_add_kernels(SOURCE): tshard::kernels, a static library compiled in the consumer's build
 # (its compiler, its flags, tshard::tshard's BLAS choice) from tshard's kernels.cpp: the
 # descriptor-level kernels, compiled once instead of in every translation unit. A target that
-# links it gets TSHARD_PRECOMPILED_KERNELS and compiles in ~0.4-0.5x the time (a model) with the same
+# links it gets TSHARD_PRECOMPILED_KERNELS and compiles in ~0.3-0.4x the time (a model) with the same
 # results. Built only where something links it. It is compiled with the directory's flags: a target
 # with its own -march or Eigen settings links tshard::tshard (a mismatch fails to link, naming the
 # settings); link it PRIVATE from executables (it is in no export set of yours).

@@ -6,7 +6,7 @@
 // program that links tshard::kernels (a static library its own build compiles from
 // tshard/kernels.cpp, with its compiler and flags) gets TSHARD_PRECOMPILED_KERNELS: each kernel
 // header then declares its instances `extern template`, and the translation unit neither
-// instantiates nor optimises them (a model compiles in ~0.4-0.5x the time). kernels.cpp defines
+// instantiates nor optimises them (a model compiles in ~0.3-0.4x the time). kernels.cpp defines
 // TSHARD_KERNELS_INSTANTIATE and includes the headers: the same lines are the definitions.
 //
 // A header lists its kernels at its end, after the definitions:
