@@ -39,6 +39,7 @@
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/io/blocks.hpp"
 #include "tshard/io/npy.hpp"
+#include "tshard/tensor/factories.hpp"
 
 namespace tshard::io {
 

@@ -19,6 +19,7 @@
 #include "tshard/comm/file.hpp"
 #include "tshard/io/blocks.hpp"
 #include "tshard/io/npy_format.hpp"
+#include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard::io {

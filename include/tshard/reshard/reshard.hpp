@@ -237,6 +237,15 @@ ShardedTensor<T, M, NewSpec> implicit_reshard(const ShardedTensor<T, M, S, P>& t
                             TensorAccess::block(out), op);
   return out;
 }
+
+// Resolves a partial operand (an implicit all-reduce) or passes a plain one through.
+template <class X>
+decltype(auto) resolved(const X& x, const char* op) {
+  if constexpr (X::is_partial)
+    return implicit_reshard<typename X::SpecType>(x, op);
+  else
+    return (x);
+}
 }  // namespace detail
 
 }  // namespace tshard

@@ -194,15 +194,6 @@ template <class X>
 inline constexpr bool is_partial_sum_v =
     X::PartialType::is_partial && partial_kind<typename X::PartialType>() == PartialKind::Sum;
 
-// Resolves a partial operand (an implicit all-reduce) or passes a plain one through.
-template <class X>
-decltype(auto) resolved(const X& x, const char* op) {
-  if constexpr (X::is_partial)
-    return implicit_reshard<typename X::SpecType>(x, op);
-  else
-    return (x);
-}
-
 template <class T>
 inline constexpr bool no_arithmetic_on_masks = !std::is_same_v<T, bool>;
 
