@@ -163,12 +163,18 @@ int main(int argc, char** argv) {
   run_hand();
   run_derived();
   // Same gradients (float: the same kernels, summed in another order only where the tape adds).
+  // Relative to each layer's largest gradient: an element's own magnitude would make an entry
+  // near zero, where float sums in another order differ most, fail a correct gradient.
   double worst = 0;
   for (int l = 0; l < o.layers; ++l) {
     const Eigen::Tensor<float, 2> a = derived.blocks[std::size_t(l)].mlp().fc1().weight_grad().gather();
     const Eigen::Tensor<float, 2> b = hand.blocks[std::size_t(l)].mlp().fc1().weight_grad().gather();
-    for (Eigen::Index i = 0; i < b.size(); ++i)
-      worst = std::max(worst, double(std::abs(a.data()[i] - b.data()[i])) / (1e-3 + std::abs(double(b.data()[i]))));
+    double difference = 0, largest = 0;
+    for (Eigen::Index i = 0; i < b.size(); ++i) {
+      difference = std::max(difference, double(std::abs(a.data()[i] - b.data()[i])));
+      largest = std::max(largest, double(std::abs(b.data()[i])));
+    }
+    worst = std::max(worst, difference / std::max(largest, 1e-30));
   }
   std::vector<double> t_hand, t_derived;
   std::uint64_t peak_hand = 0, peak_derived = 0;
@@ -221,5 +227,5 @@ int main(int argc, char** argv) {
   if (root)
     std::printf("tape: %d small ops, %.2f us per op untracked, %.2f us per op recorded with its backward run (%.2f us of tape and rule)\n",
                 2 * o.chain, 1e6 * per_plain, 1e6 * per_grad, 1e6 * (per_grad - per_plain));
-  return tshard_bench::all_ranks(worst < 1e-2, mesh.comm()) ? 0 : 1;
+  return tshard_bench::all_ranks(worst < 1e-4, mesh.comm()) ? 0 : 1;
 }
