@@ -737,6 +737,73 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
   }
 }
 
+TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "
+          "bidirectional, windows, cross-attention, rows that see no key, lengths off the vector width",
+          "[attention]") {
+  const M mesh({world_size(), 1});
+  struct Case {
+    std::array<Eigen::Index, 5> q;
+    Eigen::Index S;
+    ts::nn::AttentionOptions o;
+  };
+  const Case cases[] = {{{2, 37, 8, 2, 1}, 37, {}},
+                        {{2, 37, 8, 2, 1}, 37, {.causal = false}},
+                        {{1, 150, 5, 1, 2}, 150, {.window = 5}},
+                        {{1, 150, 5, 1, 2}, 150, {.causal = false, .window = 17}},
+                        {{2, 19, 8, 1, 1}, 150, {}},                            // 19 queries after 131 cached keys
+                        {{2, 40, 4, 1, 1}, 9, {.causal = false, .window = 3}}};  // queries past 11 see no key
+  unsigned seed = 60;
+  for (const auto& c : cases) {
+    const auto gq = global_random<5>(c.q, seed++, -3, 3);
+    const auto gk = global_random<4>({c.q[0], c.S, c.q[2], c.q[4]}, seed++, -3, 3);
+    const auto gv = global_random<4>({c.q[0], c.S, c.q[2], c.q[4]}, seed++);
+    const auto gw = global_random<5>(c.q, seed++);  // the loss's weights: a cotangent of every sign
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      auto q = ts::distribute<QS5>(mesh, Eigen::Tensor<T, 5>(gq.cast<T>()));
+      auto k = ts::distribute<KS4>(mesh, Eigen::Tensor<T, 4>(gk.cast<T>()));
+      auto v = ts::distribute<KS4>(mesh, Eigen::Tensor<T, 4>(gv.cast<T>()));
+      const auto w = ts::distribute<QS5>(mesh, Eigen::Tensor<T, 5>(gw.cast<T>()));
+      const auto [out, lse] = ts::nn::scaled_dot_product_attention_forward(q, k, v, c.o);
+      const auto [loss, dq, dk, dv] = ts::ad::value_and_grad(
+          [&](const auto& q, const auto& k, const auto& v) {
+            return ts::sum<0, 1, 2, 3, 4>(ts::nn::scaled_dot_product_attention(q, k, v, c.o) * w);
+          },
+          q, k, v);
+      (void)loss;
+      return std::tuple{Eigen::Tensor<double, 5>(out.gather().template cast<double>()),
+                        Eigen::Tensor<double, 4>(lse.gather().template cast<double>()),
+                        Eigen::Tensor<double, 5>(dq.gather().template cast<double>()),
+                        Eigen::Tensor<double, 4>(dk.gather().template cast<double>()),
+                        Eigen::Tensor<double, 4>(dv.gather().template cast<double>())};
+    };
+    const auto f = run(0.0f);
+    const auto d = run(0.0);
+    // Each relative to its tensor's largest element (rows that see no key are 0 and -inf in both).
+    auto agree = [](const auto& got, const auto& want, const char* what) {
+      double top = 0, worst = 0;
+      bool same_masked = true;
+      for (Eigen::Index i = 0; i < want.size(); ++i) {
+        if (std::isinf(want.data()[i])) {
+          same_masked = same_masked && got.data()[i] == want.data()[i];
+          continue;
+        }
+        top = std::max(top, std::abs(want.data()[i]));
+        worst = std::max(worst, std::abs(got.data()[i] - want.data()[i]));
+      }
+      INFO(what << ": largest difference " << worst << " of a largest element " << top);
+      TS_REQUIRE_ALL(same_masked);
+      TS_REQUIRE_ALL(worst <= 1e-5 * std::max(top, 1.0));
+    };
+    INFO("T " << c.q[1] << ", S " << c.S << ", causal " << c.o.causal << ", window " << c.o.window);
+    agree(std::get<0>(f), std::get<0>(d), "output");
+    agree(std::get<1>(f), std::get<1>(d), "log-sum-exp");
+    agree(std::get<2>(f), std::get<2>(d), "dq");
+    agree(std::get<3>(f), std::get<3>(d), "dk");
+    agree(std::get<4>(f), std::get<4>(d), "dv");
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad options on every rank", "[attention]") {
   const M mesh({world_size(), 1});
   const Eigen::Index T = 256;
@@ -768,8 +835,23 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   auto k3 = ts::distribute<KS4>(mesh, global_random<4>({2, T, 3, 1}, 53));
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.window = T + 1}); }, "a window of 257 keys");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k5, k5); }, "at least as many keys as queries");
-  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); }, "with the queries' B, Dh and KV");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.window = T + 1}); }, "for 256 queries over 256 keys");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); },
+       "the queries' head dim 4 differs from the keys' 3");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); }, "the scale must be finite and positive");
+  // Keys and values that differ, named as such; PyTorch's [B, T, Dh, H] queries with fewer
+  // key-value heads: pointed to the grouped form.
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k5, {.causal = false}); }, "and values [2, 5, 4, 1] differ");
+  auto q4 = ts::distribute<KS4>(mesh, global_random<4>({2, T, 4, 6}, 55));
+  auto k2 = ts::distribute<KS4>(mesh, global_random<4>({2, T, 4, 2}, 56));
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q4, k2, k2); }, "the queries have 6 heads, the keys 2");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q4, k2, k2); }, "{B, T, Dh, 3, 2}) puts query head h on key-value head h / G");
+  // A sequence split is resharded for the kernel: the error names the caller's layout, not that.
+  using SeqQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::R>;
+  using SeqK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R>;
+  auto qs = ts::distribute<SeqQ>(mesh, global_random<5>({2, T, 4, 1, 1}, 57));
+  auto ks = ts::distribute<SeqK>(mesh, global_random<4>({2, T, 3, 1}, 58));
+  says([&] { (void)ts::nn::scaled_dot_product_attention(qs, ks, ks); }, "queries " + qs.describe() + ", keys " + ks.describe());
 }
 
 TEST_CASE("an in-place update of a parameter under a gradient is refused; of a copy it is differentiated", "[ad]") {

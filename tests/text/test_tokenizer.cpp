@@ -74,6 +74,13 @@ TEST_CASE("encode and decode equal HF's on GPT-2, Llama 3 and SmolLM shaped toke
   }
 }
 
+std::size_t static_init_regex_matches();  // (static_init_regex.cpp)
+
+TEST_CASE("a UnicodeRegex made in static initialisation, in a translation unit without PCRE2, finds the engine",
+          "[tokenizer]") {
+  CHECK(static_init_regex_matches() == 2);
+}
+
 TEST_CASE("text with non-ASCII letters and digits round-trips through encode and decode", "[tokenizer]") {
   const std::string text = "Grüße, Καλημέρα, Привет, 東京 2024-11-27 ½ 🙂\n\tend  ";
   for (const std::string kind : {"gpt2", "prefix", "llama3", "smollm"}) {

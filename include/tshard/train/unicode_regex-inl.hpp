@@ -10,10 +10,11 @@
 namespace tshard::train {
 
 TSHARD_FUNC UnicodeRegex::UnicodeRegex(const std::string& pattern, const std::string& what) : what_(what) {
-  if (!detail::unicode_regex_engine)
+  const detail::PatternCompiler engine = detail::unicode_regex_engine();
+  if (!engine)
     throw IoError(what_ + " needs a Unicode regex engine: this build of tshard has none (install libpcre2-dev, "
                   "reconfigure, and link tshard::tokenizer)");
-  pattern_ = detail::unicode_regex_engine(pattern, what_);
+  pattern_ = engine(pattern, what_);
 }
 
 TSHARD_FUNC std::vector<std::pair<std::size_t, std::size_t>> UnicodeRegex::find_all(std::string_view text) const {

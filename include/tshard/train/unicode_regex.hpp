@@ -4,8 +4,9 @@
 // without it, making a UnicodeRegex is an IoError that says how to get it, never a fall-back.
 //
 // The tokenizer's own code does not depend on PCRE2: it may be compiled once, in tshard::kernels,
-// which knows nothing of PCRE2. A translation unit compiled with TSHARD_WITH_PCRE2 installs the engine
-// (before main), and UnicodeRegex asks for the installed one.
+// which knows nothing of PCRE2. A translation unit compiled with TSHARD_WITH_PCRE2 defines the
+// engine as a weak symbol that the linker resolves, so it is there before any code runs (a
+// Tokenizer made in another translation unit's static initialisation finds it too).
 #pragma once
 #include <cstddef>
 #include <memory>
@@ -44,10 +45,12 @@ struct CompiledPattern {
   virtual std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const = 0;
 };
 
-// The installed engine: compiles a pattern (`what` names it in errors). Null where no translation
-// unit of the program was compiled with TSHARD_WITH_PCRE2. (An inline variable: one for the program.)
+// The engine: compiles a pattern (`what` names it in errors). Defined, weak and constant-initialised,
+// in every translation unit compiled with TSHARD_WITH_PCRE2 (the linker keeps one); where none
+// is, the symbol resolves to null and unicode_regex_engine() says there is no engine.
 using PatternCompiler = std::shared_ptr<const CompiledPattern> (*)(const std::string& pattern, const std::string& what);
-inline PatternCompiler unicode_regex_engine = nullptr;
+[[gnu::weak]] extern const PatternCompiler pcre2_pattern_compiler;
+inline PatternCompiler unicode_regex_engine() { return &pcre2_pattern_compiler ? pcre2_pattern_compiler : nullptr; }
 
 }  // namespace detail
 
@@ -121,10 +124,9 @@ class Pcre2Pattern final : public CompiledPattern {
 
 }  // namespace detail
 
-namespace {
-// Installs PCRE2 before main, in each translation unit compiled with it (all install the same).
-[[gnu::used]] const bool tshard_pcre2_installed = (detail::unicode_regex_engine = &detail::Pcre2Pattern::compile, true);
-}  // namespace
+namespace detail {
+[[gnu::weak]] extern const PatternCompiler pcre2_pattern_compiler = &Pcre2Pattern::compile;
+}  // namespace detail
 #endif
 
 }  // namespace tshard::train

@@ -26,8 +26,9 @@ namespace tshard::nn {
 // values travel around the ring of those axes (any number of heads; self-attention). AllToAll
 // (DeepSpeed Ulysses): the split moves from the sequence to the key-value heads and back. Auto:
 // the all-to-all where the key-value heads divide evenly over every rank it spreads them over,
-// else the ring (fewer key-value heads than context ranks: GQA, MQA), and the all-to-all
-// wherever the ring cannot go (fewer queries than keys).
+// else the ring (fewer key-value heads than context ranks: GQA, MQA). Wherever the ring cannot
+// go (fewer queries than keys) the all-to-all attends, Ring asked for or not: a shape one rank
+// attends is never refused on more, and the result is the same.
 enum class ContextParallel { Auto, Ring, AllToAll };
 struct AttentionOptions {
   bool causal = true;

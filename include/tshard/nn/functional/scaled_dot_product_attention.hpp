@@ -106,17 +106,35 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
   tshard::detail::require_same_mesh(q, k, op);
   tshard::detail::require_same_mesh(q, v, op);
   const auto qs = tshard::detail::extents_of(q), ks = tshard::detail::extents_of(k), vs = tshard::detail::extents_of(v);
-  const std::string shapes = std::string(op) + ": queries " + q.describe() + ", keys " + k.describe() + ", values " + v.describe();
-  if (ks != vs || qs[0] != ks[0] || qs[2] != ks[2] || qs[Q::rank - 1] != ks[3])
-    throw ShapeError("tshard::nn::" + shapes + ": keys and values are [B, S, Dh, KV] with the queries' B, Dh and KV");
+  const std::string where = "tshard::nn::" + std::string(op) + ": ";
+  const std::string shapes = "queries " + q.describe() + ", keys " + k.describe() + ", values " + v.describe();
+  const auto dims = [](const auto& e, int rank) { return tshard::detail::shape_to_string(e, rank); };
+  if (ks != vs)
+    throw ShapeError(where + "keys " + dims(ks, 4) + " and values " + dims(vs, 4) + " differ (" + shapes + ")");
+  if (qs[0] != ks[0] || qs[2] != ks[2])
+    throw ShapeError(where + "the queries' " + (qs[0] != ks[0] ? "batch " : "head dim ") +
+                     std::to_string(qs[0] != ks[0] ? qs[0] : qs[2]) + " differs from the keys' " +
+                     std::to_string(qs[0] != ks[0] ? ks[0] : ks[2]) + " (" + shapes +
+                     "; queries [B, T, Dh, H] or [B, T, Dh, G, KV], keys and values [B, S, Dh, KV])");
+  if (qs[Q::rank - 1] != ks[3]) {
+    std::string hint;
+    if (Q::rank == 4 && ks[3] > 0 && qs[3] % ks[3] == 0)
+      hint = "; for grouped-query attention pass the queries as [B, T, Dh, G, KV], G = H / KV query heads per "
+             "key-value head: ts::reshape<Spec>(q, {B, T, Dh, " + std::to_string(qs[3] / ks[3]) + ", " +
+             std::to_string(ks[3]) + "}) puts query head h on key-value head h / G, as PyTorch's enable_gqa does";
+    throw ShapeError(where + "the queries have " + std::to_string(qs[Q::rank - 1]) +
+                     (Q::rank == 4 ? " heads, the keys " : " key-value heads, the keys ") +
+                     std::to_string(ks[3]) + " (" + shapes + ")" + hint);
+  }
   if (o.causal && qs[1] > ks[1])
-    throw ShapeError("tshard::nn::" + shapes + ": causal attention needs at least as many keys as queries (the queries "
+    throw ShapeError(where + shapes + ": causal attention needs at least as many keys as queries (the queries "
                      "are the last positions); pass {.causal = false} for cross-attention");
   if (o.window < 0 || o.window > std::max(qs[1], ks[1]))
-    throw SpecError("tshard::nn::" + std::string(op) + ": a window of " + std::to_string(o.window) +
-                    " keys for a sequence of " + std::to_string(qs[1]) + " (0 for none, else at most the sequence length)");
+    throw SpecError(where + "a window of " + std::to_string(o.window) + " keys for " + std::to_string(qs[1]) +
+                    " queries over " + std::to_string(ks[1]) + " keys (0 for none, else at most " +
+                    std::to_string(std::max(qs[1], ks[1])) + ")");
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
-    throw SpecError("tshard::nn::" + std::string(op) + ": the scale must be finite and positive (0 for 1 / sqrt(Dh))");
+    throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
   return AttentionGeometry{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
 }
 
@@ -335,11 +353,11 @@ auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& 
 // Whether a sequence split takes the ring (see ContextParallel).
 template <class Q, class K>
 bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
-  if (o.context == ContextParallel::AllToAll || tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1])
-    return false;
+  if (o.context == ContextParallel::AllToAll) return false;
   // A sequence axis of one rank splits nothing: the local kernel, with nothing sent to itself.
   const auto& shape = q.mesh().shape();
   if (tshard::detail::split_parts(Q::spec_desc.dims[1], shape) == 1) return false;
+  if (tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1]) return false;  // cross-attention
   if (o.context == ContextParallel::Ring) return true;
   // Ulysses spreads the key-value heads over the heads' axes and the sequence's.
   Index parts = 1;
@@ -358,6 +376,7 @@ template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, ts
 auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options = {}) {
   static_assert(detail::attention_types_checked<Q, K, V>());
   if constexpr (!detail::attention_aligned_v<Q, K, V>) {  // a sequence split (or another): resharded, and back
+    (void)detail::attention_geometry(q, k, v, options, "scaled_dot_product_attention");  // (named in the caller's layout)
     using Layout = detail::attention_layout<typename Q::SpecType>;
     using Ring = detail::ring_layout<typename Q::SpecType>;
     if constexpr (Ring::sequence_split) {
