@@ -7,6 +7,9 @@
 // is each variant's tensors (the written-out scores among them).
 //   mpirun -np 1 tshard_bench_attention [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16]
 //                                        [--seq 1024,2048,4096] [--written-max 4096] [--reps 3]
+//                                        [--documents N]
+// --documents N packs each row with N documents of equal length (the fused kernel skips the
+// blocks between them; the written-out attention masks them).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,7 +37,7 @@ auto written_out(const Q& q, const K& k, const K& v, const Mask& mask, float sca
 
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
-  long batch = 2, heads = 4, kv_heads = 0, dh = 16, written_max = 4096;
+  long batch = 2, heads = 4, kv_heads = 0, dh = 16, written_max = 4096, documents = 1;
   int reps = 3;
   std::vector<long> seqs{1024, 2048, 4096};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
     else if (a == "--dh") dh = v;
     else if (a == "--written-max") written_max = v;
     else if (a == "--reps") reps = int(v);
+    else if (a == "--documents") documents = v;
     else if (a == "--seq") {
       seqs.clear();
       for (std::string s = argv[i + 1]; !s.empty();) {
@@ -59,6 +63,10 @@ int main(int argc, char** argv) {
     }
   }
   if (kv_heads == 0) kv_heads = heads;
+  if (documents < 1) {
+    if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --documents takes N >= 1\n");
+    return 2;
+  }
   if (heads % kv_heads != 0) {
     if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --kv-heads must divide --heads\n");
     return 2;
@@ -72,18 +80,27 @@ int main(int argc, char** argv) {
   const double sgemm = 2.0 * 512 * 512 * 512 / sgemm_seconds / 1e9;
   if (root)
     std::printf("attention forward + backward, float, B %ld, %ld query heads over %ld key-value heads, Dh %ld, %d ranks; "
-                "Eigen sgemm 512^3: %.1f GFLOP/s\n",
-                batch, heads, kv_heads, dh, tshard_bench::world_size(), sgemm);
+                "Eigen sgemm 512^3: %.1f GFLOP/s%s\n",
+                batch, heads, kv_heads, dh, tshard_bench::world_size(), sgemm,
+                documents > 1 ? ("; " + std::to_string(documents) + " documents a row").c_str() : "");
   for (const long T : seqs) {
     const Eigen::Index G = heads / kv_heads;
     const auto q = ts::random<float, QS>(mesh, {batch, T, dh, G, kv_heads}, 1);
     const auto k = ts::random<float, KS>(mesh, {batch, T, dh, kv_heads}, 2);
     const auto v = ts::random<float, KS>(mesh, {batch, T, dh, kv_heads}, 3);
     const float scale = 1 / std::sqrt(float(dh));
+    ts::nn::AttentionOptions options;
+    const auto document = [&](Eigen::Index t) { return t * documents / T; };  // (equal lengths, within one)
+    if (documents > 1) {
+      std::vector<Eigen::Index> starts;
+      for (Eigen::Index t = 0; t < T; ++t)
+        if (t == 0 || document(t) != document(t - 1)) starts.push_back(t);
+      options.document_starts.assign(std::size_t(batch), starts);
+    }
     auto fused = [&] {
       auto grads = ts::ad::value_and_grad(
           [&](const auto& q, const auto& k, const auto& v) {
-            return ts::sum<0, 1, 2, 3, 4>(ts::nn::scaled_dot_product_attention(q, k, v));
+            return ts::sum<0, 1, 2, 3, 4>(ts::nn::scaled_dot_product_attention(q, k, v, options));
           },
           q, k, v);
       (void)grads;
@@ -92,8 +109,8 @@ int main(int argc, char** argv) {
     const bool written = T <= written_max;
     std::optional<Mask> mask;
     if (written) {
-      mask.emplace(ts::from_function<float, ts::Replicated<5>>(mesh, {1, T, T, 1, 1}, [](const auto& i) {
-        return i[2] > i[1] ? -std::numeric_limits<float>::infinity() : 0.0f;
+      mask.emplace(ts::from_function<float, ts::Replicated<5>>(mesh, {1, T, T, 1, 1}, [&](const auto& i) {
+        return i[2] > i[1] || document(i[2]) != document(i[1]) ? -std::numeric_limits<float>::infinity() : 0.0f;
       }));
       variants.push_back([&] {
         auto grads = ts::ad::value_and_grad(
@@ -112,7 +129,16 @@ int main(int argc, char** argv) {
       peaks.push_back(double(ts::pool_stats().peak_bytes_in_use - before) / (1 << 20));
     }
     const auto times = tshard_bench::interleaved(variants, reps, 1);
-    const double flops = 4.0 * double(batch) * double(heads) * double(T) * double(T) * double(dh) / 2 * 3.5;
+    // The causal half of each document's square (one document: T^2 / 2).
+    double visible = double(T) * double(T) / 2;
+    if (documents > 1) {
+      visible = 0;
+      for (Eigen::Index t = 0, start = 0; t < T; ++t) {
+        if (document(t) != document(start)) start = t;
+        visible += double(t - start + 1);
+      }
+    }
+    const double flops = 4.0 * double(batch) * double(heads) * visible * double(dh) * 3.5;
     const double rate = flops / times[0] / 1e9;
     if (!root) continue;
     std::printf("T %6ld: fused %9.2f ms, %6.1f GFLOP/s (%3.0f %% of sgemm), pool peak %8.2f MiB", T, times[0] * 1e3, rate,

@@ -569,6 +569,8 @@ TEST_CASE("causal attention's custom VJP (the fused backward) equals finite diff
 namespace {
 using QS5 = ts::Spec<ts::S<"x">, ts::R, ts::R, ts::R, ts::S<"y">>;  // [B, T, Dh, G, KV]: batch over x, heads over y
 using KS4 = ts::Spec<ts::S<"x">, ts::R, ts::R, ts::S<"y">>;         // [B, S, Dh, KV] (and [B, T, Dh, H])
+using SeqQS5 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;  // the sequence over x, heads over y
+using SeqKS4 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
 
 // The attention scaled_dot_product_attention replaces, written out: scores, an additive mask,
 // softmax over the keys, values. Its own statement of the mask.
@@ -576,21 +578,28 @@ template <class Q, class K, class V>
 auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::AttentionOptions& o) {
   const Eigen::Index T = q.global_shape()[1], S = k.global_shape()[1];
   const double scale = o.scale > 0 ? o.scale : 1 / std::sqrt(double(q.global_shape()[2]));
-  auto visible = [o, shift = o.causal ? S - T : 0](Eigen::Index t, Eigen::Index s) {
+  // (packed documents: the document of position p in row b, as the number of starts at or before it)
+  auto document = [&o](Eigen::Index b, Eigen::Index p) {
+    const auto& row = o.document_starts[std::size_t(b)];
+    return std::upper_bound(row.begin(), row.end(), p) - row.begin();
+  };
+  auto visible = [&, shift = o.causal ? S - T : 0](Eigen::Index b, Eigen::Index t, Eigen::Index s) {
     t += shift;  // causal: the queries are the last T of S positions
     if (o.causal && s > t) return false;
+    if (!o.document_starts.empty() && document(b, t) != document(b, s)) return false;
     const Eigen::Index distance = o.causal ? t - s : std::abs(t - s);
     return o.window == 0 || distance < o.window;
   };
   const double inf = std::numeric_limits<double>::infinity();
+  const Eigen::Index rows = o.document_starts.empty() ? 1 : q.global_shape()[0];  // (a mask per row where they differ)
   if constexpr (Q::rank == 5) {
-    auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {1, T, S, 1, 1},
-                                                             [&](const auto& i) { return visible(i[1], i[2]) ? 0.0 : -inf; });
+    auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, S, 1, 1},
+                                                             [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
     auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask);
     return ts::einsum<"btsgv,bskv->btkgv">(p, v);
   } else {
-    auto mask = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {1, T, S, 1},
-                                                             [&](const auto& i) { return visible(i[1], i[2]) ? 0.0 : -inf; });
+    auto mask = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {rows, T, S, 1},
+                                                             [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
     auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask);
     return ts::einsum<"btsh,bskh->btkh">(p, v);
   }
@@ -657,8 +666,8 @@ TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite
   check_attention<QS5, 5>("causal, 512 positions", {1, 512, 2, 1, 1}, {1, 512, 2, 1}, {.window = 200});
   // The sequence split (context parallelism's layout): resharded to whole sequences, the heads
   // split over its axis too, and back; 7 positions over up to 6 ranks, 3 heads.
-  using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;
-  using TK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+  using TQ = SeqQS5;
+  using TK = SeqKS4;
   check_attention<TQ, 5, TK>("sequence over x, heads over y", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {});
   check_attention<ts::Spec<ts::S<"y">, ts::S<"x">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
       "sequence over x, batch over y; keys' sequence over both", {3, 9, 4, 2, 1}, {3, 9, 4, 1}, {.window = 4});
@@ -670,8 +679,8 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
           "causal, bidirectional, windows, fewer key-value heads than ranks, sequences shorter than 2P chunks",
           "[ad][attention][ring]") {
   using ts::nn::ContextParallel;
-  using TQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;
-  using TK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
+  using TQ = SeqQS5;
+  using TK = SeqKS4;
   const ts::nn::AttentionOptions ring{.context = ContextParallel::Ring};
   check_attention<TQ, 5, TK>("ring: sequence over x, heads over y", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, ring);
   check_attention<TQ, 5, TK>("ring: bidirectional", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
@@ -735,6 +744,58 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
     for (Eigen::Index t = 0; t < z.T; ++t) work[std::size_t(z.owner(t))] += t + 1;
     CHECK(std::all_of(work.begin(), work.end(), [&](Eigen::Index w) { return w == work[0]; }));
   }
+}
+
+TEST_CASE("packed documents: a query attends its own document only, on the local kernel, the ring and the "
+          "all-to-all, equal to the written-out attention, finite differences and one rank",
+          "[ad][attention][documents]") {
+  using ts::nn::ContextParallel;
+  const std::vector<std::vector<Eigen::Index>> three{{0, 3}, {0}, {0, 1, 5}};
+  check_attention<QS5, 5>("documents, causal", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.document_starts = three});
+  check_attention<QS5, 5>("documents, bidirectional", {3, 7, 4, 2, 3}, {3, 7, 4, 3},
+                          {.causal = false, .document_starts = three});
+  check_attention<QS5, 5>("documents, causal window 2", {3, 7, 4, 2, 3}, {3, 7, 4, 3},
+                          {.window = 2, .document_starts = three});
+  check_attention<KS4, 4>("documents, multi-head", {3, 7, 4, 5}, {3, 7, 4, 5}, {.document_starts = three});
+  // The sequence split: documents that cross the ring's chunks and ranks.
+  const std::vector<std::vector<Eigen::Index>> two{{0, 4, 9}, {0, 6}};
+  check_attention<SeqQS5, 5, SeqKS4>("documents, ring", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
+                             {.context = ContextParallel::Ring, .document_starts = two});
+  check_attention<SeqQS5, 5, SeqKS4>("documents, ring, bidirectional window 3", {2, 11, 3, 1, 2}, {2, 11, 3, 2},
+                             {.causal = false, .window = 3, .context = ContextParallel::Ring, .document_starts = two});
+  check_attention<SeqQS5, 5, SeqKS4>("documents, all-to-all", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
+                             {.context = ContextParallel::AllToAll, .document_starts = two});
+  check_attention<ts::Spec<ts::S<"y">, ts::S<"x">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
+      "documents, ring, batch over y", {2, 9, 4, 2, 1}, {2, 9, 4, 1},
+      {.context = ContextParallel::Ring, .document_starts = {{0, 4, 8}, {0, 6}}});
+  // Several key blocks: whole blocks outside a query block's documents are skipped.
+  check_attention<SeqQS5, 5, SeqKS4>("documents, 300 positions", {1, 300, 2, 1, 2}, {1, 300, 2, 2},
+                             {.context = ContextParallel::Ring, .document_starts = {{0, 7, 130, 131, 290}}});
+  check_attention<QS5, 5>("documents, 300 positions, local", {1, 300, 2, 1, 1}, {1, 300, 2, 1},
+                          {.causal = false, .document_starts = {{0, 7, 130, 131, 290}}});
+
+  // Bad starts: one clear error on every rank.
+  const M mesh({world_size(), 1});
+  auto q = ts::distribute<QS5>(mesh, global_random<5>({2, 9, 4, 1, 1}, 70));
+  auto k = ts::distribute<KS4>(mesh, global_random<4>({2, 9, 4, 1}, 71));
+  auto k12 = ts::distribute<KS4>(mesh, global_random<4>({2, 12, 4, 1}, 72));
+  auto says = [&](const std::vector<std::vector<Eigen::Index>>& starts, const std::string& text, bool cross = false) {
+    std::string what;
+    try {
+      if (cross) (void)ts::nn::scaled_dot_product_attention(q, k12, k12, {.document_starts = starts});
+      else (void)ts::nn::scaled_dot_product_attention(q, k, k, {.document_starts = starts});
+    } catch (const ts::Error& e) {
+      what = e.what();
+    }
+    INFO(what);
+    TS_REQUIRE_ALL(what.find(text) != std::string::npos);
+  };
+  says({{0}}, "document_starts has 1 rows for a batch of 2");
+  says({{0}, {0, 5, 5}}, "document_starts[1] must ascend from 0 below the sequence length 9, and has 5 after 5");
+  says({{1}, {0}}, "document_starts[0] must ascend from 0 below the sequence length 9, and has 1 first");
+  says({{0, 9}, {0}}, "and has 9 after 0");
+  says({{0}, {}}, "document_starts[1] is empty ({0}: the row is one document)");
+  says({{0}, {0}}, "packed documents are self-attention: 9 queries, 12 keys here", true);
 }
 
 TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "

@@ -9,6 +9,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <Eigen/Core>
 
@@ -29,12 +30,18 @@ namespace tshard::nn {
 // else the ring (fewer key-value heads than context ranks: GQA, MQA). Wherever the ring cannot
 // go (fewer queries than keys) the all-to-all attends, Ring asked for or not: a shape one rank
 // attends is never refused on more, and the result is the same.
+// document_starts: packed sequences (flash-attention's varlen, Megatron's packed THD batches) in
+// self-attention. Row b holds the documents that start at positions document_starts[b] (sorted,
+// the first 0); a query sees the keys of its own document only, and causal and window apply
+// within it. Positions are the global ones on any layout, so the same starts serve every mesh,
+// context parallelism included. Empty: each row is one sequence.
 enum class ContextParallel { Auto, Ring, AllToAll };
 struct AttentionOptions {
   bool causal = true;
   Eigen::Index window = 0;
   double scale = 0;
   ContextParallel context = ContextParallel::Auto;
+  std::vector<std::vector<Eigen::Index>> document_starts = {};
 };
 
 namespace detail {
@@ -47,15 +54,23 @@ struct AttentionGeometry {
   bool causal = true;
   Index window = 0;
   Index offset = 0;  // query row t is at position t + offset (causal: S - T)
+  // Packed documents: the batch row's document starts (global positions, ascending, the first 0;
+  // none: one sequence) and the global position of key 0 (a ring's chunk starts past it).
+  const Index* starts = nullptr;
+  Index documents = 0, origin = 0;
 
   // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
-  // for one row, exactly the keys it sees).
+  // for one row, exactly the keys it sees: one run, as a document is one).
   std::pair<Index, Index> keys(Index t0, Index t1) const {
     Index lo = 0, hi = S;
     if (causal) hi = std::min(S, t1 + offset);
     if (window > 0) {
       lo = std::max<Index>(0, t0 + offset - window + 1);
       if (!causal) hi = std::min(S, t1 + offset - 1 + window);
+    }
+    if (documents > 0) {  // from the first row's document start to the last row's document end
+      lo = std::max(lo, document(t0 + offset).first);
+      hi = std::min(hi, document(t1 - 1 + offset).second);
     }
     return {lo, std::max(lo, hi)};
   }
@@ -64,7 +79,15 @@ struct AttentionGeometry {
     const Index p0 = t0 + offset, p1 = t1 + offset;
     if (causal && s1 - 1 > p0) return false;
     if (window > 0 && ((p1 - 1) - s0 >= window || (!causal && (s1 - 1) - p0 >= window))) return false;
+    if (documents > 0 && (document(p1 - 1).first > s0 || document(p0).second < s1)) return false;
     return true;
+  }
+  // [begin, end) of the document that holds key position p, in key positions (the last one's
+  // end: past any key).
+  std::pair<Index, Index> document(Index p) const {
+    const Index* next = std::upper_bound(starts, starts + documents, p + origin);
+    const Index end = next == starts + documents ? std::numeric_limits<Index>::max() / 2 : *next - origin;
+    return {*(next - 1) - origin, end};
   }
 };
 

@@ -129,10 +129,11 @@ struct RingProblem {
   MPI_Comm comm = MPI_COMM_NULL;
   int me = 0;
   ZigzagChunks z{1, 1};
-  Index pB = 1, D = 1, pG = 1, pH = 1, G = 1, rows = 0, heads = 0;
+  Index pB = 1, D = 1, pG = 1, pH = 1, G = 1, rows = 0, heads = 0, row0 = 0;  // (row0: the first batch row's global index)
   bool causal = true;
   Index window = 0;
   A scale = A(1);
+  const std::vector<std::vector<Index>>* document_starts = nullptr;  // packed documents, by global batch row
 
   Index q_width() const { return pB * D * pG * pH; }
   Index k_width() const { return pB * D * pH; }
@@ -141,8 +142,19 @@ struct RingProblem {
   AttentionGeometry geometry(Index ja, Index jb) const {
     return AttentionGeometry{z.length(ja), z.length(jb), causal, window, z.begin(ja) - z.begin(jb)};
   }
-  bool sees(Index ja, Index jb) const {
-    const auto geo = geometry(ja, jb);
+  // ... of batch row b (local), with its packed documents.
+  AttentionGeometry geometry(Index ja, Index jb, Index b) const {
+    AttentionGeometry geo = geometry(ja, jb);
+    if (document_starts) {
+      const auto& row = (*document_starts)[std::size_t(row0 + b)];
+      geo.starts = row.data();
+      geo.documents = Index(row.size());
+      geo.origin = z.begin(jb);
+    }
+    return geo;
+  }
+  bool sees(Index ja, Index jb, Index b) const {
+    const auto geo = geometry(ja, jb, b);
     if (geo.T == 0 || geo.S == 0) return false;
     const auto [lo, hi] = geo.keys(0, geo.T);
     return hi > lo;
@@ -195,7 +207,7 @@ struct RingProblem {
           bool packed = false;
           for (int qc = 0; qc < 2; ++qc) {
             const Index ja = z.chunk(me, qc);
-            if (!sees(ja, jb)) continue;
+            if (!sees(ja, jb, b)) continue;
             if (!packed) {
               pack(visiting, k_width(), 1, b, h, kc, lb, kh);
               pack(visiting + kv, k_width(), 1, b, h, kc, lb, vh);
@@ -258,7 +270,7 @@ void ring_attention_forward(const RingProblem<A>& rp, const Scratch<A>& q, const
     rp.for_each_visible(here.data(), src, kh, vh, [&](Index b, Index h, int qc, int, Index ja, Index jb, Index) {
       const Index len = rp.z.length(ja);
       rp.pack(q.data(), rp.q_width(), rp.G, b, h, qc, len, qh);
-      attention_forward_head<A>(qh, kh, vh, rp.G, rp.geometry(ja, jb), rp.scale, part, part_lse);
+      attention_forward_head<A>(qh, kh, vh, rp.G, rp.geometry(ja, jb, b), rp.scale, part, part_lse);
       merge_partial(rp, part, part_lse, b, h, qc, len, o.data(), lse.data());
     });
     if (s + 1 < P) {
@@ -300,7 +312,7 @@ void ring_attention_backward(const RingProblem<A>& rp, const Scratch<A>& q, cons
       rp.pack(o.data(), rp.q_width(), rp.G, b, h, qc, len, oh);
       rp.pack(dout.data(), rp.q_width(), rp.G, b, h, qc, len, doh);
       rp.pack_lse(lse.data(), b, h, qc, len, lh);
-      attention_backward_head<A>(qh, kh, vh, oh, doh, lh, rp.G, rp.geometry(ja, jb), rp.scale, dqp, dkp, dvp);
+      attention_backward_head<A>(qh, kh, vh, oh, doh, lh, rp.G, rp.geometry(ja, jb, b), rp.scale, dqp, dkp, dvp);
       rp.add_into(dqp, rp.q_width(), rp.G, b, h, qc, len, dq.data());
       rp.add_into(dkp, rp.k_width(), 1, b, h, kc, lb, share.data());
       rp.add_into(dvp, rp.k_width(), 1, b, h, kc, lb, share.data() + kv);

@@ -16,6 +16,7 @@
 //   auto o = ts::nn::scaled_dot_product_attention(q, k, v);                    // causal
 //   auto e = ts::nn::scaled_dot_product_attention(q, k, v, {.causal = false}); // a ViT's, BERT's
 //   auto w = ts::nn::scaled_dot_product_attention(q, k, v, {.window = 256});   // sliding window
+//   auto p = ts::nn::scaled_dot_product_attention(q, k, v, {.document_starts = {{0, 700}, {0, 90, 512}}});  // packed
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -135,7 +136,38 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
                     std::to_string(std::max(qs[1], ks[1])) + ")");
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
     throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
+  if (!o.document_starts.empty()) {
+    if (qs[1] != ks[1])
+      throw SpecError(where + "packed documents are self-attention: " + std::to_string(qs[1]) + " queries, " +
+                      std::to_string(ks[1]) + " keys here");
+    if (Index(o.document_starts.size()) != qs[0])
+      throw ShapeError(where + "document_starts has " + std::to_string(o.document_starts.size()) + " rows for a batch of " +
+                       std::to_string(qs[0]));
+    for (std::size_t b = 0; b < o.document_starts.size(); ++b) {
+      const auto& row = o.document_starts[b];
+      Index last = -1;
+      for (const Index start : row) {
+        if (start <= last || start >= qs[1] || (last < 0 && start != 0))
+          throw SpecError(where + "document_starts[" + std::to_string(b) + "] must ascend from 0 below the sequence length " +
+                          std::to_string(qs[1]) + ", and has " + std::to_string(start) +
+                          (last < 0 ? " first" : " after " + std::to_string(last)));
+        last = start;
+      }
+      if (row.empty())
+        throw SpecError(where + "document_starts[" + std::to_string(b) + "] is empty ({0}: the row is one document)");
+    }
+  }
   return AttentionGeometry{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
+}
+
+// The geometry of global batch row b: its packed documents, if any.
+inline AttentionGeometry row_geometry(AttentionGeometry geo, const AttentionOptions& o, Index b) {
+  if (!o.document_starts.empty()) {
+    const auto& row = o.document_starts[std::size_t(b)];
+    geo.starts = row.data();
+    geo.documents = Index(row.size());
+  }
+  return geo;
 }
 
 // The log-sum-exp's spec: the queries' without the head dim ([B, T, G, KV] or [B, T, H]).
@@ -147,7 +179,7 @@ using LseSpec = typename tshard::detail::drop_dims<typename Q::SpecType, 2>::typ
 template <class A>
 struct AttentionLocal {
   HeadLayout q, k, lse;
-  Index G = 1, rows = 0, heads = 0;
+  Index G = 1, rows = 0, heads = 0, row0 = 0;  // (row0: the global index of this rank's first batch row)
   A scale = A(1);
 };
 template <class A, class Q, class K>
@@ -161,6 +193,7 @@ AttentionLocal<A> attention_local(const Q& q, const K& k, const AttentionOptions
   a.lse = HeadLayout{a.q.pB, a.q.T, 1, a.q.pG};
   a.G = Q::rank == 5 ? qs[3] : 1;
   a.rows = lq.valid[0];
+  a.row0 = lq.offset[0];
   a.heads = lq.valid[Q::rank - 1];
   a.scale = o.scale > 0 ? A(o.scale) : A(1) / std::sqrt(A(std::max<Index>(qs[2], 1)));
   return a;
@@ -200,7 +233,7 @@ auto scaled_dot_product_attention_forward(const Q& q, const K& k, const V& v, co
       detail::pack_head(q.data(), at.q, b, h, at.G, qh);
       detail::pack_head(k.data(), at.k, b, h, 1, kh);
       detail::pack_head(v.data(), at.k, b, h, 1, vh);
-      detail::attention_forward_head<A>(qh, kh, vh, at.G, geo, at.scale, oh, lh);
+      detail::attention_forward_head<A>(qh, kh, vh, at.G, detail::row_geometry(geo, options, at.row0 + b), at.scale, oh, lh);
       detail::unpack_head(oh, at.q, b, h, at.G, out.data());
       for (Index g = 0; g < at.G; ++g)
         for (Index t = 0; t < geo.T; ++t) lse.data()[at.lse.at(b, t, 0, g, h)] = lh(g * geo.T + t);
@@ -253,7 +286,8 @@ auto scaled_dot_product_attention_backward(const Q& q, const K& k, const V& v, c
         detail::pack_head(dout.data(), at.q, b, h, at.G, doh);
         for (Index g = 0; g < at.G; ++g)
           for (Index t = 0; t < geo.T; ++t) lh(g * geo.T + t) = A(lse.data()[at.lse.at(b, t, 0, g, h)]);
-        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, geo, at.scale, dqh, dkh, dvh);
+        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, detail::row_geometry(geo, options, at.row0 + b),
+                                           at.scale, dqh, dkh, dvh);
         detail::unpack_head(dqh, at.q, b, h, at.G, dq.data());
         detail::unpack_head(dkh, at.k, b, h, 1, dk.data());
         detail::unpack_head(dvh, at.k, b, h, 1, dv.data());
@@ -280,10 +314,12 @@ RingProblem<A> ring_problem(const Q& q, const K& k, const AttentionOptions& o) {
   rp.pH = lq.padded[Q::rank - 1];
   rp.G = at.G;
   rp.rows = at.rows;
+  rp.row0 = at.row0;
   rp.heads = at.heads;
   rp.causal = o.causal;
   rp.window = o.window;
   rp.scale = at.scale;
+  if (!o.document_starts.empty()) rp.document_starts = &o.document_starts;
   return rp;
 }
 template <class X>
