@@ -10,7 +10,9 @@
 //
 // Data: synthetic, --text FILE (bytes or a tokenizer's ids; the last tenth held out for --eval-every K) or --data
 // FILE (int32 .npy [N, seq + 1]). Files: --init, --save-safetensors (HF's layout), --hf DIR, --save-hf DIR (transformers'
-// directories), --save DIR [--save-every K], --resume DIR (any mesh). Output: "step <n> loss <l>", sample, speed, memory.
+// directories), --save DIR [--save-every K], --resume DIR (any mesh). --eod ID packs documents: a query attends only
+// within its document, which ends at each ID (Megatron's --reset-attention-mask; the positions run on).
+// Output: "step <n> loss <l>", sample, speed, memory.
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -31,7 +33,7 @@ using ts::R, ts::S;
 struct Options {
   ts::train::MeshSizes<M> mesh;
   int steps = 10, layers = 2, zero = 0, microbatches = 1;
-  long seed = 1;
+  long seed = 1, eod = -1;  // eod >= 0: the token that ends a packed document
   bool use_double = false, check = false, overlap = false, remat = false, kv_cache = true;
   Index batch = 8, seq = 16, dmodel = 32, heads = 4, kv_heads = 0, vocab = 64, hidden = 0;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1, temperature = 0, min_lr = -1;  // min_lr >= 0: cosine decay to it
@@ -60,6 +62,7 @@ struct Positions {
   std::pair<ts::ShardedTensor<T, Sub, ts::Replicated<5>>, ts::ShardedTensor<T, Sub, ts::Replicated<5>>> q;  // [1, t, Dh, 1, 1]
   std::pair<ts::ShardedTensor<T, Sub, ts::Replicated<4>>, ts::ShardedTensor<T, Sub, ts::Replicated<4>>> k;  // [1, t, Dh, 1]
   std::optional<ts::ShardedTensor<T, Sub, ts::Replicated<5>>> mask;  // [1, t, S, 1, 1]
+  std::vector<std::vector<Index>> documents;  // --eod: where each row's documents start
   Positions(const Sub& mesh, const Options& c, Index t, Index offset)
       : q(ts::nn::rotary_tables<T, 5, 1, 2>(mesh, t, c.head_dim(), offset, c.llama.rope)), k(ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, c.head_dim(), offset, c.llama.rope)) {
     if (c.attention == "einsum")
@@ -118,7 +121,8 @@ struct Attention : ts::nn::Module {  // grouped-query: query head g of group v r
   template <class Q, class K, class V>
   auto attend(const Q& q, const K& k, const V& v, const Positions<T>& pos) {
     if (!pos.mask)  // fused, blockwise: no T x S scores (the queries are the last positions of the keys')
-      return ts::einsum<"btkgv,dkgv->btd">(ts::nn::scaled_dot_product_attention(q, k, v, {.scale = double(scale)}), o_proj.weight);
+      return ts::einsum<"btkgv,dkgv->btd">(
+          ts::nn::scaled_dot_product_attention(q, k, v, {.scale = double(scale), .document_starts = pos.documents}), o_proj.weight);
     auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + *pos.mask);
     return ts::einsum<"btkgv,dkgv->btd">(ts::einsum<"btsgv,bskv->btkgv">(p, v), o_proj.weight);
   }
@@ -204,7 +208,7 @@ class LlamaStage : public ts::nn::Module {
     register_module("model", model);
     if (last_ && !(o.llama.tie_word_embeddings && first_)) register_module("lm_head", lm_head.emplace(sub_, o.llama.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", std::array<Index, 2>{o.vocab, o.dmodel}, std::vector<Index>{o.vocab, o.dmodel}, o.seed));
     if (lm_head && o.llama.tie_word_embeddings) lm_head->tied_to = "model.embed_tokens.weight";  // a tied head on another stage than the embedding: its copy
-    if (!o.data_file.empty() && (first_ || last_)) data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_llama: --data");
+    if (!o.data_file.empty() && (first_ || last_ || o.eod >= 0)) data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_llama: --data");
   }
 
   LlamaModel<T> model;
@@ -213,7 +217,8 @@ class LlamaStage : public ts::nn::Module {
   // ---- the stage's forward (first: ids -> embeddings; each: its layers) and loss (last) ----
   Activation boundary(const ts::nn::MicroBatch& mb) const { return Activation(sub_, {rows(mb), c_.seq, c_.dmodel}); }
   Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
-    const Positions<T> pos(sub_, c_, c_.seq, 0);
+    Positions<T> pos(sub_, c_, c_.seq, 0);
+    if (c_.eod >= 0) pos.documents = documents(ids(mb, 0));
     Activation x = first_ ? ts::reshard<::Activation>(ts::nn::embedding(model.embed_tokens->weight, ids(mb, 0))) : *in;
     for (auto& layer : model.list) x = (*layer)(x, pos);
     return x;
@@ -248,6 +253,16 @@ class LlamaStage : public ts::nn::Module {
  private:
   Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
 
+  // Each row's documents: one starts at 0 and after each --eod token (every stage reads the ids).
+  std::vector<std::vector<Index>> documents(const ts::ShardedTensor<std::int32_t, Sub, Rows>& ids) const {
+    const Eigen::Tensor<std::int32_t, 2> all = ids.gather();
+    std::vector<std::vector<Index>> starts(std::size_t(all.dimension(0)), std::vector<Index>{0});
+    for (Index b = 0; b < all.dimension(0); ++b)
+      for (Index t = 0; t + 1 < all.dimension(1); ++t)
+        if (all(b, t) == c_.eod) starts[std::size_t(b)].push_back(t + 1);
+    return starts;
+  }
+
   // Token t of row b of the micro-batch (shift 1: the labels).
   ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Index shift) {
     const Index b = mb.rows_total / mb.count;
@@ -275,7 +290,7 @@ Options parse(int argc, char** argv) {
       .value("--generate", o.generate).value("--prompt", o.prompt).value("--temperature", o.temperature)
       .value("--top-k", o.top_k).flag("--no-kv-cache", o.kv_cache, false).flag("--show-sharding", o.show_sharding)
       .choice("--schedule", o.schedule, {"gpipe", "1f1b"}).choice("--attention", o.attention, {"fused", "einsum"})
-      .value("--hf", o.hf).value("--save-hf", o.save_hf).value("--warmup", o.warmup).value("--min-lr", o.min_lr).parse();
+      .value("--eod", o.eod).value("--hf", o.hf).value("--save-hf", o.save_hf).value("--warmup", o.warmup).value("--min-lr", o.min_lr).parse();
   if (!o.hf.empty()) {  // the sizes, norm, rotary, tying, weights and tokenizer of a transformers directory
     for (const char* size : {"--dmodel", "--heads", "--kv-heads", "--hidden", "--layers", "--vocab", "--init"})
       if (f.given(size)) f.fail(std::string(size) + " comes from " + o.hf + " with --hf");
@@ -300,6 +315,8 @@ Options parse(int argc, char** argv) {
   if (o.save_every < 0 || (o.save_every > 0 && o.save.empty() && o.save_hf.empty())) f.fail("--save-every K needs --save DIR or --save-hf DIR");
   if (o.eval_every < 0 || (o.eval_every > 0 && o.text.empty())) f.fail("--eval-every K needs --text FILE (its held-out tail)");
   if (!o.data_file.empty() && !o.text.empty()) f.fail("--data and --text are two sources: give one");
+  if (o.eod >= o.vocab || (f.given("--eod") && o.eod < 0)) f.fail("--eod takes a token id below the vocabulary of " + std::to_string(o.vocab));
+  if (o.eod >= 0 && o.attention == "einsum") f.fail("--eod packs documents in the fused attention: not with --attention einsum");
   return o;
 }
 

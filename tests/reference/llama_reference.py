@@ -10,7 +10,8 @@ file read here with json + numpy), the same bytes of text, AdamW and clipping fr
 --hf DIR takes the sizes, rms_norm_eps, rotary (rope_theta / rope_parameters, "llama3" scaling),
 head_dim and tie_word_embeddings from DIR/config.json (transformers' keys) and the weights from
 DIR/model.safetensors; --data reads int32 windows [N, seq + 1], batch s being rows
-[(s mod N/batch) * batch, + batch).
+[(s mod N/batch) * batch, + batch). --eod ID packs documents: each ends at token ID, and a query
+attends only within its own (positions run on, as Megatron's --reset-attention-mask).
 
 Prints "step <n> loss <%.17g>" per step (double precision, or --float), and with --time the
 tokens/s of the steps after the first (--threads N sets torch's threads).
@@ -73,6 +74,10 @@ def forward(p, ids, a):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(a.dtype), emb.sin().to(a.dtype)
     mask = torch.full((T, T), float("-inf"), dtype=a.dtype).triu(1)
+    if a.eod >= 0:  # packed documents: a new one after each eod token; a query sees only its own
+        doc = torch.cumsum(torch.nn.functional.pad((ids == a.eod).long(), (1, 0))[:, :-1], dim=1)  # [B, T]
+        same = doc[:, :, None] == doc[:, None, :]
+        mask = torch.where(same, mask, torch.tensor(float("-inf"), dtype=a.dtype))[:, None]  # [B, 1, T, T]
     x = p["model.embed_tokens.weight"][ids]
     for l in range(a.layers):
         at = "model.layers.%d." % l
@@ -103,6 +108,7 @@ def main():
                                 ("--seq", int, 16), ("--batch", int, 8), ("--lr", float, 3e-3), ("--clip", float, 1.0),
                                 ("--weight-decay", float, 0.1)]:
         ap.add_argument(flag, type=kind, default=default)
+    ap.add_argument("--eod", type=int, default=-1)
     ap.add_argument("--float", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--threads", type=int, default=0)

@@ -7,7 +7,8 @@
 #     goes on along the one-rank curve (--check: every step to 1e-9), to the end;
 #  3. an --init file without a tensor the model needs is an IoError naming it, on every rank;
 #  4. where python3-torch is installed, an independent PyTorch Llama (tests/reference/
-#     llama_reference.py) from the same safetensors weights gives the same losses to 1e-9.
+#     llama_reference.py) from the same safetensors weights gives the same losses to 1e-9, with
+#     packed documents (--eod) too.
 #   bash tests/scripts/train_llama_files.sh path/to/train_llama workdir
 set -euo pipefail
 exe=$1
@@ -77,6 +78,13 @@ if /usr/bin/python3 -c 'import torch, numpy' 2> /dev/null; then
   /usr/bin/python3 "$here/tests/reference/llama_reference.py" --init w.safetensors $(printf "%s " "${size[@]}" | sed "s/--double//") --steps 6 | losses > torch.txt
   paste tshard.txt torch.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
     END { printf "4. against PyTorch: largest relative difference %.2e\n", w; exit (w > 1e-9) }'
+  # Packed documents (each line of the text one: --eod 10), the sequence over context.
+  mpi 4 "$exe" --mesh context=2,model=2 "${size[@]}" --steps 4 --init w.safetensors --eod 10 | losses > tshard_eod.txt
+  /usr/bin/python3 "$here/tests/reference/llama_reference.py" --init w.safetensors $(printf "%s " "${size[@]}" | sed "s/--double//") --steps 4 --eod 10 | losses > torch_eod.txt
+  paste tshard_eod.txt torch_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
+    END { printf "4. packed documents against PyTorch: largest relative difference %.2e\n", w; exit (w > 1e-9) }'
+  paste <(head -4 tshard.txt) tshard_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d } END { exit (w < 1e-6) }' ||
+    { echo "FAILED: --eod 10 left the losses as they were"; exit 1; }
 else
   echo "4. python3-torch is not installed: the PyTorch comparison is skipped"
 fi
