@@ -88,6 +88,58 @@ TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank v
               dims);
 }
 
+namespace {
+// A layer called with attention options, as a model calls it.
+template <class Layer>
+struct WithOptions : ts::nn::Module {
+  Layer layer;
+  ts::nn::AttentionOptions options;
+  template <class... Args>
+  WithOptions(ts::nn::AttentionOptions o, Args&&... args) : layer(std::forward<Args>(args)...), options(std::move(o)) {
+    register_module("layer", layer);
+  }
+  template <class X>
+  auto operator()(const X& x) {
+    return layer(x, options);
+  }
+};
+}  // namespace
+
+TEST_CASE("Attention and TransformerBlock with attention options (bidirectional, a window, packed documents) equal "
+          "their one-rank values, whose gradients equal finite differences; the options change the result",
+          "[layers]") {
+  const std::array<Eigen::Index, 3> dims{3, 5, 6};
+  using Attention = ts::nn::Attention<double, DM>;
+  using Block = ts::nn::TransformerBlock<double, DM>;
+  const ts::nn::BlockOptions block{.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4};
+  const std::vector<ts::nn::AttentionOptions> cases{
+      {.causal = false}, {.causal = false, .window = 2}, {.document_starts = {{0, 2}, {0}, {0, 1, 3}}}};
+  for (const auto& o : cases) {
+    check_layer([&](const DM& m) { return WithOptions<Attention>(o, m, 6, 3, 5); }, dims);
+    check_layer([&](const DM& m) { return WithOptions<Block>(o, m, block); }, dims);
+  }
+  // Not what the causal layer gives.
+  DM mesh({1, world_size()});
+  const T3 x = random_tensor<3>(dims, 11);
+  for (const auto& o : cases) {
+    Attention layer(mesh, 6, 3, 5);
+    const auto input = ts::distribute<Acts>(mesh, x);
+    TS_REQUIRE_ALL(compare(T3(layer(input, o).gather()), T3(layer(input).gather()), 1e-3) != "");
+  }
+  // With the model dim split the projections are partial sums and the attention is the
+  // written-out causal one: options are refused on every rank, not ignored.
+  using ModelDim = ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>;
+  ts::nn::Attention<double, DM, ts::Spec<ts::S<"model">, ts::R, ts::R>, ts::Spec<ts::R, ts::R, ts::S<"model">>> split(mesh, 6, 3, 5);
+  std::string what;
+  try {
+    (void)split(ts::distribute<ModelDim>(mesh, x), {.causal = false});
+  } catch (const ts::SpecError& e) {
+    what = e.what();
+  }
+  INFO(what);
+  TS_REQUIRE_ALL(what.find("takes no options: split the heads instead") != std::string::npos);
+}
+
 TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-rank values, whose gradients equal finite "
           "differences",
           "[layers]") {

@@ -60,31 +60,36 @@ class Attention : public Module {
   Eigen::Index head_dim() const { return head_dim_; }
 
   // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
-  // attention's is its fused backward (a custom VJP). Nothing is kept in the layer.
+  // attention's is its fused backward (a custom VJP). Nothing is kept in the layer. options
+  // (nn/functional/attention_blocks.hpp) make it bidirectional (a ViT's, BERT's), windowed, or
+  // keep packed documents apart; the default is causal.
   template <tshard::detail::FloatingTensor X>
-  auto operator()(const X& x) {
+  auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
     if constexpr (tshard::detail::is_deduced<ActSpec>) {
-      return attend(x);
+      return attend(x, options);
     } else {
       using In = tshard::detail::leading_dims_then_t<ActSpec, QKVSpec, tshard::detail::dim_at_t<QKVSpec, 0>>;
-      return attend(tshard::detail::laid_out_as<In>(x));  // moved once for the three projections
+      return attend(tshard::detail::laid_out_as<In>(x), options);  // moved once for the three projections
     }
   }
 
  private:
   // The projections, attention and output projection; the output in ActSpec where it is pinned.
   template <class X>
-  auto attend(const X& x) {
+  auto attend(const X& x, const AttentionOptions& options) {
     using Q = decltype(einsum<"btd,dkh->btkh">(x, wq_));
     if constexpr (!Q::is_partial) {
       auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]
       auto k = einsum<"btd,dkh->btkh">(x, wk_);
       auto v = einsum<"btd,dkh->btkh">(x, wv_);
-      return project<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v));
+      return project<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v, options));
     } else {
+      if (!options.causal || options.window != 0 || options.scale != 0 || !options.document_starts.empty())
+        throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
+                        "written-out causal one, which takes no options: split the heads instead");
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);

@@ -129,22 +129,23 @@ class TransformerBlock : public Module {
 
   // The block forward only, its gradient derived from its submodules' (the experts' gate through
   // its custom VJP). Dropout follows train()/eval(); its masks see the rows at their place in the
-  // whole batch through micro_batch().
+  // whole batch through micro_batch(). options go to the attention (bidirectional, a window,
+  // packed documents; causal by default).
   template <tshard::detail::FloatingTensor X>
-  auto operator()(const X& x) {
+  auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
     using Pinned = detail::activation_of_t<Specs>;
     if constexpr (tshard::detail::is_deduced<Pinned>) {
-      return residual(x);
+      return residual(x, options);
     } else {
       tshard::detail::OperatorScope scope("transformer_block");
-      return residual(tshard::detail::laid_out_as<Pinned>(x));  // the residual stream in the specs' layout
+      return residual(tshard::detail::laid_out_as<Pinned>(x), options);  // the residual stream in the specs' layout
     }
   }
 
  private:
   template <class X>
-  auto residual(const X& x) {
+  auto residual(const X& x, const AttentionOptions& options) {
     tshard::detail::OperatorScope scope("transformer_block");
     auto in_use = use();
     const MicroBatch& mb = micro_batch();  // the model's own context, set by its pipeline
@@ -156,7 +157,7 @@ class TransformerBlock : public Module {
       return Out(dropout(y, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
                          mb.row_offset, mb.rows_total > 0 ? mb.rows_total : y.global_shape()[0]));
     };
-    auto h = x + branch(attention_(ln1_(x)), 0);
+    auto h = x + branch(attention_(ln1_(x), options), 0);
     using Y = decltype(h + branch((*mlp_)(ln2_(h)), 1));
     if (moe_) return reshard<typename Y::SpecType>(h + branch((*moe_)(ln2_(h)), 1));
     return h + branch((*mlp_)(ln2_(h)), 1);
