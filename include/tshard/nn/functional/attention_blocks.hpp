@@ -82,6 +82,15 @@ struct AttentionGeometry {
     if (documents > 0 && (document(p1 - 1).first > s0 || document(p0).second < s1)) return false;
     return true;
   }
+  // This geometry for a batch row packed with documents at `row` (global starts), key 0 at
+  // global position `key_origin`.
+  AttentionGeometry packed(const std::vector<Index>& row, Index key_origin) const {
+    AttentionGeometry geo = *this;
+    geo.starts = row.data();
+    geo.documents = Index(row.size());
+    geo.origin = key_origin;
+    return geo;
+  }
   // [begin, end) of the document that holds key position p, in key positions (the last one's
   // end: past any key).
   std::pair<Index, Index> document(Index p) const {

@@ -144,14 +144,8 @@ struct RingProblem {
   }
   // ... of batch row b (local), with its packed documents.
   AttentionGeometry geometry(Index ja, Index jb, Index b) const {
-    AttentionGeometry geo = geometry(ja, jb);
-    if (document_starts) {
-      const auto& row = (*document_starts)[std::size_t(row0 + b)];
-      geo.starts = row.data();
-      geo.documents = Index(row.size());
-      geo.origin = z.begin(jb);
-    }
-    return geo;
+    const AttentionGeometry geo = geometry(ja, jb);
+    return document_starts ? geo.packed((*document_starts)[std::size_t(row0 + b)], z.begin(jb)) : geo;
   }
   bool sees(Index ja, Index jb, Index b) const {
     const auto geo = geometry(ja, jb, b);

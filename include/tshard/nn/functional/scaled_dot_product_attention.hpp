@@ -161,13 +161,8 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
 }
 
 // The geometry of global batch row b: its packed documents, if any.
-inline AttentionGeometry row_geometry(AttentionGeometry geo, const AttentionOptions& o, Index b) {
-  if (!o.document_starts.empty()) {
-    const auto& row = o.document_starts[std::size_t(b)];
-    geo.starts = row.data();
-    geo.documents = Index(row.size());
-  }
-  return geo;
+inline AttentionGeometry row_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b) {
+  return o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)], 0);
 }
 
 // The log-sum-exp's spec: the queries' without the head dim ([B, T, G, KV] or [B, T, H]).
