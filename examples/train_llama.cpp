@@ -218,7 +218,7 @@ class LlamaStage : public ts::nn::Module {
   Activation boundary(const ts::nn::MicroBatch& mb) const { return Activation(sub_, {rows(mb), c_.seq, c_.dmodel}); }
   Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
     Positions<T> pos(sub_, c_, c_.seq, 0);
-    if (c_.eod >= 0) pos.documents = documents(ids(mb, 0));
+    if (c_.eod >= 0) pos.documents = ts::nn::document_starts(ids(mb, 0), c_.eod);
     Activation x = first_ ? ts::reshard<::Activation>(ts::nn::embedding(model.embed_tokens->weight, ids(mb, 0))) : *in;
     for (auto& layer : model.list) x = (*layer)(x, pos);
     return x;
@@ -252,16 +252,6 @@ class LlamaStage : public ts::nn::Module {
 
  private:
   Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
-
-  // Each row's documents: one starts at 0 and after each --eod token (every stage reads the ids).
-  std::vector<std::vector<Index>> documents(const ts::ShardedTensor<std::int32_t, Sub, Rows>& ids) const {
-    const Eigen::Tensor<std::int32_t, 2> all = ids.gather();
-    std::vector<std::vector<Index>> starts(std::size_t(all.dimension(0)), std::vector<Index>{0});
-    for (Index b = 0; b < all.dimension(0); ++b)
-      for (Index t = 0; t + 1 < all.dimension(1); ++t)
-        if (all(b, t) == c_.eod) starts[std::size_t(b)].push_back(t + 1);
-    return starts;
-  }
 
   // Token t of row b of the micro-batch (shift 1: the labels).
   ts::ShardedTensor<std::int32_t, Sub, Rows> ids(const ts::nn::MicroBatch& mb, Index shift) {

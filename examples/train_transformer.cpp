@@ -44,7 +44,8 @@
 // [--sequences N] writes the synthetic task as such a file; --trace FILE writes a Chrome trace
 // of the steps; --report prints the collectives per step and operator; --profile splits each step,
 // per rank, into computing, waiting for the slowest rank of a collective and moving bytes
-// (min/median/max over ranks; in the trace too).
+// (min/median/max over ranks; in the trace too). --eod ID packs documents: a query attends only
+// within its document, which ends at each ID (Megatron's --reset-attention-mask; positions run on).
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -70,7 +71,7 @@ using Sub = ts::Mesh<"data", "context", "model">;  // one pipeline stage
 struct Options {
   ts::train::MeshSizes<M> mesh;  // without --mesh, every rank on data; with it, a missing axis is 1
   int steps = 10, layers = 2, zero = 0;
-  long seed = 1;
+  long seed = 1, eod = -1;  // eod >= 0: the token that ends a packed document
   bool use_double = false, check = false, overlap = false, prefetch = false;
   bool use_bf16 = false;  // --dtype bf16: bfloat16 weights, activations and messages; float master weights
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
@@ -116,7 +117,7 @@ Options parse(int argc, char** argv) {
       .value("--experts", o.experts).value("--save", o.save).value("--trace", o.trace).value("--data", o.data_file)
       .value("--eval", o.eval_file).value("--eval-every", o.eval_every).value("--write-data", o.write_data)
       .value("--sequences", o.sequences).flag("--report", o.report).flag("--profile", o.profile).value("--resume", o.resume)
-      .value("--capacity-factor", o.capacity_factor).value("--aux-weight", o.aux_weight)
+      .value("--capacity-factor", o.capacity_factor).value("--aux-weight", o.aux_weight).value("--eod", o.eod)
       .choice("--schedule", schedule, {"gpipe", "1f1b"})
       .parse();
   o.schedule = schedule == "1f1b" ? ts::nn::Schedule::OneFOneB : ts::nn::Schedule::GPipe;
@@ -131,6 +132,7 @@ Options parse(int argc, char** argv) {
   if (o.eval_every < 0) f.fail("--eval-every takes 0 (at the end only) or more steps");
   if (o.eval_every > 0 && o.eval_file.empty()) f.fail("--eval-every needs --eval FILE");
   if (!(o.capacity_factor > 0)) f.fail("--capacity-factor must be positive");
+  if (o.eod >= o.vocab || (f.given("--eod") && o.eod < 0)) f.fail("--eod takes a token id below the vocabulary of " + std::to_string(o.vocab));
   if (o.batch % o.microbatches != 0)
     f.fail("a batch of " + std::to_string(o.batch) + " sequences does not divide into " + std::to_string(o.microbatches) +
            " micro-batches of equal size");
@@ -177,8 +179,9 @@ class LanguageModel : public ts::nn::Module {
       register_module("norm", *norm_);
       register_module("head", *head_);
     }
-    // The stages that need tokens read them (every stage knows the held-out file's rows).
-    if (!o.data_file.empty() && (first_ || last_))
+    // The stages that need tokens read them (every stage knows the held-out file's rows; with
+    // --eod every stage reads them, for the documents).
+    if (!o.data_file.empty() && (first_ || last_ || o.eod >= 0))
       data_.emplace(sub_.comm(), o.data_file, o.seq, o.batch, "train_transformer: --data");
     if (!o.eval_file.empty()) eval_.emplace(sub_.comm(), o.eval_file, o.seq, 1, "train_transformer: --eval");
   }
@@ -240,8 +243,10 @@ class LanguageModel : public ts::nn::Module {
     std::optional<Activation> x;
     if (first_) x.emplace(embed(mb));
     const Activation* cur = first_ ? &*x : in;
+    ts::nn::AttentionOptions attend;  // causal; with --eod, within each document
+    if (o_.eod >= 0 && !blocks_.empty()) attend.document_starts = ts::nn::document_starts(ids(mb, 0), o_.eod);
     for (auto& b : blocks_) {
-      x.emplace(activation(block(*b, *cur)));
+      x.emplace(activation(block(*b, *cur, attend)));
       cur = &*x;
       if (b->has_experts() && !mb.recompute && !mb.inference) {  // the load-balancing term, and what was dropped
         loss_ += Acc(b->auxiliary_loss());
@@ -276,11 +281,11 @@ class LanguageModel : public ts::nn::Module {
   Eigen::Index rows(const ts::nn::MicroBatch& mb) const { return mb.rows_total / mb.count; }
 
   // A block's forward, its activations kept for the backward or recomputed in it.
-  auto block(Block& b, const Activation& x) {
-    if (o_.activation_checkpoint == "full") return activation(ts::nn::checkpoint(b, x));
+  auto block(Block& b, const Activation& x, const ts::nn::AttentionOptions& attend) {
+    if (o_.activation_checkpoint == "full") return activation(ts::nn::checkpoint(b, x, attend));
     if (o_.activation_checkpoint == "selective")
-      return activation(ts::nn::checkpoint<ts::ad::Recompute::AllButProducts>(b, x));
-    return activation(b(x));
+      return activation(ts::nn::checkpoint<ts::ad::Recompute::AllButProducts>(b, x, attend));
+    return activation(b(x, attend));
   }
   T share(const ts::nn::MicroBatch& mb) const { return mb.count > 1 ? T(1) / T(mb.count) : T(1); }
 

@@ -796,6 +796,15 @@ TEST_CASE("packed documents: a query attends its own document only, on the local
   says({{0, 9}, {0}}, "and has 9 after 0");
   says({{0}, {}}, "document_starts[1] is empty ({0}: the row is one document)");
   says({{0}, {0}}, "packed documents are self-attention: 9 queries, 12 keys here", true);
+
+  // The starts from token ids [B, T] (a document ends at each eod token; one that ends a row starts
+  // nothing), the same on every rank whatever splits the ids.
+  const Eigen::Index B = 3, T = 7, eod = 2;
+  const std::int32_t rows[B][T] = {{2, 0, 1, 2, 2, 1, 2}, {1, 1, 1, 1, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 6}};
+  const std::vector<std::vector<Eigen::Index>> want{{0, 1, 4, 5}, {0}, {0, 3}};
+  auto id = [&](const auto& i) { return rows[i[0]][i[1]]; };
+  TS_REQUIRE_ALL(ts::nn::document_starts(ts::from_function<std::int32_t, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {B, T}, id), eod) == want);
+  TS_REQUIRE_ALL(ts::nn::document_starts(ts::from_function<std::int32_t, ts::Spec<ts::R, ts::S<"x">>>(mesh, {B, T}, id), eod) == want);
 }
 
 TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "

@@ -103,6 +103,15 @@ struct WithOptions : ts::nn::Module {
     return layer(x, options);
   }
 };
+// The same, its activations recomputed in the backward: the options kept for the recomputation.
+template <class Layer, ts::ad::Recompute policy>
+struct CheckpointedWithOptions : WithOptions<Layer> {
+  using WithOptions<Layer>::WithOptions;
+  template <class X>
+  auto operator()(const X& x) {
+    return ts::nn::checkpoint<policy>(this->layer, x, this->options);
+  }
+};
 }  // namespace
 
 TEST_CASE("Attention and TransformerBlock with attention options (bidirectional, a window, packed documents) equal "
@@ -118,6 +127,11 @@ TEST_CASE("Attention and TransformerBlock with attention options (bidirectional,
     check_layer([&](const DM& m) { return WithOptions<Attention>(o, m, 6, 3, 5); }, dims);
     check_layer([&](const DM& m) { return WithOptions<Block>(o, m, block); }, dims);
   }
+  // Checkpointed, fully and selectively: what the model recomputes sees the same documents.
+  using Everything = CheckpointedWithOptions<Block, ts::ad::Recompute::Everything>;
+  using AllButProducts = CheckpointedWithOptions<Block, ts::ad::Recompute::AllButProducts>;
+  check_layer([&](const DM& m) { return Everything(cases[2], m, block); }, dims);
+  check_layer([&](const DM& m) { return AllButProducts(cases[2], m, block); }, dims);
   // Not what the causal layer gives.
   DM mesh({1, world_size()});
   const T3 x = random_tensor<3>(dims, 11);

@@ -17,6 +17,9 @@ parameter (train_transformer gives all its layers one setting), betas (0.9, 0.95
 weight decay 0.01, and clip_grad_norm_ to --clip; the optimizer's constants are the float32
 values train_transformer writes (0.9f, ...), widened to double, and so is --lr.
 
+--eod ID packs documents: each ends at token ID, and a query attends only to the keys of its own
+document (Megatron's --reset-attention-mask; positions run on over documents).
+
 Prints "step <n> loss <%.17g>" per step (double precision, or --float), and with --time the
 tokens/s of the steps after the first (--threads N sets torch's threads).
 """
@@ -49,23 +52,24 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(d, hidden)
         self.fc2 = nn.Linear(hidden, d)
 
-    def attention(self, x):
+    def attention(self, x, masked):
         B, T, _ = x.shape
         H, Dh = self.heads, self.head_dim
         q, k, v = (m(x).view(B, T, H, Dh).transpose(1, 2) for m in (self.q, self.k, self.v))  # [B, H, T, Dh]
         s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(Dh))
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(masked, float("-inf"))
         o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * Dh)
         return self.proj(o)
 
-    def forward(self, x):
-        x = x + self.attention(self.ln1(x))
+    def forward(self, x, masked):
+        x = x + self.attention(self.ln1(x), masked)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):
     def __init__(self, a):
         super().__init__()
+        self.eod = a.eod
         self.tokens = nn.Embedding(a.vocab, a.dmodel)
         self.positions = nn.Embedding(a.seq, a.dmodel)
         self.blocks = nn.ModuleList([Block(a.dmodel, a.heads, a.hidden) for _ in range(a.layers)])
@@ -73,9 +77,14 @@ class GPT(nn.Module):
         self.head = nn.Linear(a.dmodel, a.vocab)
 
     def forward(self, ids):
-        x = self.tokens(ids) + self.positions(torch.arange(ids.shape[1]))
+        T = ids.shape[1]
+        masked = torch.ones(T, T, dtype=torch.bool).triu(1)  # [T, T]: the keys after the query
+        if self.eod >= 0:  # and those of another document: a new one after each eod token
+            doc = torch.cumsum(F.pad((ids == self.eod).long(), (1, 0))[:, :-1], dim=1)  # [B, T]
+            masked = (masked | (doc[:, :, None] != doc[:, None, :]))[:, None]  # [B, 1, T, T]
+        x = self.tokens(ids) + self.positions(torch.arange(T))
         for b in self.blocks:
-            x = b(x)
+            x = b(x, masked)
         return self.head(self.norm(x))
 
     # The checkpoint's files, named by the model's parameter names, each the global tensor in
@@ -131,7 +140,7 @@ def main():
     for flag, kind, default in [("--init", str, None), ("--data", str, None), ("--steps", int, 10), ("--layers", int, 2),
                                 ("--dmodel", int, 32), ("--heads", int, 4), ("--hidden", int, 0), ("--seq", int, 16),
                                 ("--batch", int, 8), ("--vocab", int, 64), ("--lr", float, 3e-3), ("--clip", float, 1.0),
-                                ("--weight-decay", float, 0.01)]:
+                                ("--weight-decay", float, 0.01), ("--eod", int, -1)]:
         ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--double", dest="float", action="store_false")
     ap.add_argument("--float", dest="float", action="store_true")

@@ -3,6 +3,8 @@
 # double: train_transformer writes its initial weights (--save at step 0) and its synthetic task
 # as a token file (--write-data); it resumes from those weights on data=2,model=2 and the
 # reference reads them, both train on the file, and every step's loss agrees to 1e-12 relative.
+# Then packed documents (--eod 3: a document ends at each token 3) on context=2,model=2, the
+# sequence split over context, against the reference's block-diagonal causal mask.
 # Skipped (exit 77) where python3-torch or python3-numpy is missing.
 #   bash tests/scripts/train_transformer_vs_pytorch.sh path/to/train_transformer workdir
 set -euo pipefail
@@ -25,3 +27,13 @@ mpirun -np 4 --oversubscribe "$exe" --mesh data=2,model=2 "${size[@]}" --double 
 [[ $(wc -l < tshard.txt) == 10 && $(wc -l < torch.txt) == 10 ]] || { echo "FAILED: missing steps"; paste tshard.txt torch.txt; exit 1; }
 paste tshard.txt torch.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
   END { printf "train_transformer against PyTorch, 10 steps in double: largest relative difference %.2e\n", w; exit (w > 1e-12) }'
+
+mpirun -np 4 --oversubscribe "$exe" --mesh context=2,model=2 "${size[@]}" --double --steps 10 --resume init \
+  --data tokens.npy --eod 3 | losses > tshard_eod.txt
+/usr/bin/python3 "$here/tests/reference/gpt_reference.py" --init init --data tokens.npy "${size[@]}" --double \
+  --steps 10 --eod 3 | losses > torch_eod.txt
+[[ $(wc -l < tshard_eod.txt) == 10 && $(wc -l < torch_eod.txt) == 10 ]] || { echo "FAILED: missing --eod steps"; paste tshard_eod.txt torch_eod.txt; exit 1; }
+paste tshard.txt tshard_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d } END { exit (w < 1e-6) }' ||
+  { echo "FAILED: --eod 3 left the losses as they were"; exit 1; }
+paste tshard_eod.txt torch_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
+  END { printf "train_transformer --eod 3 on context=2,model=2 against PyTorch, 10 steps in double: largest relative difference %.2e\n", w; exit (w > 1e-12) }'

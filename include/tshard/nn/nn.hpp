@@ -12,6 +12,7 @@
 #include "tshard/nn/functional/dropout.hpp"
 #include "tshard/nn/functional/embedding.hpp"
 #include "tshard/nn/functional/layer_norm.hpp"
+#include "tshard/nn/functional/packed_documents.hpp"
 #include "tshard/nn/functional/pooling.hpp"
 #include "tshard/nn/functional/rotary.hpp"
 #include "tshard/nn/functional/scaled_dot_product_attention.hpp"
