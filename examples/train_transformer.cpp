@@ -45,7 +45,8 @@
 // of the steps; --report prints the collectives per step and operator; --profile splits each step,
 // per rank, into computing, waiting for the slowest rank of a collective and moving bytes
 // (min/median/max over ranks; in the trace too). --eod ID packs documents: a query attends only
-// within its document, which ends at each ID (Megatron's --reset-attention-mask; positions run on).
+// within its document, which ends at each ID (Megatron's --reset-attention-mask; positions run on,
+// or restart at each document with --reset-position-ids, Megatron's flag of that name).
 #include <tshard/tshard.hpp>
 #include <tshard/train/train.hpp>
 
@@ -73,6 +74,7 @@ struct Options {
   int steps = 10, layers = 2, zero = 0;
   long seed = 1, eod = -1;  // eod >= 0: the token that ends a packed document
   bool use_double = false, check = false, overlap = false, prefetch = false;
+  bool reset_position_ids = false;  // with --eod: the position embeddings restart at each document
   bool use_bf16 = false;  // --dtype bf16: bfloat16 weights, activations and messages; float master weights
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
   double lr = 3e-3, clip = 1.0, dropout = 0.0, bucket_mb = 25;
@@ -118,6 +120,7 @@ Options parse(int argc, char** argv) {
       .value("--eval", o.eval_file).value("--eval-every", o.eval_every).value("--write-data", o.write_data)
       .value("--sequences", o.sequences).flag("--report", o.report).flag("--profile", o.profile).value("--resume", o.resume)
       .value("--capacity-factor", o.capacity_factor).value("--aux-weight", o.aux_weight).value("--eod", o.eod)
+      .flag("--reset-position-ids", o.reset_position_ids)
       .choice("--schedule", schedule, {"gpipe", "1f1b"})
       .parse();
   o.schedule = schedule == "1f1b" ? ts::nn::Schedule::OneFOneB : ts::nn::Schedule::GPipe;
@@ -133,6 +136,7 @@ Options parse(int argc, char** argv) {
   if (o.eval_every > 0 && o.eval_file.empty()) f.fail("--eval-every needs --eval FILE");
   if (!(o.capacity_factor > 0)) f.fail("--capacity-factor must be positive");
   if (o.eod >= o.vocab || (f.given("--eod") && o.eod < 0)) f.fail("--eod takes a token id below the vocabulary of " + std::to_string(o.vocab));
+  if (o.reset_position_ids && o.eod < 0) f.fail("--reset-position-ids restarts the positions at each document: it needs --eod ID");
   if (o.batch % o.microbatches != 0)
     f.fail("a batch of " + std::to_string(o.batch) + " sequences does not divide into " + std::to_string(o.microbatches) +
            " micro-batches of equal size");
@@ -240,11 +244,12 @@ class LanguageModel : public ts::nn::Module {
 
   // The stage's input (the embeddings on the first stage) through its blocks.
   Activation forward(const ts::nn::MicroBatch& mb, const Activation* in) {
-    std::optional<Activation> x;
-    if (first_) x.emplace(embed(mb));
-    const Activation* cur = first_ ? &*x : in;
     ts::nn::AttentionOptions attend;  // causal; with --eod, within each document
-    if (o_.eod >= 0 && !blocks_.empty()) attend.document_starts = ts::nn::document_starts(ids(mb, 0), o_.eod);
+    if (o_.eod >= 0 && (!blocks_.empty() || (first_ && o_.reset_position_ids)))
+      attend.document_starts = ts::nn::document_starts(ids(mb, 0), o_.eod);
+    std::optional<Activation> x;
+    if (first_) x.emplace(embed(mb, attend.document_starts));
+    const Activation* cur = first_ ? &*x : in;
     for (auto& b : blocks_) {
       x.emplace(activation(block(*b, *cur, attend)));
       cur = &*x;
@@ -311,9 +316,12 @@ class LanguageModel : public ts::nn::Module {
     return o_.task().ids<Rows>(sub_, step_, mb.row_offset, b, shift);
   }
 
-  Activation embed(const ts::nn::MicroBatch& mb) {
-    auto positions = ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq},
-                                                           [](const auto& i) { return std::int32_t(i[1]); });
+  // Token plus position embeddings; with --reset-position-ids, positions count from each document's start.
+  Activation embed(const ts::nn::MicroBatch& mb, const std::vector<std::vector<Eigen::Index>>& documents) {
+    const bool reset = o_.reset_position_ids;
+    auto positions = ts::from_function<std::int32_t, Rows>(sub_, {rows(mb), o_.seq}, [&](const auto& i) {
+      return std::int32_t(reset ? ts::nn::position_in_document(documents[std::size_t(i[0])], i[1]) : i[1]);
+    });
     return activation((*tokens_)(ids(mb, 0)) + (*positions_)(positions));  // the vocab's partial resolved
   }
 

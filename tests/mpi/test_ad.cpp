@@ -805,6 +805,10 @@ TEST_CASE("packed documents: a query attends its own document only, on the local
   auto id = [&](const auto& i) { return rows[i[0]][i[1]]; };
   TS_REQUIRE_ALL(ts::nn::document_starts(ts::from_function<std::int32_t, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {B, T}, id), eod) == want);
   TS_REQUIRE_ALL(ts::nn::document_starts(ts::from_function<std::int32_t, ts::Spec<ts::R, ts::S<"x">>>(mesh, {B, T}, id), eod) == want);
+  // Positions counted from each document's start (Megatron's --reset-position-ids).
+  std::vector<Eigen::Index> restarted;
+  for (Eigen::Index p = 0; p < T; ++p) restarted.push_back(ts::nn::position_in_document(want[0], p));
+  TS_REQUIRE_ALL(restarted == std::vector<Eigen::Index>{0, 0, 1, 2, 0, 0, 1});
 }
 
 TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "

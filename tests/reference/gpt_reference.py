@@ -18,7 +18,8 @@ weight decay 0.01, and clip_grad_norm_ to --clip; the optimizer's constants are 
 values train_transformer writes (0.9f, ...), widened to double, and so is --lr.
 
 --eod ID packs documents: each ends at token ID, and a query attends only to the keys of its own
-document (Megatron's --reset-attention-mask; positions run on over documents).
+document (Megatron's --reset-attention-mask; positions run on over documents, or restart at each
+with --reset-position-ids, Megatron's flag of that name).
 
 Prints "step <n> loss <%.17g>" per step (double precision, or --float), and with --time the
 tokens/s of the steps after the first (--threads N sets torch's threads).
@@ -69,7 +70,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, a):
         super().__init__()
-        self.eod = a.eod
+        self.eod, self.reset_positions = a.eod, a.reset_position_ids
         self.tokens = nn.Embedding(a.vocab, a.dmodel)
         self.positions = nn.Embedding(a.seq, a.dmodel)
         self.blocks = nn.ModuleList([Block(a.dmodel, a.heads, a.hidden) for _ in range(a.layers)])
@@ -79,10 +80,15 @@ class GPT(nn.Module):
     def forward(self, ids):
         T = ids.shape[1]
         masked = torch.ones(T, T, dtype=torch.bool).triu(1)  # [T, T]: the keys after the query
+        positions = torch.arange(T)
         if self.eod >= 0:  # and those of another document: a new one after each eod token
-            doc = torch.cumsum(F.pad((ids == self.eod).long(), (1, 0))[:, :-1], dim=1)  # [B, T]
+            after_eod = F.pad((ids == self.eod).long(), (1, 0))[:, :-1]  # [B, T]: 1 where a document starts past 0
+            doc = torch.cumsum(after_eod, dim=1)
             masked = (masked | (doc[:, :, None] != doc[:, None, :]))[:, None]  # [B, 1, T, T]
-        x = self.tokens(ids) + self.positions(torch.arange(T))
+            if self.reset_positions:  # t less the start of its document
+                t = positions.expand(ids.shape)
+                positions = t - torch.where(after_eod.bool(), t, 0).cummax(dim=1).values
+        x = self.tokens(ids) + self.positions(positions)
         for b in self.blocks:
             x = b(x, masked)
         return self.head(self.norm(x))
@@ -144,11 +150,14 @@ def main():
         ap.add_argument(flag, type=kind, default=default)
     ap.add_argument("--double", dest="float", action="store_false")
     ap.add_argument("--float", dest="float", action="store_true")
+    ap.add_argument("--reset-position-ids", action="store_true")
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
     if not a.init or not a.data:
         ap.error("--init DIR and --data FILE are required")
+    if a.reset_position_ids and a.eod < 0:
+        ap.error("--reset-position-ids needs --eod ID")
     if a.threads:
         torch.set_num_threads(a.threads)
     dtype = torch.float32 if a.float else torch.float64

@@ -4,7 +4,8 @@
 # as a token file (--write-data); it resumes from those weights on data=2,model=2 and the
 # reference reads them, both train on the file, and every step's loss agrees to 1e-12 relative.
 # Then packed documents (--eod 3: a document ends at each token 3) on context=2,model=2, the
-# sequence split over context, against the reference's block-diagonal causal mask.
+# sequence split over context, against the reference's block-diagonal causal mask; and with the
+# position embeddings restarting at each document (--reset-position-ids) on stage=2,data=2.
 # Skipped (exit 77) where python3-torch or python3-numpy is missing.
 #   bash tests/scripts/train_transformer_vs_pytorch.sh path/to/train_transformer workdir
 set -euo pipefail
@@ -37,3 +38,13 @@ paste tshard.txt tshard_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; 
   { echo "FAILED: --eod 3 left the losses as they were"; exit 1; }
 paste tshard_eod.txt torch_eod.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
   END { printf "train_transformer --eod 3 on context=2,model=2 against PyTorch, 10 steps in double: largest relative difference %.2e\n", w; exit (w > 1e-12) }'
+
+mpirun -np 4 --oversubscribe "$exe" --mesh stage=2,data=2 --microbatches 5 "${size[@]}" --double --steps 10 --resume init \
+  --data tokens.npy --eod 3 --reset-position-ids | losses > tshard_reset.txt
+/usr/bin/python3 "$here/tests/reference/gpt_reference.py" --init init --data tokens.npy "${size[@]}" --double \
+  --steps 10 --eod 3 --reset-position-ids | losses > torch_reset.txt
+[[ $(wc -l < tshard_reset.txt) == 10 && $(wc -l < torch_reset.txt) == 10 ]] || { echo "FAILED: missing --reset-position-ids steps"; paste tshard_reset.txt torch_reset.txt; exit 1; }
+paste tshard_eod.txt tshard_reset.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d } END { exit (w < 1e-6) }' ||
+  { echo "FAILED: --reset-position-ids left the losses as they were"; exit 1; }
+paste tshard_reset.txt torch_reset.txt | awk '{ d = ($2 - $4) / $4; if (d < 0) d = -d; if (d > w) w = d }
+  END { printf "train_transformer --eod 3 --reset-position-ids on stage=2,data=2 against PyTorch, 10 steps in double: largest relative difference %.2e\n", w; exit (w > 1e-12) }'

@@ -3,11 +3,14 @@
 // ids [B, T] starts a document at 0 and one after each end_of_document token. The ids may lie in
 // any layout (batch over data, positions over context): they are gathered, so every rank of
 // their mesh calls it and gets every row's starts, which is what the attention wants on any
-// mesh. Positions are left to the caller (they run on over documents, as Megatron's default).
+// mesh. Positions run on over documents (Megatron's default) unless the model restarts them:
+// position_in_document(starts[b], p) is p less the start of its document (--reset-position-ids;
+// it matters for learned position embeddings, not for rotary ones, which see only differences).
 //
 //   auto starts = ts::nn::document_starts(ids, eod);
 //   auto y = block(x, {.document_starts = starts});
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <concepts>
@@ -29,6 +32,11 @@ std::vector<std::vector<Eigen::Index>> document_starts(const Ids& ids, std::int6
     for (Eigen::Index t = 0; t + 1 < all.dimension(1); ++t)  // (one that ends the row starts nothing)
       if (std::int64_t(all(b, t)) == end_of_document) starts[std::size_t(b)].push_back(t + 1);
   return starts;
+}
+
+// Position p of a row counted from the start of its document (starts: that row's, from 0).
+inline Eigen::Index position_in_document(const std::vector<Eigen::Index>& starts, Eigen::Index p) {
+  return p - *(std::upper_bound(starts.begin(), starts.end(), p) - 1);
 }
 
 }  // namespace tshard::nn
