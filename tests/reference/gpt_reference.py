@@ -87,7 +87,7 @@ class GPT(nn.Module):
             masked = (masked | (doc[:, :, None] != doc[:, None, :]))[:, None]  # [B, 1, T, T]
             if self.reset_positions:  # t less the start of its document
                 t = positions.expand(ids.shape)
-                positions = t - torch.where(after_eod.bool(), t, 0).cummax(dim=1).values
+                positions = t - torch.where(after_eod.bool(), t, torch.zeros_like(t)).cummax(dim=1).values
         x = self.tokens(ids) + self.positions(positions)
         for b in self.blocks:
             x = b(x, masked)

@@ -171,11 +171,15 @@ inline constexpr int kRowsBy4 = 0, kRowsBy2 = 4, kRowsBy1 = 8;   // 16, a produc
 // step writes them (no zeros to add). The packets of b are pinned to registers: folded into each
 // multiply-add, they would be loaded once per row of the tile, which on cores with two FMA units
 // makes the loads, not the arithmetic, the limit.
-#define TSHARD_UNROLL _Pragma("GCC unroll 16")
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define TSHARD_IN_REGISTER(x) __asm__("" : "+v"(x))
+#if defined(__GNUC__)
+#define TSHARD_DETAIL_UNROLL _Pragma("GCC unroll 16")
 #else
-#define TSHARD_IN_REGISTER(x) (void)(x)
+#define TSHARD_DETAIL_UNROLL
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__SSE2__))
+#define TSHARD_DETAIL_IN_REGISTER(x) __asm__("" : "+v"(x))
+#else
+#define TSHARD_DETAIL_IN_REGISTER(x) (void)(x)
 #endif
 template <bool Store, int RB, int CB, class P, class A>
 void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* b, Index ldb, Index c0, Index depth,
@@ -183,34 +187,34 @@ void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* 
   namespace ei = Eigen::internal;
   constexpr Index L = ei::unpacket_traits<P>::size;
   P acc[RB * CB];
-  {  // k = 0 (or zeros, for depth 0): a product is what a multiply-add onto zero gives
+  {  // k = 0 (or zeros, for depth 0): a product is what a multiply-add onto zero gives (a -0 aside)
     P bk[CB];
-    TSHARD_UNROLL for (int j = 0; j < CB; ++j) bk[j] = depth > 0 ? ei::ploadu<P>(b + c0 + j * L) : ei::pset1<P>(A(0));
-    TSHARD_UNROLL for (int i = 0; i < RB; ++i) {
+    TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) bk[j] = depth > 0 ? ei::ploadu<P>(b + c0 + j * L) : ei::pset1<P>(A(0));
+    TSHARD_DETAIL_UNROLL for (int i = 0; i < RB; ++i) {
       const P ai = ei::pset1<P>(depth > 0 ? a(r0 + i, 0) : A(0));
-      TSHARD_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmul(ai, bk[j]);
+      TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmul(ai, bk[j]);
     }
   }
   for (Index k = 1; k < depth; ++k) {
     P bk[CB];
-    TSHARD_UNROLL for (int j = 0; j < CB; ++j) {
+    TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) {
       bk[j] = ei::ploadu<P>(b + k * ldb + c0 + j * L);
-      if constexpr (CB > 1) TSHARD_IN_REGISTER(bk[j]);
+      if constexpr (CB > 1 && !std::is_same_v<P, A>) TSHARD_DETAIL_IN_REGISTER(bk[j]);
     }
-    TSHARD_UNROLL for (int i = 0; i < RB; ++i) {
+    TSHARD_DETAIL_UNROLL for (int i = 0; i < RB; ++i) {
       const P ai = ei::pset1<P>(a(r0 + i, k));
-      TSHARD_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmadd(ai, bk[j], acc[i * CB + j]);
+      TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmadd(ai, bk[j], acc[i * CB + j]);
     }
   }
   const P al = ei::pset1<P>(alpha);
-  TSHARD_UNROLL for (int i = 0; i < RB; ++i) TSHARD_UNROLL for (int j = 0; j < CB; ++j) {
+  TSHARD_DETAIL_UNROLL for (int i = 0; i < RB; ++i) TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) {
     A* o = out + (r0 + i) * ldo + c0 + j * L;
     if constexpr (Store) ei::pstoreu(o, ei::pmul(acc[i * CB + j], al));
     else ei::pstoreu(o, ei::pmadd(acc[i * CB + j], al, ei::ploadu<P>(o)));
   }
 }
-#undef TSHARD_IN_REGISTER
-#undef TSHARD_UNROLL
+#undef TSHARD_DETAIL_IN_REGISTER
+#undef TSHARD_DETAIL_UNROLL
 
 // The rows from r, in tiles of RB, over the CB packets of columns from c0; the rows left, in
 // tiles of half as many, and so on.

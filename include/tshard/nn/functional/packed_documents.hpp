@@ -34,9 +34,11 @@ std::vector<std::vector<Eigen::Index>> document_starts(const Ids& ids, std::int6
   return starts;
 }
 
-// Position p of a row counted from the start of its document (starts: that row's, from 0).
+// Position p of a row counted from the start of its document (starts: that row's, from 0; a
+// position before the first start counts from 0).
 inline Eigen::Index position_in_document(const std::vector<Eigen::Index>& starts, Eigen::Index p) {
-  return p - *(std::upper_bound(starts.begin(), starts.end(), p) - 1);
+  const auto next = std::upper_bound(starts.begin(), starts.end(), p);
+  return next == starts.begin() ? p : p - *(next - 1);
 }
 
 }  // namespace tshard::nn
