@@ -150,7 +150,15 @@ struct BlockOperand {
   Index rs, ks;
   A operator()(Index r, Index k) const { return p[r * rs + k * ks]; }
 };
-
+// A score block (or its transpose) as a: strides known when compiling. A tile then reads its
+// rows at fixed displacements from one pointer a step; with run-time strides a tile of 16 rows
+// keeps 16 row addresses, more than x86's registers hold beside the loop's own, and the spills
+// cost a third of the products that write head-dim columns.
+template <class A, Index RowStride, Index DepthStride>
+struct FixedStrideOperand {
+  const A* p;
+  A operator()(Index r, Index k) const { return p[r * RowStride + k * DepthStride]; }
+};
 template <class A>
 using BlockPacket = typename Eigen::internal::packet_traits<A>::type;
 template <class A>
@@ -178,20 +186,41 @@ inline constexpr int kRowsBy4 = 0, kRowsBy2 = 4, kRowsBy1 = 8;   // 16, a produc
 #endif
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__SSE2__))
 #define TSHARD_DETAIL_IN_REGISTER(x) __asm__("" : "+v"(x))
+#define TSHARD_DETAIL_OPAQUE_POINTER(x) __asm__("" : "+r"(x))
 #else
 #define TSHARD_DETAIL_IN_REGISTER(x) (void)(x)
+#define TSHARD_DETAIL_OPAQUE_POINTER(x) (void)(x)
 #endif
-template <bool Store, int RB, int CB, class P, class A>
-void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* b, Index ldb, Index c0, Index depth,
+// a(r0 + i, k) for the rows of a tile: from one pointer a step where the strides are fixed (the
+// pointer made opaque, else GCC derives one address per row again).
+template <class Operand>
+struct TileRows {
+  const Operand& a;
+  Index r0;
+  auto at(Index k, int i) const { return a(r0 + i, k); }
+};
+template <class A, Index RS, Index KS>
+struct TileRows<FixedStrideOperand<A, RS, KS>> {
+  const FixedStrideOperand<A, RS, KS>& a;
+  Index r0;
+  A at(Index k, int i) const {
+    const A* p = a.p + r0 * RS + k * KS;
+    TSHARD_DETAIL_OPAQUE_POINTER(p);
+    return p[i * RS];
+  }
+};
+template <bool Store, int RB, int CB, class P, class A, class Operand>
+void block_tile(A* out, Index ldo, const Operand& a, Index r0, const A* b, Index ldb, Index c0, Index depth,
                 A alpha) {
   namespace ei = Eigen::internal;
   constexpr Index L = ei::unpacket_traits<P>::size;
   P acc[RB * CB];
+  const TileRows<Operand> rows{a, r0};
   {  // k = 0 (or zeros, for depth 0): a product is what a multiply-add onto zero gives (a -0 aside)
     P bk[CB];
     TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) bk[j] = depth > 0 ? ei::ploadu<P>(b + c0 + j * L) : ei::pset1<P>(A(0));
     TSHARD_DETAIL_UNROLL for (int i = 0; i < RB; ++i) {
-      const P ai = ei::pset1<P>(depth > 0 ? a(r0 + i, 0) : A(0));
+      const P ai = ei::pset1<P>(depth > 0 ? rows.at(0, i) : A(0));
       TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmul(ai, bk[j]);
     }
   }
@@ -202,7 +231,7 @@ void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* 
       if constexpr (CB > 1 && !std::is_same_v<P, A>) TSHARD_DETAIL_IN_REGISTER(bk[j]);
     }
     TSHARD_DETAIL_UNROLL for (int i = 0; i < RB; ++i) {
-      const P ai = ei::pset1<P>(a(r0 + i, k));
+      const P ai = ei::pset1<P>(rows.at(k, i));
       TSHARD_DETAIL_UNROLL for (int j = 0; j < CB; ++j) acc[i * CB + j] = ei::pmadd(ai, bk[j], acc[i * CB + j]);
     }
   }
@@ -214,12 +243,13 @@ void block_tile(A* out, Index ldo, const BlockOperand<A>& a, Index r0, const A* 
   }
 }
 #undef TSHARD_DETAIL_IN_REGISTER
+#undef TSHARD_DETAIL_OPAQUE_POINTER
 #undef TSHARD_DETAIL_UNROLL
 
 // The rows from r, in tiles of RB, over the CB packets of columns from c0; the rows left, in
 // tiles of half as many, and so on.
-template <bool Store, int RB, int CB, class P, class A>
-void block_columns(A* out, Index ldo, Index rows, const BlockOperand<A>& a, const A* b, Index ldb, Index c0,
+template <bool Store, int RB, int CB, class P, class A, class Operand>
+void block_columns(A* out, Index ldo, Index rows, const Operand& a, const A* b, Index ldb, Index c0,
                    Index depth, A alpha, Index r = 0) {
   for (; r + RB <= rows; r += RB) block_tile<Store, RB, CB, P>(out, ldo, a, r, b, ldb, c0, depth, alpha);
   if constexpr (RB > 1)
@@ -228,8 +258,8 @@ void block_columns(A* out, Index ldo, Index rows, const BlockOperand<A>& a, cons
 
 // The columns from c that whole packets P cover (four, two, then one at a time; narrower packet
 // types one at a time); returns the first column left.
-template <bool Store, bool Widest, class P, class A>
-Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const BlockOperand<A>& a, const A* b,
+template <bool Store, bool Widest, class P, class A, class Operand>
+Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const Operand& a, const A* b,
                     Index ldb, Index depth, A alpha) {
   constexpr Index L = Eigen::internal::unpacket_traits<P>::size;
   if constexpr (Widest && kRowsBy4 > 0)
@@ -242,9 +272,10 @@ Index block_packets(A* out, Index ldo, Index rows, Index cols, Index c, const Bl
   return c;
 }
 
-template <bool Store, class A>
-void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand<A>& a, const A* b, Index ldb,
-                   Index depth, A alpha) {
+// Every column that packets cover, widest packets first; returns the first column left.
+template <bool Store, class A, class Operand>
+Index block_all_packets(A* out, Index ldo, Index rows, Index cols, const Operand& a, const A* b, Index ldb,
+                        Index depth, A alpha) {
   using P = BlockPacket<A>;
   using Half = typename Eigen::internal::unpacket_traits<P>::half;
   using Quarter = typename Eigen::internal::unpacket_traits<Half>::half;
@@ -253,6 +284,19 @@ void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand
     c = block_packets<Store, false, Half>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
   if constexpr (!std::is_same_v<Quarter, Half>)
     c = block_packets<Store, false, Quarter>(out, ldo, rows, cols, c, a, b, ldb, depth, alpha);
+  return c;
+}
+
+template <bool Store, class A>
+void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand<A>& a, const A* b, Index ldb,
+                   Index depth, A alpha) {
+  Index c;
+  if (a.rs == kKeyBlock && a.ks == 1)  // a score block
+    c = block_all_packets<Store>(out, ldo, rows, cols, FixedStrideOperand<A, kKeyBlock, 1>{a.p}, b, ldb, depth, alpha);
+  else if (a.rs == 1 && a.ks == kKeyBlock)  // its transpose
+    c = block_all_packets<Store>(out, ldo, rows, cols, FixedStrideOperand<A, 1, kKeyBlock>{a.p}, b, ldb, depth, alpha);
+  else
+    c = block_all_packets<Store>(out, ldo, rows, cols, a, b, ldb, depth, alpha);
   if (c == cols) return;
   // The columns past the last packet (head dims that are not a multiple of 4): Eigen's product.
   using Strided = Eigen::Map<const RowMatrix<A>, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
