@@ -24,7 +24,8 @@
 // next to each schedule's formula; with experts, the dropped assignments and the all-to-all
 // bytes next to their analytic count. --check also trains on a one-rank mesh, unpipelined, on
 // every rank and compares the curves.
-// Also: --dropout P, --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
+// Also: --dropout P, --attention-dropout P (of the attention's probabilities, GPT-2's attn_pdrop;
+// the same masks on every mesh, context parallelism included), --hidden F (MLP width, default 4D), --lr, --clip, --overlap (start each
 // bucket's gradient reduction during backward, non-blocking), --bucket-mb X (modules' gradients
 // reduced together, DDP's bucket_cap_mb: default 25, 0 one bucket a module), --prefetch (ZeRO-3: start the next
 // layer's parameter gather during this one's use, and count the gathers), --peak-n N (the peak's sgemm size),
@@ -77,7 +78,7 @@ struct Options {
   bool reset_position_ids = false;  // with --eod: the position embeddings restart at each document
   bool use_bf16 = false;  // --dtype bf16: bfloat16 weights, activations and messages; float master weights
   Eigen::Index batch = 8, seq = 16, dmodel = 32, heads = 4, vocab = 64, hidden = 0;
-  double lr = 3e-3, clip = 1.0, dropout = 0.0, bucket_mb = 25;
+  double lr = 3e-3, clip = 1.0, dropout = 0.0, attention_dropout = 0.0, bucket_mb = 25;
   int peak_n = 384;
   int microbatches = 1;
   ts::nn::Schedule schedule = ts::nn::Schedule::GPipe;
@@ -112,7 +113,8 @@ Options parse(int argc, char** argv) {
       })
       .value("--batch", o.batch).value("--seq", o.seq).value("--dmodel", o.dmodel).value("--heads", o.heads)
       .value("--vocab", o.vocab).value("--hidden", o.hidden).value("--lr", o.lr).value("--clip", o.clip)
-      .value("--dropout", o.dropout).value("--peak-n", o.peak_n).flag("--check", o.check)
+      .value("--dropout", o.dropout).value("--attention-dropout", o.attention_dropout).value("--peak-n", o.peak_n)
+      .flag("--check", o.check)
       .flag("--overlap", o.overlap).flag("--no-overlap", o.overlap, false).flag("--prefetch", o.prefetch)
       .value("--bucket-mb", o.bucket_mb).value("--microbatches", o.microbatches).flag("--remat", o.remat)
       .choice("--activation-checkpoint", o.activation_checkpoint, {"full", "selective"})
@@ -130,6 +132,8 @@ Options parse(int argc, char** argv) {
   if (o.batch < 1 || o.seq < 1 || o.dmodel < 1 || o.heads < 1 || o.vocab < 2 || o.layers < 0 || o.steps < 0)
     f.fail("sizes must be positive (and --vocab at least 2)");
   if (o.microbatches < 1) f.fail("--microbatches must be at least 1");
+  if (!(o.dropout >= 0 && o.dropout < 1) || !(o.attention_dropout >= 0 && o.attention_dropout < 1))
+    f.fail("--dropout and --attention-dropout take a probability in [0, 1)");
   if (!(o.bucket_mb >= 0)) f.fail("--bucket-mb takes 0 (one bucket a module) or more");
   if (o.experts < 0) f.fail("--experts takes 0 (a dense MLP) or more");
   if (o.eval_every < 0) f.fail("--eval-every takes 0 (at the end only) or more steps");
@@ -168,6 +172,7 @@ class LanguageModel : public ts::nn::Module {
     for (int l = begin; l < end; ++l)
       blocks_.push_back(std::make_unique<Block>(
           sub_, ts::nn::BlockOptions{.dmodel = o.dmodel, .heads = o.heads, .hidden = o.hidden, .dropout = o.dropout,
+                                     .attention_dropout = o.attention_dropout,
                                      .seed = std::uint64_t(o.seed) * 1000 + 10 + std::uint64_t(l), .experts = o.experts,
                                      .capacity_factor = o.capacity_factor, .aux_weight = o.aux_weight}));
     if (last_) {

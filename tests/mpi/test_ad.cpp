@@ -592,16 +592,29 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
   };
   const double inf = std::numeric_limits<double>::infinity();
   const Eigen::Index rows = o.document_starts.empty() ? 1 : q.global_shape()[0];  // (a mask per row where they differ)
+  // Attention dropout: the probabilities times the multipliers of (row, key-value head, group,
+  // global query position, key position) that the kernels draw.
+  auto kept = [&, shift = o.causal ? S - T : 0](Eigen::Index b, Eigen::Index t, Eigen::Index s, Eigen::Index g,
+                                                Eigen::Index h) {
+    return ts::nn::detail::dropout_multiplier(o.dropout, b, h, g, t + shift, s);
+  };
   if constexpr (Q::rank == 5) {
     auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, S, 1, 1},
                                                              [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
     auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask);
-    return ts::einsum<"btsgv,bskv->btkgv">(p, v);
+    if (o.dropout.p == 0) return ts::einsum<"btsgv,bskv->btkgv">(p, v);
+    const auto& qs = q.global_shape();
+    auto z = ts::from_function<double, ts::Replicated<5>>(
+        q.mesh(), {qs[0], T, S, qs[3], qs[4]}, [&](const auto& i) { return kept(i[0], i[1], i[2], i[3], i[4]); });
+    return ts::einsum<"btsgv,bskv->btkgv">(p * z, v);
   } else {
     auto mask = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {rows, T, S, 1},
                                                              [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
     auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask);
-    return ts::einsum<"btsh,bskh->btkh">(p, v);
+    if (o.dropout.p == 0) return ts::einsum<"btsh,bskh->btkh">(p, v);
+    auto z = ts::from_function<double, ts::Replicated<4>>(
+        q.mesh(), {q.global_shape()[0], T, S, q.global_shape()[3]}, [&](const auto& i) { return kept(i[0], i[1], i[2], 0, i[3]); });
+    return ts::einsum<"btsh,bskh->btkh">(p * z, v);
   }
 }
 
@@ -809,6 +822,74 @@ TEST_CASE("packed documents: a query attends its own document only, on the local
   std::vector<Eigen::Index> restarted;
   for (Eigen::Index p = 0; p < T; ++p) restarted.push_back(ts::nn::position_in_document(want[0], p));
   TS_REQUIRE_ALL(restarted == std::vector<Eigen::Index>{0, 0, 1, 2, 0, 0, 1});
+}
+
+TEST_CASE("attention dropout: the fused kernels drop what the written-out attention's mask drops, on the local "
+          "kernel, the ring and the all-to-all, with gradients equal to finite differences and one rank",
+          "[ad][attention][dropout]") {
+  using ts::nn::ContextParallel;
+  const ts::nn::AttentionDropout drop{.p = 0.3, .seed = 17};
+  check_attention<QS5, 5>("dropout, causal", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.dropout = drop});
+  check_attention<QS5, 5>("dropout, bidirectional cross-attention", {3, 7, 4, 2, 3}, {3, 5, 4, 3},
+                          {.causal = false, .dropout = drop});
+  check_attention<QS5, 5>("dropout, 3 queries after 4 cached keys, window 3", {3, 3, 4, 2, 3}, {3, 7, 4, 3},
+                          {.window = 3, .dropout = drop});
+  check_attention<KS4, 4>("dropout, multi-head, rows 5.. of a larger batch", {3, 7, 4, 5}, {3, 7, 4, 5},
+                          {.dropout = {.p = 0.5, .seed = 3, .row_offset = 5}});
+  check_attention<QS5, 5>("dropout, 150 positions (several blocks)", {1, 150, 2, 2, 2}, {1, 150, 2, 2},
+                          {.dropout = drop});
+  check_attention<QS5, 5>("dropout, documents", {3, 7, 4, 2, 3}, {3, 7, 4, 3},
+                          {.document_starts = {{0, 3}, {0}, {0, 1, 5}}, .dropout = drop});
+  // The sequence split: the ring's chunks and the all-to-all's heads draw the global masks.
+  check_attention<SeqQS5, 5, SeqKS4>("dropout, ring", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
+                                     {.context = ContextParallel::Ring, .dropout = drop});
+  check_attention<SeqQS5, 5, SeqKS4>("dropout, ring, bidirectional, documents", {2, 11, 3, 1, 2}, {2, 11, 3, 2},
+                                     {.causal = false, .context = ContextParallel::Ring,
+                                      .document_starts = {{0, 4, 9}, {0, 6}}, .dropout = drop});
+  check_attention<SeqQS5, 5, SeqKS4>("dropout, all-to-all", {2, 11, 3, 2, 3}, {2, 11, 3, 3},
+                                     {.context = ContextParallel::AllToAll, .dropout = drop});
+  check_attention<SeqQS5, 5, SeqKS4>("dropout, ring, 150 positions", {1, 150, 2, 1, 2}, {1, 150, 2, 2},
+                                     {.context = ContextParallel::Ring, .dropout = drop});
+
+  // The mask keeps 1 - p of the probabilities, independently of position, head and seed.
+  for (const double p : {0.1, 0.5}) {
+    const ts::nn::AttentionDropout d{.p = p, .seed = 5};
+    double dropped = 0, same_as_next_seed = 0, n = 0, neither = 0;
+    for (Eigen::Index b = 0; b < 4; ++b)
+      for (Eigen::Index h = 0; h < 4; ++h)
+        for (Eigen::Index t = 0; t < 100; ++t)
+          for (Eigen::Index s2 = 0; s2 < 150; ++s2, ++n) {
+            const double z = ts::nn::detail::dropout_multiplier(d, b, h, 0, t, s2);
+            neither += z != 0 && std::abs(z - 1 / (1 - p)) > 1e-15;
+            dropped += z == 0;
+            same_as_next_seed += z == ts::nn::detail::dropout_multiplier({.p = p, .seed = 6}, b, h, 0, t, s2);
+          }
+    INFO("p " << p << ": dropped " << dropped / n << ", the same as seed 6's " << same_as_next_seed / n);
+    CHECK(neither == 0);
+    CHECK(std::abs(dropped / n - p) < 4 * std::sqrt(p * (1 - p) / n));
+    CHECK(std::abs(same_as_next_seed / n - (p * p + (1 - p) * (1 - p))) < 4 * std::sqrt(0.25 / n));
+  }
+
+  // It drops something, differently for another seed, and a probability outside [0, 1) is refused
+  // on every rank.
+  const M mesh({world_size(), 1});
+  auto q = ts::distribute<QS5>(mesh, global_random<5>({2, 9, 4, 1, 1}, 80));
+  auto k = ts::distribute<KS4>(mesh, global_random<4>({2, 9, 4, 1}, 81));
+  const auto plain = ts::nn::scaled_dot_product_attention(q, k, k).gather();
+  const auto seed17 = ts::nn::scaled_dot_product_attention(q, k, k, {.dropout = drop}).gather();
+  const auto seed18 = ts::nn::scaled_dot_product_attention(q, k, k, {.dropout = {.p = 0.3, .seed = 18}}).gather();
+  TS_REQUIRE_ALL(compare(plain, seed17, 1e-3) != "");
+  TS_REQUIRE_ALL(compare(seed17, seed18, 1e-3) != "");
+  for (const double p : {1.0, -0.1}) {
+    std::string what;
+    try {
+      (void)ts::nn::scaled_dot_product_attention(q, k, k, {.dropout = {.p = p}});
+    } catch (const ts::SpecError& e) {
+      what = e.what();
+    }
+    INFO(what);
+    TS_REQUIRE_ALL(what.find("attention dropout drops with a probability in [0, 1)") != std::string::npos);
+  }
 }
 
 TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "

@@ -13,6 +13,7 @@
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/failure.hpp"
 #include "tshard/core/box_copy.hpp"
+#include "tshard/core/random_bits.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
 
 namespace tshard {
@@ -78,16 +79,7 @@ void check_shape_agrees(const M& mesh, const std::array<Eigen::Index, N>& shape,
                      " (global shape " + shape_to_string(mine, int(N)) + " " + spec + ")");
 }
 
-// The generator behind random(): SplitMix64 (Steele, Lea, Flood 2014) of seed and index.
-inline std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-inline std::uint64_t random_bits(std::uint64_t seed, std::uint64_t index) {
-  return splitmix64(splitmix64(seed) ^ (index * 0xD1B54A32D192ED03ull));
-}
+// The generator behind random(): core/random_bits.hpp's random_bits of seed and index.
 template <class T>
 T random_value(std::uint64_t seed, std::uint64_t linear) {
   if constexpr (std::is_same_v<T, float>) {

@@ -6,6 +6,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -14,6 +15,7 @@
 #include <Eigen/Core>
 
 #include "tshard/core/kernel_instances.hpp"
+#include "tshard/core/random_bits.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::nn {
@@ -35,18 +37,59 @@ namespace tshard::nn {
 // the first 0); a query sees the keys of its own document only, and causal and window apply
 // within it. Positions are the global ones on any layout, so the same starts serve every mesh,
 // context parallelism included. Empty: each row is one sequence.
+// dropout: attention dropout (of the probabilities, as PyTorch's dropout_p and Megatron's
+// --attention-dropout): each is kept with probability 1 - p and scaled by 1 / (1 - p). The mask
+// of query head (g, key-value head h) at global query position t and key position s of batch row
+// row_offset + b comes from a hash of (seed, that row, h, g, t, s): the same on every mesh and
+// layout, context parallelism included, and again in the backward. Vary the seed from call to
+// call; row_offset places a micro-batch's rows in the whole batch.
 enum class ContextParallel { Auto, Ring, AllToAll };
+struct AttentionDropout {
+  double p = 0;
+  std::uint64_t seed = 0;
+  Eigen::Index row_offset = 0;
+};
 struct AttentionOptions {
   bool causal = true;
   Eigen::Index window = 0;
   double scale = 0;
   ContextParallel context = ContextParallel::Auto;
   std::vector<std::vector<Eigen::Index>> document_starts = {};
+  AttentionDropout dropout = {};
 };
 
 namespace detail {
 
 using tshard::detail::Index;
+
+// Attention dropout's hash: a key per query row from (seed, batch row, head, group, position),
+// then each key position through two rounds of MurmurHash3's 32-bit finaliser (a loop over a
+// row's keys vectorises); the top 24 bits against the drop threshold.
+inline std::uint64_t dropout_row_key(std::uint64_t seed, Index row, Index head, Index group, Index t) {
+  using tshard::detail::splitmix64;
+  std::uint64_t key = splitmix64(seed);
+  for (const Index x : {row, head, group, t}) key = splitmix64(key ^ std::uint64_t(x));
+  return key;
+}
+inline std::uint32_t murmur_finalize(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85EBCA6Bu;
+  x ^= x >> 13;
+  x *= 0xC2B2AE35u;
+  return x ^ (x >> 16);
+}
+inline std::uint32_t dropout_threshold(double p) { return std::uint32_t(std::llround(p * 16777216.0)); }
+inline bool dropout_keeps(std::uint64_t row_key, Index s, std::uint32_t threshold) {
+  const std::uint32_t x = murmur_finalize(std::uint32_t(row_key) ^ (std::uint32_t(s) * 0x9E3779B9u));
+  return (murmur_finalize(x ^ std::uint32_t(row_key >> 32)) >> 8) >= threshold;
+}
+// The multiplier of element (t, s) of query head (g, h) in batch row b (row_offset + b in the
+// whole batch): 0 or 1 / (1 - p). What the kernels apply, for a reference to build its mask from.
+inline double dropout_multiplier(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
+  if (d.p <= 0) return 1;
+  return dropout_keeps(dropout_row_key(d.seed, d.row_offset + b, head, group, t), s, dropout_threshold(d.p)) ? 1 / (1 - d.p)
+                                                                                                             : 0;
+}
 
 // The mask as geometry: what a query row sees, and which blocks need no element mask.
 struct AttentionGeometry {
@@ -58,6 +101,11 @@ struct AttentionGeometry {
   // none: one sequence) and the global position of key 0 (a ring's chunk starts past it).
   const Index* starts = nullptr;
   Index documents = 0, origin = 0;
+  // Attention dropout of this (batch row, key-value head): the seed of its row keys (a query
+  // row's from its group and global position), the threshold, and the kept ones' scale.
+  double dropout = 0, dropout_scale = 1;
+  std::uint64_t dropout_seed = 0;
+  Index dropout_batch_row = 0, dropout_head = 0;
 
   // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
   // for one row, exactly the keys it sees: one run, as a document is one).
@@ -90,6 +138,28 @@ struct AttentionGeometry {
     geo.documents = Index(row.size());
     geo.origin = key_origin;
     return geo;
+  }
+  // This geometry with attention dropout for batch row `row` (whole-batch index) and key-value
+  // head `head` (global), key 0 at global position `key_origin`.
+  AttentionGeometry dropped(const AttentionDropout& d, Index row, Index head, Index key_origin) const {
+    AttentionGeometry geo = *this;
+    geo.origin = key_origin;
+    if (d.p <= 0) return geo;
+    geo.dropout = d.p;
+    geo.dropout_scale = 1 / (1 - d.p);
+    geo.dropout_seed = d.seed;
+    geo.dropout_batch_row = d.row_offset + row;
+    geo.dropout_head = head;
+    return geo;
+  }
+  // The dropout multipliers z[0, n) of query row t (local) of group g against keys [s0, s0 + n).
+  template <class A>
+  void dropout_multipliers(A* z, Index n, Index g, Index t, Index s0) const {
+    const std::uint64_t key = dropout_row_key(dropout_seed, dropout_batch_row, dropout_head, g, t + offset + origin);
+    const std::uint32_t threshold = dropout_threshold(dropout);
+    const A kept = A(dropout_scale);
+    const Index first = s0 + origin;
+    for (Index c = 0; c < n; ++c) z[c] = dropout_keeps(key, first + c, threshold) ? kept : A(0);
   }
   // [begin, end) of the document that holds key position p, in key positions (the last one's
   // end: past any key).
@@ -352,7 +422,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
   const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   const Index ld = kKeyBlock;  // of the score block
-  Column<A> m(kQueryBlock), l(kQueryBlock);
+  Column<A> m(kQueryBlock), l(kQueryBlock), z(geo.dropout > 0 ? kKeyBlock : 0);
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
       const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
@@ -375,6 +445,10 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
           l(i) = rescale * l(i) + p.row(i).sum();
           oi.row(i) *= rescale;
           m(i) = top;
+          if (geo.dropout > 0) {  // the normaliser counts every probability, the output the kept ones
+            geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
+            p.row(i).array() *= z.head(bc).transpose().array();
+          }
         }
         // oi += p v_j
         block_product<false>(oi.data(), D, br, D, BlockOperand<A>{p.data(), ld, 1}, v.data() + s0 * D, D, bc,
@@ -389,6 +463,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
 
 // One head's backward (FlashAttention-2's): each block's probabilities again from the
 // log-sum-exp, then dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k, dk += ds^T q.
+// With dropout's multipliers z: dv += (p z)^T do, ds = p (z do v^T - rowsum(do o)).
 template <class A>
 void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
                              const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
@@ -402,6 +477,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
   dv.setZero(v.rows(), D);
   const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
+  Column<A> z(geo.dropout > 0 ? kKeyBlock : 0);
   const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
@@ -417,10 +493,19 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
           else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
         }
         const A* dout_i = dout.data() + r0 * D;
-        // dv_j += p^T do_i; ds = do_i v_j^T
-        block_product<false>(dv.data() + s0 * D, D, bc, D, BlockOperand<A>{p.data(), 1, ld}, dout_i, D, br, A(1));
+        // ds = do_i v_j^T, then p (ds - rowdot); dv_j += p^T do_i
         block_product<true>(ds.data(), ld, br, bc, BlockOperand<A>{dout_i, D, 1}, vt.data() + s0, vt.cols(), D, A(1));
-        for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
+        if (geo.dropout > 0) {
+          for (Index i = 0; i < br; ++i) {
+            geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
+            const auto zi = z.head(bc).transpose().array();
+            ds.row(i) = p.row(i).array() * (zi * ds.row(i).array() - rowdot(r0 + i));
+            p.row(i).array() *= zi;
+          }
+        } else {
+          for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
+        }
+        block_product<false>(dv.data() + s0 * D, D, bc, D, BlockOperand<A>{p.data(), 1, ld}, dout_i, D, br, A(1));
         // dq_i += scale ds k_j; dk_j += scale ds^T q_i
         block_product<false>(dq.data() + r0 * D, D, br, D, BlockOperand<A>{ds.data(), ld, 1}, k.data() + s0 * D, D, bc,
                              scale);

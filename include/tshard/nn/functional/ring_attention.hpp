@@ -129,11 +129,12 @@ struct RingProblem {
   MPI_Comm comm = MPI_COMM_NULL;
   int me = 0;
   ZigzagChunks z{1, 1};
-  Index pB = 1, D = 1, pG = 1, pH = 1, G = 1, rows = 0, heads = 0, row0 = 0;  // (row0: the first batch row's global index)
+  Index pB = 1, D = 1, pG = 1, pH = 1, G = 1, rows = 0, heads = 0, row0 = 0, head0 = 0;  // (row0, head0: global indices)
   bool causal = true;
   Index window = 0;
   A scale = A(1);
   const std::vector<std::vector<Index>>* document_starts = nullptr;  // packed documents, by global batch row
+  AttentionDropout dropout = {};
 
   Index q_width() const { return pB * D * pG * pH; }
   Index k_width() const { return pB * D * pH; }
@@ -146,6 +147,10 @@ struct RingProblem {
   AttentionGeometry geometry(Index ja, Index jb, Index b) const {
     const AttentionGeometry geo = geometry(ja, jb);
     return document_starts ? geo.packed((*document_starts)[std::size_t(row0 + b)], z.begin(jb)) : geo;
+  }
+  // ... and of key-value head h (local), with its dropout.
+  AttentionGeometry geometry(Index ja, Index jb, Index b, Index h) const {
+    return geometry(ja, jb, b).dropped(dropout, row0 + b, head0 + h, z.begin(jb));
   }
   bool sees(Index ja, Index jb, Index b) const {
     const auto geo = geometry(ja, jb, b);
@@ -264,7 +269,7 @@ void ring_attention_forward(const RingProblem<A>& rp, const Scratch<A>& q, const
     rp.for_each_visible(here.data(), src, kh, vh, [&](Index b, Index h, int qc, int, Index ja, Index jb, Index) {
       const Index len = rp.z.length(ja);
       rp.pack(q.data(), rp.q_width(), rp.G, b, h, qc, len, qh);
-      attention_forward_head<A>(qh, kh, vh, rp.G, rp.geometry(ja, jb, b), rp.scale, part, part_lse);
+      attention_forward_head<A>(qh, kh, vh, rp.G, rp.geometry(ja, jb, b, h), rp.scale, part, part_lse);
       merge_partial(rp, part, part_lse, b, h, qc, len, o.data(), lse.data());
     });
     if (s + 1 < P) {
@@ -306,7 +311,7 @@ void ring_attention_backward(const RingProblem<A>& rp, const Scratch<A>& q, cons
       rp.pack(o.data(), rp.q_width(), rp.G, b, h, qc, len, oh);
       rp.pack(dout.data(), rp.q_width(), rp.G, b, h, qc, len, doh);
       rp.pack_lse(lse.data(), b, h, qc, len, lh);
-      attention_backward_head<A>(qh, kh, vh, oh, doh, lh, rp.G, rp.geometry(ja, jb, b), rp.scale, dqp, dkp, dvp);
+      attention_backward_head<A>(qh, kh, vh, oh, doh, lh, rp.G, rp.geometry(ja, jb, b, h), rp.scale, dqp, dkp, dvp);
       rp.add_into(dqp, rp.q_width(), rp.G, b, h, qc, len, dq.data());
       rp.add_into(dkp, rp.k_width(), 1, b, h, kc, lb, share.data());
       rp.add_into(dvp, rp.k_width(), 1, b, h, kc, lb, share.data() + kv);

@@ -17,6 +17,7 @@
 //   auto e = ts::nn::scaled_dot_product_attention(q, k, v, {.causal = false}); // a ViT's, BERT's
 //   auto w = ts::nn::scaled_dot_product_attention(q, k, v, {.window = 256});   // sliding window
 //   auto p = ts::nn::scaled_dot_product_attention(q, k, v, {.document_starts = {{0, 700}, {0, 90, 512}}});  // packed
+//   auto d = ts::nn::scaled_dot_product_attention(q, k, v, {.dropout = {.p = 0.1, .seed = step}});  // dropout
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -136,6 +137,9 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
                     std::to_string(std::max(qs[1], ks[1])) + ")");
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
     throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
+  if (!(o.dropout.p >= 0 && o.dropout.p < 1) || o.dropout.row_offset < 0)
+    throw SpecError(where + "attention dropout drops with a probability in [0, 1) (" + std::to_string(o.dropout.p) +
+                    " here) from a row offset of 0 or more (" + std::to_string(o.dropout.row_offset) + " here)");
   if (!o.document_starts.empty()) {
     if (qs[1] != ks[1])
       throw SpecError(where + "packed documents are self-attention: " + std::to_string(qs[1]) + " queries, " +
@@ -160,9 +164,10 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
   return AttentionGeometry{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
 }
 
-// The geometry of global batch row b: its packed documents, if any.
-inline AttentionGeometry row_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b) {
-  return o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)], 0);
+// The geometry of global batch row b and global key-value head h: its packed documents and
+// dropout, if any.
+inline AttentionGeometry head_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b, Index h) {
+  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)], 0)).dropped(o.dropout, b, h, 0);
 }
 
 // The log-sum-exp's spec: the queries' without the head dim ([B, T, G, KV] or [B, T, H]).
@@ -174,7 +179,7 @@ using LseSpec = typename tshard::detail::drop_dims<typename Q::SpecType, 2>::typ
 template <class A>
 struct AttentionLocal {
   HeadLayout q, k, lse;
-  Index G = 1, rows = 0, heads = 0, row0 = 0;  // (row0: the global index of this rank's first batch row)
+  Index G = 1, rows = 0, heads = 0, row0 = 0, head0 = 0;  // (row0, head0: the global indices of the first ones)
   A scale = A(1);
 };
 template <class A, class Q, class K>
@@ -190,6 +195,7 @@ AttentionLocal<A> attention_local(const Q& q, const K& k, const AttentionOptions
   a.rows = lq.valid[0];
   a.row0 = lq.offset[0];
   a.heads = lq.valid[Q::rank - 1];
+  a.head0 = lq.offset[Q::rank - 1];
   a.scale = o.scale > 0 ? A(o.scale) : A(1) / std::sqrt(A(std::max<Index>(qs[2], 1)));
   return a;
 }
@@ -228,7 +234,8 @@ auto scaled_dot_product_attention_forward(const Q& q, const K& k, const V& v, co
       detail::pack_head(q.data(), at.q, b, h, at.G, qh);
       detail::pack_head(k.data(), at.k, b, h, 1, kh);
       detail::pack_head(v.data(), at.k, b, h, 1, vh);
-      detail::attention_forward_head<A>(qh, kh, vh, at.G, detail::row_geometry(geo, options, at.row0 + b), at.scale, oh, lh);
+      detail::attention_forward_head<A>(qh, kh, vh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h), at.scale,
+                                        oh, lh);
       detail::unpack_head(oh, at.q, b, h, at.G, out.data());
       for (Index g = 0; g < at.G; ++g)
         for (Index t = 0; t < geo.T; ++t) lse.data()[at.lse.at(b, t, 0, g, h)] = lh(g * geo.T + t);
@@ -281,7 +288,7 @@ auto scaled_dot_product_attention_backward(const Q& q, const K& k, const V& v, c
         detail::pack_head(dout.data(), at.q, b, h, at.G, doh);
         for (Index g = 0; g < at.G; ++g)
           for (Index t = 0; t < geo.T; ++t) lh(g * geo.T + t) = A(lse.data()[at.lse.at(b, t, 0, g, h)]);
-        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, detail::row_geometry(geo, options, at.row0 + b),
+        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h),
                                            at.scale, dqh, dkh, dvh);
         detail::unpack_head(dqh, at.q, b, h, at.G, dq.data());
         detail::unpack_head(dkh, at.k, b, h, 1, dk.data());
@@ -311,10 +318,12 @@ RingProblem<A> ring_problem(const Q& q, const K& k, const AttentionOptions& o) {
   rp.rows = at.rows;
   rp.row0 = at.row0;
   rp.heads = at.heads;
+  rp.head0 = at.head0;
   rp.causal = o.causal;
   rp.window = o.window;
   rp.scale = at.scale;
   if (!o.document_starts.empty()) rp.document_starts = &o.document_starts;
+  rp.dropout = o.dropout;
   return rp;
 }
 template <class X>

@@ -17,7 +17,8 @@
 namespace tshard::nn {
 
 // The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
-// with masks from (seed, call, global index): the same on every mesh. experts > 0 makes the
+// attention_dropout to the attention's probabilities (GPT-2's attn_pdrop), with masks from
+// (seed, call, global index): the same on every mesh. experts > 0 makes the
 // MLP a GShard mixture of experts (each expert hidden wide) with this capacity factor and
 // load-balancing weight.
 struct BlockOptions {
@@ -25,6 +26,7 @@ struct BlockOptions {
   Eigen::Index heads = 4;
   Eigen::Index hidden = 0;
   double dropout = 0.0;
+  double attention_dropout = 0.0;
   std::uint64_t seed = 1;
   int experts = 0;
   double capacity_factor = 1.25;
@@ -157,7 +159,15 @@ class TransformerBlock : public Module {
       return Out(dropout(y, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
                          mb.row_offset, mb.rows_total > 0 ? mb.rows_total : y.global_shape()[0]));
     };
-    auto h = x + branch(attention_(ln1_(x), options), 0);
+    auto attend = [&](const auto& y) {
+      if (o_.attention_dropout <= 0 || inference) return attention_(y, options);
+      AttentionOptions dropping = options;
+      dropping.dropout = {.p = o_.attention_dropout,
+                          .seed = tshard::detail::random_bits(o_.seed * 1000003 + std::uint64_t(calls_), 2),
+                          .row_offset = mb.row_offset};
+      return attention_(y, dropping);
+    };
+    auto h = x + branch(attend(ln1_(x)), 0);
     using Y = decltype(h + branch((*mlp_)(ln2_(h)), 1));
     if (moe_) return reshard<typename Y::SpecType>(h + branch((*moe_)(ln2_(h)), 1));
     return h + branch((*mlp_)(ln2_(h)), 1);
