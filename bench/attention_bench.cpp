@@ -7,9 +7,10 @@
 // is each variant's tensors (the written-out scores among them).
 //   mpirun -np 1 tshard_bench_attention [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16]
 //                                        [--seq 1024,2048,4096] [--written-max 4096] [--reps 3]
-//                                        [--documents N]
+//                                        [--documents N] [--dropout P]
 // --documents N packs each row with N documents of equal length (the fused kernel skips the
-// blocks between them; the written-out attention masks them).
+// blocks between them; the written-out attention masks them). --dropout P also times the fused
+// attention with attention dropout P, beside it in the same run.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   long batch = 2, heads = 4, kv_heads = 0, dh = 16, written_max = 4096, documents = 1;
   int reps = 3;
+  double dropout = 0;
   std::vector<long> seqs{1024, 2048, 4096};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
     else if (a == "--written-max") written_max = v;
     else if (a == "--reps") reps = int(v);
     else if (a == "--documents") documents = v;
+    else if (a == "--dropout") dropout = std::atof(argv[i + 1]);
     else if (a == "--seq") {
       seqs.clear();
       for (std::string s = argv[i + 1]; !s.empty();) {
@@ -65,6 +68,10 @@ int main(int argc, char** argv) {
   if (kv_heads == 0) kv_heads = heads;
   if (documents < 1) {
     if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --documents takes N >= 1\n");
+    return 2;
+  }
+  if (!(dropout >= 0 && dropout < 1)) {
+    if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --dropout takes P in [0, 1)\n");
     return 2;
   }
   if (heads % kv_heads != 0) {
@@ -97,15 +104,17 @@ int main(int argc, char** argv) {
         if (t == 0 || document(t) != document(t - 1)) starts.push_back(t);
       options.document_starts.assign(std::size_t(batch), starts);
     }
-    auto fused = [&] {
-      auto grads = ts::ad::value_and_grad(
-          [&](const auto& q, const auto& k, const auto& v) {
-            return ts::sum<0, 1, 2, 3, 4>(ts::nn::scaled_dot_product_attention(q, k, v, options));
-          },
-          q, k, v);
-      (void)grads;
+    auto fused_with = [&](const ts::nn::AttentionOptions& o) {
+      return [&q, &k, &v, o] {
+        auto grads = ts::ad::value_and_grad(
+            [&](const auto& q, const auto& k, const auto& v) {
+              return ts::sum<0, 1, 2, 3, 4>(ts::nn::scaled_dot_product_attention(q, k, v, o));
+            },
+            q, k, v);
+        (void)grads;
+      };
     };
-    std::vector<std::function<void()>> variants{fused};
+    std::vector<std::function<void()>> variants{fused_with(options)};
     const bool written = T <= written_max;
     std::optional<Mask> mask;
     if (written) {
@@ -120,6 +129,11 @@ int main(int argc, char** argv) {
             q, k, v);
         (void)grads;
       });
+    }
+    if (dropout > 0) {
+      ts::nn::AttentionOptions dropping = options;
+      dropping.dropout = {.p = dropout, .seed = 1};
+      variants.push_back(fused_with(dropping));
     }
     std::vector<double> peaks;
     for (auto& f : variants) {
@@ -143,6 +157,7 @@ int main(int argc, char** argv) {
     if (!root) continue;
     std::printf("T %6ld: fused %9.2f ms, %6.1f GFLOP/s (%3.0f %% of sgemm), pool peak %8.2f MiB", T, times[0] * 1e3, rate,
                 100 * rate / sgemm, peaks[0]);
+    if (dropout > 0) std::printf(" | dropout %.2f %9.2f ms (%.2fx)", dropout, times.back() * 1e3, times.back() / times[0]);
     if (written)
       std::printf(" | written out %9.2f ms, pool peak %8.2f MiB: fused %.1fx faster, %.1fx less memory\n", times[1] * 1e3,
                   peaks[1], times[1] / times[0], peaks[1] / peaks[0]);
