@@ -487,23 +487,22 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
         const Index bc = std::min(kKeyBlock, hi - s0);
         auto p = pb.topLeftCorner(br, bc);
         auto ds = dsb.topLeftCorner(br, bc);
+        const A* dout_i = dout.data() + r0 * D;
+        // The scores and ds = do_i v_j^T; then, a row at a time while it is in cache, p from the
+        // scores and ds = p (ds - rowdot); then dv_j += p^T do_i.
         block_scores<A>(p, q, kt, r0, t0, s0, geo, scale);
+        block_product<true>(ds.data(), ld, br, bc, BlockOperand<A>{dout_i, D, 1}, vt.data() + s0, vt.cols(), D, A(1));
         for (Index i = 0; i < br; ++i) {
           if (lse(r0 + i) == -inf) p.row(i).setZero();
           else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
-        }
-        const A* dout_i = dout.data() + r0 * D;
-        // ds = do_i v_j^T, then p (ds - rowdot); dv_j += p^T do_i
-        block_product<true>(ds.data(), ld, br, bc, BlockOperand<A>{dout_i, D, 1}, vt.data() + s0, vt.cols(), D, A(1));
-        if (geo.dropout > 0) {
-          for (Index i = 0; i < br; ++i) {
+          if (geo.dropout > 0) {
             geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
             const auto zi = z.head(bc).transpose().array();
             ds.row(i) = p.row(i).array() * (zi * ds.row(i).array() - rowdot(r0 + i));
             p.row(i).array() *= zi;
+          } else {
+            ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
           }
-        } else {
-          for (Index i = 0; i < br; ++i) ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
         }
         block_product<false>(dv.data() + s0 * D, D, bc, D, BlockOperand<A>{p.data(), 1, ld}, dout_i, D, br, A(1));
         // dq_i += scale ds k_j; dk_j += scale ds^T q_i
