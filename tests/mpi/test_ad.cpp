@@ -596,7 +596,7 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
   // global query position, key position) that the kernels draw.
   auto kept = [&, shift = o.causal ? S - T : 0](Eigen::Index b, Eigen::Index t, Eigen::Index s, Eigen::Index g,
                                                 Eigen::Index h) {
-    return ts::nn::detail::dropout_multiplier(o.dropout, b, h, g, t + shift, s);
+    return ts::nn::detail::dropout_multiplier_at(o.dropout, b, h, g, t + shift, s);
   };
   if constexpr (Q::rank == 5) {
     auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, S, 1, 1},
@@ -859,10 +859,10 @@ TEST_CASE("attention dropout: the fused kernels drop what the written-out attent
       for (Eigen::Index h = 0; h < 4; ++h)
         for (Eigen::Index t = 0; t < 100; ++t)
           for (Eigen::Index s2 = 0; s2 < 150; ++s2, ++n) {
-            const double z = ts::nn::detail::dropout_multiplier(d, b, h, 0, t, s2);
+            const double z = ts::nn::detail::dropout_multiplier_at(d, b, h, 0, t, s2);
             neither += z != 0 && std::abs(z - 1 / (1 - p)) > 1e-15;
             dropped += z == 0;
-            same_as_next_seed += z == ts::nn::detail::dropout_multiplier({.p = p, .seed = 6}, b, h, 0, t, s2);
+            same_as_next_seed += z == ts::nn::detail::dropout_multiplier_at({.p = p, .seed = 6}, b, h, 0, t, s2);
           }
     INFO("p " << p << ": dropped " << dropped / n << ", the same as seed 6's " << same_as_next_seed / n);
     CHECK(neither == 0);
@@ -977,12 +977,7 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   TS_REQUIRE_ALL(peak < std::uint64_t(T * T * 8 / 4));
 
   auto says = [&](auto&& f, const std::string& text) {
-    std::string what;
-    try {
-      f();
-    } catch (const ts::Error& e) {
-      what = e.what();
-    }
+    const std::string what = error_text(f);
     INFO(what);
     TS_REQUIRE_ALL(what.find(text) != std::string::npos);
   };

@@ -151,7 +151,33 @@ TEST_CASE("Attention and TransformerBlock with attention options (bidirectional,
     what = e.what();
   }
   INFO(what);
-  TS_REQUIRE_ALL(what.find("takes no options: split the heads instead") != std::string::npos);
+  TS_REQUIRE_ALL(what.find("takes no options (bidirectional, window, scale, documents, attention dropout): split the "
+                           "heads instead") != std::string::npos);
+}
+
+TEST_CASE("TransformerBlock's attention dropout gives the one-rank values on every mesh, differs from none in training, "
+          "is off in eval(), and is the block's own to draw",
+          "[layers][dropout]") {
+  const std::array<Eigen::Index, 3> dims{3, 5, 6};
+  using Block = ts::nn::TransformerBlock<double, DM>;
+  const ts::nn::BlockOptions dropping{.dmodel = 6, .heads = 3, .hidden = 5, .attention_dropout = 0.3, .seed = 4};
+  check_layer_on_meshes([&](const DM& m) { return Block(m, dropping); }, dims);
+  check_layer_on_meshes([&](const DM& m) { return WithOptions<Block>({.document_starts = {{0, 2}, {0}, {0, 1, 3}}}, m, dropping); },
+                        dims);
+  DM mesh({1, world_size()});
+  const auto x = ts::distribute<Acts>(mesh, random_tensor<3>(dims, 11));
+  Block attending(mesh, dropping), plain(mesh, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4});
+  const T3 without = plain(x).gather();
+  TS_REQUIRE_ALL(compare(T3(attending(x).gather()), without, 1e-3) != "");
+  attending.eval();
+  TS_REQUIRE_ALL(compare(T3(attending(x).gather()), without, 1e-13) == "");
+  auto says = [&](auto&& f, const std::string& text) {
+    const std::string what = error_text(f);
+    INFO(what);
+    TS_REQUIRE_ALL(what.find(text) != std::string::npos);
+  };
+  says([&] { (void)plain(x, {.dropout = {.p = 0.1}}); }, "set BlockOptions::attention_dropout, not the options' dropout");
+  says([&] { Block(mesh, {.dmodel = 6, .heads = 3, .attention_dropout = 1.0}); }, "must be probabilities in [0, 1)");
 }
 
 TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-rank values, whose gradients equal finite "

@@ -147,6 +147,17 @@ void on_every_mesh(F&& f) {
   }
 }
 
+// What f() throws as a tshard::Error ("" if nothing): for tests of the message every rank gives.
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const tshard::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 inline Eigen::Tensor<double, 2> values(Eigen::Index r, Eigen::Index c, int salt) {
   Eigen::Tensor<double, 2> t(r, c);
   for (Eigen::Index i = 0; i < t.size(); ++i) t.data()[i] = std::sin(double(i * 7 + salt)) + 0.1 * salt;

@@ -2,7 +2,7 @@
 // scaled_dot_product_attention and ring attention share: the mask as geometry, one head's
 // queries, keys and values packed as matrices, and one head's forward (output and log-sum-exp,
 // with a running maximum and sum over key blocks) and backward (each block's probabilities again
-// from the log-sum-exp).
+// from the log-sum-exp), with attention dropout's mask drawn again from a hash where it is needed.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -78,17 +78,17 @@ inline std::uint32_t murmur_finalize(std::uint32_t x) {
   x *= 0xC2B2AE35u;
   return x ^ (x >> 16);
 }
-inline std::uint32_t dropout_threshold(double p) { return std::uint32_t(std::llround(p * 16777216.0)); }
+inline std::uint32_t dropout_threshold_of(double p) { return std::uint32_t(std::llround(p * 16777216.0)); }
 inline bool dropout_keeps(std::uint64_t row_key, Index s, std::uint32_t threshold) {
   const std::uint32_t x = murmur_finalize(std::uint32_t(row_key) ^ (std::uint32_t(s) * 0x9E3779B9u));
   return (murmur_finalize(x ^ std::uint32_t(row_key >> 32)) >> 8) >= threshold;
 }
 // The multiplier of element (t, s) of query head (g, h) in batch row b (row_offset + b in the
 // whole batch): 0 or 1 / (1 - p). What the kernels apply, for a reference to build its mask from.
-inline double dropout_multiplier(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
+inline double dropout_multiplier_at(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
   if (d.p <= 0) return 1;
-  return dropout_keeps(dropout_row_key(d.seed, d.row_offset + b, head, group, t), s, dropout_threshold(d.p)) ? 1 / (1 - d.p)
-                                                                                                             : 0;
+  const std::uint64_t key = dropout_row_key(d.seed, d.row_offset + b, head, group, t);
+  return dropout_keeps(key, s, dropout_threshold_of(d.p)) ? 1 / (1 - d.p) : 0;
 }
 
 // The mask as geometry: what a query row sees, and which blocks need no element mask.
@@ -97,13 +97,18 @@ struct AttentionGeometry {
   bool causal = true;
   Index window = 0;
   Index offset = 0;  // query row t is at position t + offset (causal: S - T)
+  // The global position of key 0 (a ring's chunk starts past it): what packed documents and
+  // dropout's mask are stated in.
+  Index origin = 0;
   // Packed documents: the batch row's document starts (global positions, ascending, the first 0;
-  // none: one sequence) and the global position of key 0 (a ring's chunk starts past it).
+  // none: one sequence).
   const Index* starts = nullptr;
-  Index documents = 0, origin = 0;
-  // Attention dropout of this (batch row, key-value head): the seed of its row keys (a query
-  // row's from its group and global position), the threshold, and the kept ones' scale.
-  double dropout = 0, dropout_scale = 1;
+  Index documents = 0;
+  // Attention dropout of this (batch row, key-value head): its probability (0: none), the
+  // threshold of kept hashes and the kept ones' scale, and what a query row's hash key comes from
+  // (with its group and global position).
+  double dropout_p = 0, dropout_scale = 1;
+  std::uint32_t dropout_threshold = 0;
   std::uint64_t dropout_seed = 0;
   Index dropout_batch_row = 0, dropout_head = 0;
 
@@ -130,23 +135,21 @@ struct AttentionGeometry {
     if (documents > 0 && (document(p1 - 1).first > s0 || document(p0).second < s1)) return false;
     return true;
   }
-  // This geometry for a batch row packed with documents at `row` (global starts), key 0 at
-  // global position `key_origin`.
-  AttentionGeometry packed(const std::vector<Index>& row, Index key_origin) const {
+  // This geometry for a batch row packed with documents at `row` (global starts).
+  AttentionGeometry packed(const std::vector<Index>& row) const {
     AttentionGeometry geo = *this;
     geo.starts = row.data();
     geo.documents = Index(row.size());
-    geo.origin = key_origin;
     return geo;
   }
-  // This geometry with attention dropout for batch row `row` (whole-batch index) and key-value
-  // head `head` (global), key 0 at global position `key_origin`.
-  AttentionGeometry dropped(const AttentionDropout& d, Index row, Index head, Index key_origin) const {
+  // This geometry with attention dropout for batch row `row` (of the tensor: d.row_offset + row
+  // in the whole batch) and key-value head `head` (global).
+  AttentionGeometry with_dropout(const AttentionDropout& d, Index row, Index head) const {
     AttentionGeometry geo = *this;
-    geo.origin = key_origin;
     if (d.p <= 0) return geo;
-    geo.dropout = d.p;
+    geo.dropout_p = d.p;
     geo.dropout_scale = 1 / (1 - d.p);
+    geo.dropout_threshold = dropout_threshold_of(d.p);
     geo.dropout_seed = d.seed;
     geo.dropout_batch_row = d.row_offset + row;
     geo.dropout_head = head;
@@ -156,10 +159,9 @@ struct AttentionGeometry {
   template <class A>
   void dropout_multipliers(A* z, Index n, Index g, Index t, Index s0) const {
     const std::uint64_t key = dropout_row_key(dropout_seed, dropout_batch_row, dropout_head, g, t + offset + origin);
-    const std::uint32_t threshold = dropout_threshold(dropout);
     const A kept = A(dropout_scale);
     const Index first = s0 + origin;
-    for (Index c = 0; c < n; ++c) z[c] = dropout_keeps(key, first + c, threshold) ? kept : A(0);
+    for (Index c = 0; c < n; ++c) z[c] = dropout_keeps(key, first + c, dropout_threshold) ? kept : A(0);
   }
   // [begin, end) of the document that holds key position p, in key positions (the last one's
   // end: past any key).
@@ -256,9 +258,12 @@ inline constexpr int kRowsBy4 = 0, kRowsBy2 = 4, kRowsBy1 = 8;   // 16, a produc
 #endif
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__SSE2__))
 #define TSHARD_DETAIL_IN_REGISTER(x) __asm__("" : "+v"(x))
-#define TSHARD_DETAIL_OPAQUE_POINTER(x) __asm__("" : "+r"(x))
 #else
 #define TSHARD_DETAIL_IN_REGISTER(x) (void)(x)
+#endif
+#if defined(__GNUC__)
+#define TSHARD_DETAIL_OPAQUE_POINTER(x) __asm__("" : "+r"(x))
+#else
 #define TSHARD_DETAIL_OPAQUE_POINTER(x) (void)(x)
 #endif
 // a(r0 + i, k) for the rows of a tile: from one pointer a step where the strides are fixed (the
@@ -422,7 +427,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
   const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   const Index ld = kKeyBlock;  // of the score block
-  Column<A> m(kQueryBlock), l(kQueryBlock), z(geo.dropout > 0 ? kKeyBlock : 0);
+  Column<A> m(kQueryBlock), l(kQueryBlock), z(geo.dropout_p > 0 ? kKeyBlock : 0);
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
       const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
@@ -445,7 +450,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
           l(i) = rescale * l(i) + p.row(i).sum();
           oi.row(i) *= rescale;
           m(i) = top;
-          if (geo.dropout > 0) {  // the normaliser counts every probability, the output the kept ones
+          if (geo.dropout_p > 0) {  // the normaliser counts every probability, the output the kept ones
             geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
             p.row(i).array() *= z.head(bc).transpose().array();
           }
@@ -477,7 +482,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
   dv.setZero(v.rows(), D);
   const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
-  Column<A> z(geo.dropout > 0 ? kKeyBlock : 0);
+  Column<A> z(geo.dropout_p > 0 ? kKeyBlock : 0);
   const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
@@ -495,7 +500,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
         for (Index i = 0; i < br; ++i) {
           if (lse(r0 + i) == -inf) p.row(i).setZero();
           else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
-          if (geo.dropout > 0) {
+          if (geo.dropout_p > 0) {
             geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
             const auto zi = z.head(bc).transpose().array();
             ds.row(i) = p.row(i).array() * (zi * ds.row(i).array() - rowdot(r0 + i));

@@ -141,16 +141,16 @@ struct RingProblem {
   Index lse_width() const { return pB * pG * pH; }
   // The geometry of query chunk ja against key chunk jb: positions are global.
   AttentionGeometry geometry(Index ja, Index jb) const {
-    return AttentionGeometry{z.length(ja), z.length(jb), causal, window, z.begin(ja) - z.begin(jb)};
+    return AttentionGeometry{z.length(ja), z.length(jb), causal, window, z.begin(ja) - z.begin(jb), z.begin(jb)};
   }
   // ... of batch row b (local), with its packed documents.
   AttentionGeometry geometry(Index ja, Index jb, Index b) const {
     const AttentionGeometry geo = geometry(ja, jb);
-    return document_starts ? geo.packed((*document_starts)[std::size_t(row0 + b)], z.begin(jb)) : geo;
+    return document_starts ? geo.packed((*document_starts)[std::size_t(row0 + b)]) : geo;
   }
   // ... and of key-value head h (local), with its dropout.
   AttentionGeometry geometry(Index ja, Index jb, Index b, Index h) const {
-    return geometry(ja, jb, b).dropped(dropout, row0 + b, head0 + h, z.begin(jb));
+    return geometry(ja, jb, b).with_dropout(dropout, row0 + b, head0 + h);
   }
   bool sees(Index ja, Index jb, Index b) const {
     const auto geo = geometry(ja, jb, b);

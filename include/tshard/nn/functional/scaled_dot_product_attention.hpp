@@ -137,9 +137,11 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
                     std::to_string(std::max(qs[1], ks[1])) + ")");
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
     throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
-  if (!(o.dropout.p >= 0 && o.dropout.p < 1) || o.dropout.row_offset < 0)
-    throw SpecError(where + "attention dropout drops with a probability in [0, 1) (" + std::to_string(o.dropout.p) +
-                    " here) from a row offset of 0 or more (" + std::to_string(o.dropout.row_offset) + " here)");
+  if (!(o.dropout.p >= 0 && o.dropout.p < 1))
+    throw SpecError(where + "attention dropout drops with a probability in [0, 1), not " + std::to_string(o.dropout.p));
+  if (o.dropout.row_offset < 0)
+    throw SpecError(where + "attention dropout's row offset (the batch's first row in the whole batch) is " +
+                    std::to_string(o.dropout.row_offset) + ", not 0 or more");
   if (!o.document_starts.empty()) {
     if (qs[1] != ks[1])
       throw SpecError(where + "packed documents are self-attention: " + std::to_string(qs[1]) + " queries, " +
@@ -167,7 +169,7 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
 // The geometry of global batch row b and global key-value head h: its packed documents and
 // dropout, if any.
 inline AttentionGeometry head_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b, Index h) {
-  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)], 0)).dropped(o.dropout, b, h, 0);
+  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)])).with_dropout(o.dropout, b, h);
 }
 
 // The log-sum-exp's spec: the queries' without the head dim ([B, T, G, KV] or [B, T, H]).
@@ -244,7 +246,8 @@ auto scaled_dot_product_attention_forward(const Q& q, const K& k, const V& v, co
 }
 
 // dq, dk, dv of attention given q, k, v, the forward's output and log-sum-exp, and dL/doutput
-// (any layout: resolved into q's). No gradient of it is taken.
+// (any layout: resolved into q's), with the options the forward had (dropout's seed and row
+// offset among them: the mask is drawn again). No gradient of it is taken.
 template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V,
           tshard::detail::FloatingTensor O, tshard::detail::FloatingTensor L, tshard::detail::FloatingTensor DO>
 auto scaled_dot_product_attention_backward(const Q& q, const K& k, const V& v, const O& out, const L& lse,

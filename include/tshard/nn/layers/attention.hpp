@@ -62,7 +62,9 @@ class Attention : public Module {
   // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
   // attention's is its fused backward (a custom VJP). Nothing is kept in the layer. options
   // (nn/functional/attention_blocks.hpp) make it bidirectional (a ViT's, BERT's), windowed, or
-  // keep packed documents apart, or drop probabilities (attention dropout); the default is causal.
+  // keep packed documents apart, or drop probabilities (attention dropout, applied as given, in
+  // training or not: TransformerBlock's attention_dropout follows train()/eval()); the default is
+  // causal.
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
@@ -90,7 +92,8 @@ class Attention : public Module {
       if (!options.causal || options.window != 0 || options.scale != 0 || !options.document_starts.empty() ||
           options.dropout.p != 0)
         throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
-                        "written-out causal one, which takes no options: split the heads instead");
+                        "written-out causal one, which takes no options (bidirectional, window, scale, documents, "
+                        "attention dropout): split the heads instead");
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);

@@ -94,6 +94,10 @@ class TransformerBlock : public Module {
         ln1_(mesh, o.dmodel),
         attention_(mesh, o.dmodel, o.heads, o.seed * 16 + 1),
         ln2_(mesh, o.dmodel) {
+    for (const double p : {o.dropout, o.attention_dropout})
+      if (!(p >= 0 && p < 1))
+        throw ShapeError("tshard::nn::TransformerBlock: dropout " + std::to_string(o.dropout) + " and attention_dropout " +
+                         std::to_string(o.attention_dropout) + " must be probabilities in [0, 1)");
     const Eigen::Index hidden = o.hidden > 0 ? o.hidden : 4 * o.dmodel;
     if (o.experts > 0)
       moe_.emplace(mesh, MoEOptions{.dmodel = o.dmodel, .hidden = hidden, .experts = o.experts,
@@ -159,9 +163,13 @@ class TransformerBlock : public Module {
       return Out(dropout(y, o_.dropout, tshard::detail::splitmix64(o_.seed * 1000003 + std::uint64_t(calls_) * 2 + site),
                          mb.row_offset, mb.rows_total > 0 ? mb.rows_total : y.global_shape()[0]));
     };
+    if (options.dropout.p != 0)
+      throw SpecError("tshard::nn::TransformerBlock: the block draws its attention dropout itself (in training, for "
+                      "the rows of its micro-batch): set BlockOptions::attention_dropout, not the options' dropout");
     auto attend = [&](const auto& y) {
       if (o_.attention_dropout <= 0 || inference) return attention_(y, options);
       AttentionOptions dropping = options;
+      // (a stream of its own: the residual branches' seeds are splitmix64(seed * 1000003 + 2 calls + site))
       dropping.dropout = {.p = o_.attention_dropout,
                           .seed = tshard::detail::random_bits(o_.seed * 1000003 + std::uint64_t(calls_), 2),
                           .row_offset = mb.row_offset};
