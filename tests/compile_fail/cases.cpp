@@ -67,6 +67,8 @@ int main(int argc, char** argv) {
   auto x = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
   auto p = ts::nn::softmax<2>(x);
   auto q = ts::sum<0>(p * x);
+#elif defined(CASE_layer_mesh_axis)  // a layer whose default specs split over "model", on a mesh without it
+  ts::nn::Attention<float, decltype(mesh)> attention(mesh, 8, 2, 1);
 #elif defined(CASE_unknown_axis)  // a spec naming an axis the mesh lacks
   auto t = ts::distribute<ts::Spec<ts::S<"z">, ts::R>>(mesh, g);
 #elif defined(CASE_unknown_axis_size)  // asking a mesh for the size of an axis it lacks

@@ -180,6 +180,44 @@ TEST_CASE("TransformerBlock's attention dropout gives the one-rank values on eve
   says([&] { Block(mesh, {.dmodel = 6, .heads = 3, .attention_dropout = 1.0}); }, "must be probabilities in [0, 1)");
 }
 
+namespace {
+// A user's own attention layer in a block's specs, callable as layer(x) only (it takes no
+// attention options): here the library's Attention without its options argument.
+template <class T, class M>
+struct OptionlessAttention : ts::nn::Attention<T, M> {
+  using ts::nn::Attention<T, M>::Attention;
+  template <class X>
+  auto operator()(const X& x) {
+    return ts::nn::Attention<T, M>::operator()(x);
+  }
+};
+struct OptionlessAttentionSpecs : ts::nn::MegatronSpecs<"model"> {
+  template <class T, class M>
+  using attention_layer = OptionlessAttention<T, M>;
+};
+}  // namespace
+
+TEST_CASE("a block's specs may give an attention layer callable as layer(x): the block calls it so, and refuses "
+          "attention options and attention dropout it cannot pass",
+          "[layers]") {
+  const std::array<Eigen::Index, 3> dims{3, 5, 6};
+  using Own = ts::nn::TransformerBlock<double, DM, OptionlessAttentionSpecs>;
+  static_assert(std::is_same_v<Own::SelfAttention, OptionlessAttention<double, DM>>);
+  const ts::nn::BlockOptions options{.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4};
+  check_layer_on_meshes([&](const DM& m) { return Own(m, options); }, dims);
+  DM mesh({1, world_size()});
+  const auto x = ts::distribute<Acts>(mesh, random_tensor<3>(dims, 12));
+  Own own(mesh, options);
+  ts::nn::TransformerBlock<double, DM> library(mesh, options);
+  TS_REQUIRE_ALL(compare(T3(own(x).gather()), T3(library(x).gather()), 1e-13) == "");
+  const std::string what = error_text([&] { (void)own(x, {.causal = false}); });
+  INFO(what);
+  TS_REQUIRE_ALL(what.find("its specs' attention_layer takes no AttentionOptions") != std::string::npos);
+  Own dropping(mesh, {.dmodel = 6, .heads = 3, .hidden = 5, .attention_dropout = 0.1});
+  TS_REQUIRE_ALL(error_text([&] { (void)dropping(x); }).find("cannot pass attention options or attention_dropout") !=
+                 std::string::npos);
+}
+
 TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-rank values, whose gradients equal finite "
           "differences",
           "[layers]") {

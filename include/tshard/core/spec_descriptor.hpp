@@ -133,6 +133,16 @@ struct spec_traits<Spec<D...>> {
   }
 };
 
+// Whether every axis the specs split over is an axis of mesh M (Deduced and non-specs: none),
+// for layers to refuse where they are declared rather than at their first call.
+template <class M, class... Specs>
+constexpr bool specs_on_mesh() {
+  return ([] {
+    if constexpr (is_spec<Specs>::value) return spec_traits<Specs>::axes_known(M::axis_names);
+    else return true;
+  }() && ...);
+}
+
 template <std::size_t K>
 constexpr bool names_unique(const std::array<std::string_view, K>& names) {
   for (std::size_t i = 0; i < K; ++i)

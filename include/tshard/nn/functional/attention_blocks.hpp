@@ -30,8 +30,9 @@ namespace tshard::nn {
 // (DeepSpeed Ulysses): the split moves from the sequence to the key-value heads and back. Auto:
 // the all-to-all where the key-value heads divide evenly over every rank it spreads them over,
 // else the ring (fewer key-value heads than context ranks: GQA, MQA). Wherever the ring cannot
-// go (fewer queries than keys) the all-to-all attends, Ring asked for or not: a shape one rank
-// attends is never refused on more, and the result is the same.
+// go (queries and keys differ in number: cross-attention, a KV cache's step) the all-to-all
+// attends, Ring asked for or not: a shape one rank attends is never refused on more, and the
+// result is the same.
 // document_starts: packed sequences (flash-attention's varlen, Megatron's packed THD batches) in
 // self-attention. Row b holds the documents that start at positions document_starts[b] (sorted,
 // the first 0); a query sees the keys of its own document only, and causal and window apply
@@ -62,6 +63,12 @@ namespace detail {
 
 using tshard::detail::Index;
 
+// Whether options ask for plain causal attention, what a layer that takes none computes (context
+// only chooses how a split sequence is attended, not what).
+inline bool is_plain_causal(const AttentionOptions& o) {
+  return o.causal && o.window == 0 && o.scale == 0 && o.document_starts.empty() && o.dropout.p == 0;
+}
+
 // Attention dropout's hash: a key per query row from (seed, batch row, head, group, position),
 // then each key position through two rounds of MurmurHash3's 32-bit finaliser (a loop over a
 // row's keys vectorises); the top 24 bits against the drop threshold.
@@ -83,14 +90,6 @@ inline bool dropout_keeps(std::uint64_t row_key, Index s, std::uint32_t threshol
   const std::uint32_t x = murmur_finalize(std::uint32_t(row_key) ^ (std::uint32_t(s) * 0x9E3779B9u));
   return (murmur_finalize(x ^ std::uint32_t(row_key >> 32)) >> 8) >= threshold;
 }
-// The multiplier of element (t, s) of query head (g, h) in batch row b (row_offset + b in the
-// whole batch): 0 or 1 / (1 - p). What the kernels apply, for a reference to build its mask from.
-inline double dropout_multiplier_at(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
-  if (d.p <= 0) return 1;
-  const std::uint64_t key = dropout_row_key(d.seed, d.row_offset + b, head, group, t);
-  return dropout_keeps(key, s, dropout_threshold_of(d.p)) ? 1 / (1 - d.p) : 0;
-}
-
 // The mask as geometry: what a query row sees, and which blocks need no element mask.
 struct AttentionGeometry {
   Index T = 0, S = 0;
@@ -104,10 +103,11 @@ struct AttentionGeometry {
   // none: one sequence).
   const Index* starts = nullptr;
   Index documents = 0;
-  // Attention dropout of this (batch row, key-value head): its probability (0: none), the
-  // threshold of kept hashes and the kept ones' scale, and what a query row's hash key comes from
-  // (with its group and global position).
-  double dropout_p = 0, dropout_scale = 1;
+  // Attention dropout of this (batch row, key-value head): whether it drops, the threshold of
+  // kept hashes and the kept ones' scale, and what a query row's hash key comes from (with its
+  // group and global position).
+  bool dropout = false;
+  double dropout_scale = 1;
   std::uint32_t dropout_threshold = 0;
   std::uint64_t dropout_seed = 0;
   Index dropout_batch_row = 0, dropout_head = 0;
@@ -147,7 +147,7 @@ struct AttentionGeometry {
   AttentionGeometry with_dropout(const AttentionDropout& d, Index row, Index head) const {
     AttentionGeometry geo = *this;
     if (d.p <= 0) return geo;
-    geo.dropout_p = d.p;
+    geo.dropout = true;
     geo.dropout_scale = 1 / (1 - d.p);
     geo.dropout_threshold = dropout_threshold_of(d.p);
     geo.dropout_seed = d.seed;
@@ -171,6 +171,15 @@ struct AttentionGeometry {
     return {*(next - 1) - origin, end};
   }
 };
+
+// The multiplier of element (t, s) of query head (g, h) in batch row b (row_offset + b in the
+// whole batch): 0 or 1 / (1 - p), as the kernels draw it; for a reference to build its mask from.
+inline double dropout_multiplier_at(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
+  if (d.p <= 0) return 1;
+  double z = 1;
+  AttentionGeometry{}.with_dropout(d, b, head).dropout_multipliers(&z, 1, group, t, s);
+  return z;
+}
 
 // Offsets of element (b, t, d, g, h) in a local block [pB, T, D, pG, pH] (column-major); keys,
 // values and the log-sum-exp have no d or no g (extent 1).
@@ -427,7 +436,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
   const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   const Index ld = kKeyBlock;  // of the score block
-  Column<A> m(kQueryBlock), l(kQueryBlock), z(geo.dropout_p > 0 ? kKeyBlock : 0);
+  Column<A> m(kQueryBlock), l(kQueryBlock), z(geo.dropout ? kKeyBlock : 0);
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
       const Index br = std::min(kQueryBlock, geo.T - t0), r0 = g * geo.T + t0;
@@ -450,7 +459,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
           l(i) = rescale * l(i) + p.row(i).sum();
           oi.row(i) *= rescale;
           m(i) = top;
-          if (geo.dropout_p > 0) {  // the normaliser counts every probability, the output the kept ones
+          if (geo.dropout) {  // the normaliser counts every probability, the output the kept ones
             geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
             p.row(i).array() *= z.head(bc).transpose().array();
           }
@@ -482,7 +491,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
   dv.setZero(v.rows(), D);
   const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
-  Column<A> z(geo.dropout_p > 0 ? kKeyBlock : 0);
+  Column<A> z(geo.dropout ? kKeyBlock : 0);
   const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
     for (Index t0 = 0; t0 < geo.T; t0 += kQueryBlock) {
@@ -500,7 +509,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
         for (Index i = 0; i < br; ++i) {
           if (lse(r0 + i) == -inf) p.row(i).setZero();
           else p.row(i) = (p.row(i).array() - lse(r0 + i)).exp();
-          if (geo.dropout_p > 0) {
+          if (geo.dropout) {
             geo.dropout_multipliers(z.data(), bc, g, t0 + i, s0);
             const auto zi = z.head(bc).transpose().array();
             ds.row(i) = p.row(i).array() * (zi * ds.row(i).array() - rowdot(r0 + i));

@@ -1,10 +1,10 @@
 // The Attention layer: q, k, v projections [D, Dh, H] with the heads split like the QKV spec, an
 // output projection [Dh, H, D] whose product is a partial over the heads' axes (one all-reduce in
-// forward and one in backward, as Megatron), causal attention between them: the fused blockwise
-// kernel (nn/functional/scaled_dot_product_attention.hpp: no T x T scores; a sequence split over
-// an axis goes round a ring or through Ulysses' all-to-alls), or, where the projections are
-// partial sums (the model dim split), the written-out one (nn/functional/attention.hpp), which
-// resolves them. Both are custom VJPs.
+// forward and one in backward, as Megatron), attention between them (causal unless options say
+// otherwise): the fused blockwise kernel (nn/functional/scaled_dot_product_attention.hpp: no
+// T x T scores; a sequence split over an axis goes round a ring or through Ulysses' all-to-alls),
+// or, where the projections are partial sums (the model dim split), the written-out causal one
+// (nn/functional/attention.hpp), which resolves them. Both are custom VJPs.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -31,6 +31,9 @@ class Attention : public Module {
   static_assert(tshard::detail::is_spec<OutSpec>::value && OutSpec::rank == 3,
                 "tshard: Attention's output spec is a rank-3 tshard::Spec<head dim, heads, model dim>");
   static_assert(is_real_floating_v<T>, "tshard: Attention's element type is float, double or bfloat16");
+  static_assert(tshard::detail::specs_on_mesh<M, QKVSpec, OutSpec, ActSpec>(),
+                "tshard: Attention's specs split over a mesh axis this mesh lacks (the defaults split heads over \"model\")"
+                ": give the mesh that axis (of size 1 where nothing splits over it) or pass specs of its own axes");
   static_assert(tshard::detail::is_deduced<ActSpec> || tshard::detail::pinned_rank<ActSpec>() == 3,
                 "tshard: Attention's activation spec is tshard::Deduced or a rank-3 tshard::Spec<batch, time, model dim>");
 
@@ -89,8 +92,7 @@ class Attention : public Module {
       auto v = einsum<"btd,dkh->btkh">(x, wv_);
       return project<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v, options));
     } else {
-      if (!options.causal || options.window != 0 || options.scale != 0 || !options.document_starts.empty() ||
-          options.dropout.p != 0)
+      if (!detail::is_plain_causal(options))
         throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
                         "written-out causal one, which takes no options (bidirectional, window, scale, documents, "
                         "attention dropout): split the heads instead");

@@ -14,6 +14,9 @@ class Embedding : public Module {
   static_assert(tshard::detail::is_spec<TableSpec>::value && TableSpec::rank == 2,
                 "tshard: Embedding's table spec is a rank-2 tshard::Spec<vocab, features>");
   static_assert(is_real_floating_v<T>, "tshard: Embedding's element type is float, double or bfloat16");
+  static_assert(tshard::detail::specs_on_mesh<M, TableSpec>(),
+                "tshard: Embedding's specs split over a mesh axis this mesh lacks (the default splits the vocabulary over \"model\")"
+                ": give the mesh that axis (of size 1 where nothing splits over it) or pass specs of its own axes");
 
  public:
   using Table = ShardedTensor<T, M, TableSpec>;

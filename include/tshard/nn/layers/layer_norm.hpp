@@ -14,6 +14,9 @@ class LayerNorm : public Module {
   static_assert(tshard::detail::is_spec<ParamSpec>::value && ParamSpec::rank == 1,
                 "tshard: LayerNorm's parameter spec is a rank-1 tshard::Spec<...> for gamma and beta [H]");
   static_assert(is_real_floating_v<T>, "tshard: LayerNorm's element type is float, double or bfloat16");
+  static_assert(tshard::detail::specs_on_mesh<M, ParamSpec>(),
+                "tshard: LayerNorm's specs split over a mesh axis this mesh lacks (its parameter spec)"
+                ": give the mesh that axis (of size 1 where nothing splits over it) or pass specs of its own axes");
 
  public:
   using Param = ShardedTensor<T, M, ParamSpec>;

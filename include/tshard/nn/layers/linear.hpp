@@ -27,6 +27,9 @@ class Linear : public Module {
                     tshard::detail::pinned_rank<OutSpec>() == 3,
                 "tshard: Linear's output spec is tshard::Deduced or a Spec of rank 2 ([B, out]) or 3 ([B, T, out])");
   static_assert(is_real_floating_v<T>, "tshard: Linear's element type is float, double or bfloat16");
+  static_assert(tshard::detail::specs_on_mesh<M, WeightSpec, OutSpec>(),
+                "tshard: Linear's specs split over a mesh axis this mesh lacks (its weight spec or output spec)"
+                ": give the mesh that axis (of size 1 where nothing splits over it) or pass specs of its own axes");
 
  public:
   using BiasSpec = Spec<tshard::detail::dim_at_t<WeightSpec, 1>>;

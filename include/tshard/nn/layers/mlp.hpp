@@ -16,6 +16,9 @@ namespace tshard::nn {
 template <class T, class M, class InSpec = Spec<R, S<"model">>, class OutSpec = Spec<S<"model">, R>,
           class ActSpec = Deduced>
 class MLP : public Module {
+  static_assert(tshard::detail::specs_on_mesh<M, InSpec, OutSpec, ActSpec>(),
+                "tshard: MLP's specs split over a mesh axis this mesh lacks (the defaults split the hidden dim over \"model\")"
+                ": give the mesh that axis (of size 1 where nothing splits over it) or pass specs of its own axes");
   static auto hidden_spec() {
     if constexpr (tshard::detail::is_deduced<ActSpec>)
       return std::type_identity<Deduced>{};

@@ -1,8 +1,8 @@
 // The pre-layernorm transformer block (GPT-2's): y = h + mlp(ln2(h)), h = x + attention(ln1(x)),
-// with dropout on both branches and an optional mixture of experts for the MLP. Its layouts come
-// from one struct of specs (parallel/megatron.hpp's MegatronSpecs by default: heads and the MLP's
-// hidden dim split over "model"), so the same block is data-, tensor- or both-parallel by
-// annotation alone.
+// with dropout on both branches (and attention dropout on its probabilities) and an optional
+// mixture of experts for the MLP. Its layouts come from one struct of specs
+// (parallel/megatron.hpp's MegatronSpecs by default: heads and the MLP's hidden dim split over
+// "model"), so the same block is data-, tensor- or both-parallel by annotation alone.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -57,8 +57,10 @@ constexpr auto expert_axis_of() {
 // The block's submodules, as Megatron's layer specs name them: a specs struct may give its own
 // `template <class T, class M> using norm_layer / attention_layer / mlp_layer = ...` (modules
 // built as (mesh, dmodel), (mesh, dmodel, heads, seed) and (mesh, dmodel, hidden, seed), callable
-// on [B, T, D]); absent ones are LayerNorm, Attention and MLP on the struct's specs (and its
-// `activation` spec, where it pins one).
+// on [B, T, D]; an attention layer callable as layer(x, const AttentionOptions&) gets the block's
+// options and attention dropout, one callable as layer(x) only plain causal attention); absent
+// ones are LayerNorm, Attention and MLP on the struct's specs (and its `activation` spec, where it
+// pins one).
 template <class Specs, class T, class M>
 struct block_layers {
   static auto norm() {
@@ -136,7 +138,8 @@ class TransformerBlock : public Module {
   // The block forward only, its gradient derived from its submodules' (the experts' gate through
   // its custom VJP). Dropout follows train()/eval(); its masks see the rows at their place in the
   // whole batch through micro_batch(). options go to the attention (bidirectional, a window,
-  // packed documents; causal by default).
+  // packed documents; causal by default); their own dropout is refused, as the block draws
+  // attention dropout itself (BlockOptions::attention_dropout, in training only).
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: TransformerBlock takes x [B, T, D]");
@@ -167,13 +170,22 @@ class TransformerBlock : public Module {
       throw SpecError("tshard::nn::TransformerBlock: the block draws its attention dropout itself (in training, for "
                       "the rows of its micro-batch): set BlockOptions::attention_dropout, not the options' dropout");
     auto attend = [&](const auto& y) {
-      if (o_.attention_dropout <= 0 || inference) return attention_(y, options);
-      AttentionOptions dropping = options;
-      // (a stream of its own: the residual branches' seeds are splitmix64(seed * 1000003 + 2 calls + site))
-      dropping.dropout = {.p = o_.attention_dropout,
-                          .seed = tshard::detail::random_bits(o_.seed * 1000003 + std::uint64_t(calls_), 2),
-                          .row_offset = mb.row_offset};
-      return attention_(y, dropping);
+      if constexpr (!std::is_invocable_v<SelfAttention&, decltype(y), const AttentionOptions&>) {
+        // A specs struct's own attention layer, callable on y alone: causal, as it attends.
+        if (o_.attention_dropout > 0 || !detail::is_plain_causal(options))
+          throw SpecError("tshard::nn::TransformerBlock: its specs' attention_layer takes no AttentionOptions (it is "
+                          "called as layer(x)), so the block cannot pass attention options or attention_dropout to "
+                          "it: give the layer an operator()(x, const AttentionOptions&)");
+        return attention_(y);
+      } else {
+        if (o_.attention_dropout <= 0 || inference) return attention_(y, options);
+        AttentionOptions dropping = options;
+        // (a stream of its own: the residual branches' seeds are splitmix64(seed * 1000003 + 2 calls + site))
+        dropping.dropout = {.p = o_.attention_dropout,
+                            .seed = tshard::detail::random_bits(o_.seed * 1000003 + std::uint64_t(calls_), 2),
+                            .row_offset = mb.row_offset};
+        return attention_(y, dropping);
+      }
     };
     auto h = x + branch(attend(ln1_(x)), 0);
     using Y = decltype(h + branch((*mlp_)(ln2_(h)), 1));
