@@ -42,8 +42,19 @@ int main(int argc, char** argv) {
   int reps = 3;
   double dropout = 0;
   std::vector<long> seqs{1024, 2048, 4096};
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage =
+      "usage: tshard_bench_attention [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16] [--seq 1024,2048,4096]\n"
+      "                              [--written-max 4096] [--reps 3] [--documents N] [--dropout P]\n";
+  for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      if (tshard_bench::world_rank() == 0) std::fputs(usage, stdout);
+      return 0;
+    }
+    if (i + 1 == argc) {
+      if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: %s takes a value\n%s", a.c_str(), usage);
+      return 2;
+    }
     const long v = std::atol(argv[i + 1]);
     if (a == "--batch") batch = v;
     else if (a == "--heads") heads = v;
@@ -61,7 +72,7 @@ int main(int argc, char** argv) {
         s = comma == std::string::npos ? "" : s.substr(comma + 1);
       }
     } else {
-      if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: unknown option %s\n", a.c_str());
+      if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: unknown option %s\n%s", a.c_str(), usage);
       return 2;
     }
   }

@@ -2,7 +2,8 @@
 # Long sequences on one rank (float):
 #  1. bench/attention_bench.cpp: attention forward + backward, ts::nn::scaled_dot_product_attention
 #     (fused, blockwise) against the same attention written out (T x T scores), per sequence
-#     length, B 2, 4 heads, Dh 16, with its FLOP rate against an sgemm's in the same run;
+#     length up to 8192 (longer ones only in the Llama runs of 2.-4., to keep the run short),
+#     B 2, 4 heads, Dh 16, with its FLOP rate against an sgemm's in the same run;
 #  2. train_llama --dmodel 64 --heads 4 --kv-heads 2 --layers 2 --batch 1 --vocab 256 --steps 2 at
 #     each --seq, --attention fused against --attention einsum (skipped above --written-max, as
 #     it needs T^2 memory): tokens/s, the buffer pool's peak and the resident memory's;

@@ -1,6 +1,7 @@
 // A Llama written as a user of tshard writes one: modules, forward only (the gradients are
 // derived), HF's names and shapes, over any {data, stage, context, model} mesh: batch over "data";
-// positions over "context" (attention reshards them to heads and back); heads (a query head beside
+// positions over "context" (attention passes keys and values round a ring, or reshards positions to
+// heads and back, whichever its options' Auto picks); heads (a query head beside
 // its key-value head), the MLP's hidden dim and the vocabulary over "model" (Megatron's layout, by
 // annotation); "stage" cuts the layers into a pipeline. RMSNorm, rotary, GQA, SwiGLU.
 //
@@ -55,7 +56,7 @@ template <class T, class SpecT> using Weight = ts::train::HfWeight<T, Sub, SpecT
 
 using Activation = ts::Spec<S<"data">, S<"context">, R>;  // [B, T, D]: batch over data, positions over context
 
-// Rotary tables of positions [offset, offset + t) (HF's rotate_half, theta 10000) for q and k
+// Rotary tables of positions [offset, offset + t) (HF's rotate_half, the config's theta) for q and k
 // [B, T, Dh, ...]; for --attention einsum, the causal mask of those queries over keys [0, offset + t).
 template <class T>
 struct Positions {

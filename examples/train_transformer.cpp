@@ -1,7 +1,8 @@
 // A decoder-only transformer language model trained with tshard's nn layer on any {data, stage,
 // context, model} mesh: token and position embeddings (the vocabulary split over "model"), L
 // pre-layernorm blocks (heads and the MLP's hidden dim split over "model", Megatron's pattern by
-// annotation; positions over "context", the fused attention passing keys and values round a ring),
+// annotation; positions over "context", the fused attention passing keys and values round a ring
+// or switching the split to heads by all-to-alls, whichever its options' Auto picks),
 // a final layernorm, an output projection whose logits stay split over the vocabulary,
 // cross-entropy that never gathers them, AdamW with optional weight-update sharding over "data"
 // and "context" (--zero 1|2|3) and global gradient-norm clipping. "stage" cuts the blocks into a pipeline
