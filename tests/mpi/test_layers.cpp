@@ -218,6 +218,51 @@ TEST_CASE("a block's specs may give an attention layer callable as layer(x): the
                  std::string::npos);
 }
 
+TEST_CASE("GroupedQueryAttention: query head (g, kv) reads key-value head kv, as Attention with each key-value head "
+          "repeated over its group; the one-rank values on every mesh, gradients equal finite differences; a block "
+          "of GroupedQuerySpecs takes BlockOptions::kv_heads",
+          "[layers]") {
+  const std::array<Eigen::Index, 3> dims{3, 5, 6};
+  using GQA = ts::nn::GroupedQueryAttention<double, DM>;
+  {  // Against Attention whose key and value weights repeat each key-value head for its group.
+    DM self(MPI_COMM_SELF, {1, 1});
+    const Eigen::Index D = 6, H = 4, G = 2;
+    GQA grouped(self, D, H, H / G, 5);
+    ts::nn::Attention<double, DM> repeated(self, D, H, 9);
+    const Eigen::Index Dh = grouped.head_dim(), slab = D * Dh;
+    REQUIRE(grouped.groups() == G);
+    std::copy_n(grouped.wq().data(), slab * H, repeated.wq().data());  // [D, Dh, G, KV] is [D, Dh, H]
+    for (Eigen::Index h = 0; h < H; ++h) {
+      std::copy_n(grouped.wk().data() + (h / G) * slab, slab, repeated.wk().data() + h * slab);
+      std::copy_n(grouped.wv().data() + (h / G) * slab, slab, repeated.wv().data() + h * slab);
+    }
+    std::copy_n(grouped.wo().data(), Dh * H * D, repeated.wo().data());  // [Dh, G, KV, D] is [Dh, H, D]
+    std::copy_n(grouped.bo().data(), D, repeated.bo().data());
+    const auto x = ts::distribute<Acts>(self, random_tensor<3>(dims, 13));
+    for (const auto& o : std::vector<ts::nn::AttentionOptions>{{}, {.causal = false, .window = 2}})
+      REQUIRE(compare(T3(grouped(x, o).gather()), T3(repeated(x, o).gather()), 1e-13) == "");
+  }
+  check_layer([](const DM& m) { return GQA(m, 6, 4, 2, 5); }, dims);
+  check_layer_on_meshes([](const DM& m) { return GQA(m, 6, 3, 1, 5); }, dims);  // one key-value head (MQA)
+  check_layer_on_meshes([](const DM& m) { return WithOptions<GQA>({.causal = false, .window = 2}, m, 6, 6, 3, 5); }, dims);
+  using Block = ts::nn::TransformerBlock<double, DM, ts::nn::GroupedQuerySpecs<"model">>;
+  check_layer([](const DM& m) { return Block(m, {.dmodel = 6, .heads = 4, .hidden = 5, .seed = 4, .kv_heads = 2}); }, dims);
+  // With as many key-value heads as heads it is Attention, from the same seed.
+  DM mesh({1, world_size()});
+  const auto x = ts::distribute<Acts>(mesh, random_tensor<3>(dims, 14));
+  GQA same(mesh, 6, 3, 3, 5);
+  ts::nn::Attention<double, DM> attention(mesh, 6, 3, 5);
+  TS_REQUIRE_ALL(compare(T3(same(x).gather()), T3(attention(x).gather()), 1e-13) == "");
+  auto says = [&](auto&& f, const std::string& text) {
+    const std::string what = error_text(f);
+    INFO(what);
+    TS_REQUIRE_ALL(what.find(text) != std::string::npos);
+  };
+  says([&] { ts::nn::TransformerBlock<double, DM>(mesh, {.dmodel = 6, .heads = 4, .kv_heads = 2}); },
+       "give the block specs with grouped-query attention (ts::nn::GroupedQuerySpecs)");
+  says([&] { GQA(mesh, 6, 4, 3, 5); }, "the heads a multiple of the key-value heads");
+}
+
 TEST_CASE("pinned output specs (Megatron's sequence parallelism) give the one-rank values, whose gradients equal finite "
           "differences",
           "[layers]") {
@@ -278,7 +323,7 @@ struct ContextSequenceSpecs : ts::nn::MegatronSpecs<"model"> {
 };
 }  // namespace
 
-TEST_CASE("Attention, MLP and TransformerBlock on {data, context, model} meshes, tokens split over context (and over "
+TEST_CASE("Attention, GroupedQueryAttention, MLP and TransformerBlock on {data, context, model} meshes, tokens split over context (and over "
           "context and model together), give the one-rank values and gradients",
           "[layers][context]") {
   // 7 positions: not divisible by 2 x context on any mesh here, so the ring falls back where it
@@ -291,6 +336,14 @@ TEST_CASE("Attention, MLP and TransformerBlock on {data, context, model} meshes,
   check_layer_on_context_meshes<Context>([](const DCM& m) { return ts::nn::Attention<double, DCM>(m, 6, 3, 5); }, dims);
   check_layer_on_context_meshes<Context>(
       [](const DCM& m) { return ts::nn::TransformerBlock<double, DCM>(m, {.dmodel = 6, .heads = 3, .hidden = 5, .seed = 4}); },
+      dims);
+  check_layer_on_context_meshes<Context>([](const DCM& m) { return ts::nn::GroupedQueryAttention<double, DCM>(m, 6, 4, 2, 5); },
+                                         dims);
+  check_layer_on_context_meshes<Context>(
+      [](const DCM& m) {
+        return ts::nn::TransformerBlock<double, DCM, ts::nn::GroupedQuerySpecs<"model">>(
+            m, {.dmodel = 6, .heads = 4, .hidden = 5, .seed = 4, .kv_heads = 1});
+      },
       dims);
   check_layer_on_context_meshes<Both>([](const DCM& m) { return ts::nn::MLP<double, DCM, Column, Row, Both>(m, 6, 7, 9); },
                                       dims);

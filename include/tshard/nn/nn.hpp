@@ -21,6 +21,7 @@
 #include "tshard/nn/layers/attention.hpp"
 #include "tshard/nn/layers/batch_norm.hpp"
 #include "tshard/nn/layers/embedding.hpp"
+#include "tshard/nn/layers/grouped_query_attention.hpp"
 #include "tshard/nn/layers/layer_norm.hpp"
 #include "tshard/nn/layers/linear.hpp"
 #include "tshard/nn/layers/mlp.hpp"

@@ -34,6 +34,7 @@
 #include "tshard/core/spec_algebra.hpp"
 #include "tshard/nn/functional/attention_blocks.hpp"
 #include "tshard/nn/functional/ring_attention.hpp"
+#include "tshard/ops/elementwise/operands.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/factories.hpp"
 

@@ -6,9 +6,12 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <type_traits>
 
 #include "tshard/nn/functional/dropout.hpp"
 #include "tshard/nn/layers/attention.hpp"
+#include "tshard/nn/layers/grouped_query_attention.hpp"
 #include "tshard/nn/layers/layer_norm.hpp"
 #include "tshard/nn/layers/mlp.hpp"
 #include "tshard/nn/layers/moe.hpp"
@@ -18,9 +21,10 @@ namespace tshard::nn {
 
 // The sizes of a block. hidden 0 means 4 * dmodel; dropout applies to both residual branches,
 // attention_dropout to the attention's probabilities (GPT-2's attn_pdrop), with masks from
-// (seed, call, global index): the same on every mesh. experts > 0 makes the
-// MLP a GShard mixture of experts (each expert hidden wide) with this capacity factor and
-// load-balancing weight.
+// (seed, call, global index): the same on every mesh. experts > 0 makes the MLP a GShard mixture
+// of experts (each expert hidden wide) with this capacity factor and load-balancing weight.
+// kv_heads 0 means heads; fewer is grouped-query attention, for an attention layer that takes
+// them (GroupedQuerySpecs' blocks).
 struct BlockOptions {
   Eigen::Index dmodel = 64;
   Eigen::Index heads = 4;
@@ -31,6 +35,7 @@ struct BlockOptions {
   int experts = 0;
   double capacity_factor = 1.25;
   double aux_weight = 0.01;
+  Eigen::Index kv_heads = 0;
 };
 
 namespace detail {
@@ -56,11 +61,11 @@ constexpr auto expert_axis_of() {
 
 // The block's submodules, as Megatron's layer specs name them: a specs struct may give its own
 // `template <class T, class M> using norm_layer / attention_layer / mlp_layer = ...` (modules
-// built as (mesh, dmodel), (mesh, dmodel, heads, seed) and (mesh, dmodel, hidden, seed), callable
-// on [B, T, D]; an attention layer callable as layer(x, const AttentionOptions&) gets the block's
-// options and attention dropout, one callable as layer(x) only plain causal attention); absent
-// ones are LayerNorm, Attention and MLP on the struct's specs (and its `activation` spec, where it
-// pins one).
+// built as (mesh, dmodel), (mesh, dmodel, heads, seed) or (mesh, dmodel, heads, kv_heads, seed),
+// and (mesh, dmodel, hidden, seed), callable on [B, T, D]; an attention layer callable as
+// layer(x, const AttentionOptions&) gets the block's options and attention dropout, one callable
+// as layer(x) only plain causal attention); absent ones are LayerNorm, Attention and MLP on the
+// struct's specs (and its `activation` spec, where it pins one).
 template <class Specs, class T, class M>
 struct block_layers {
   static auto norm() {
@@ -94,7 +99,7 @@ class TransformerBlock : public Module {
   TransformerBlock(const M& mesh, const BlockOptions& o)
       : o_(o),
         ln1_(mesh, o.dmodel),
-        attention_(mesh, o.dmodel, o.heads, o.seed * 16 + 1),
+        attention_(make_attention(mesh, o)),
         ln2_(mesh, o.dmodel) {
     for (const double p : {o.dropout, o.attention_dropout})
       if (!(p >= 0 && p < 1))
@@ -191,6 +196,20 @@ class TransformerBlock : public Module {
     using Y = decltype(h + branch((*mlp_)(ln2_(h)), 1));
     if (moe_) return reshard<typename Y::SpecType>(h + branch((*moe_)(ln2_(h)), 1));
     return h + branch((*mlp_)(ln2_(h)), 1);
+  }
+
+  // The attention layer: with its key-value heads where it takes them (mesh, dmodel, heads,
+  // kv_heads, seed), else built as (mesh, dmodel, heads, seed), which has as many as heads.
+  static SelfAttention make_attention(const M& mesh, const BlockOptions& o) {
+    if constexpr (std::is_constructible_v<SelfAttention, const M&, Eigen::Index, Eigen::Index, Eigen::Index, std::uint64_t>) {
+      return SelfAttention(mesh, o.dmodel, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.seed * 16 + 1);
+    } else {
+      if (o.kv_heads != 0 && o.kv_heads != o.heads)
+        throw SpecError("tshard::nn::TransformerBlock: kv_heads " + std::to_string(o.kv_heads) + " for " +
+                        std::to_string(o.heads) + " heads, but its attention layer has a key-value head per query "
+                        "head: give the block specs with grouped-query attention (ts::nn::GroupedQuerySpecs)");
+      return SelfAttention(mesh, o.dmodel, o.heads, o.seed * 16 + 1);
+    }
   }
 
   BlockOptions o_;
