@@ -218,6 +218,12 @@ TEST_CASE("a block's specs may give an attention layer callable as layer(x): the
                  std::string::npos);
 }
 
+namespace {
+struct GroupedSequenceSpecs : ts::nn::GroupedQuerySpecs<"model"> {
+  using activation = ts::Spec<ts::S<"data">, ts::S<"model">, ts::R>;  // tokens over model
+};
+}  // namespace
+
 TEST_CASE("GroupedQueryAttention: query head (g, kv) reads key-value head kv, as Attention with each key-value head "
           "repeated over its group; the one-rank values on every mesh, gradients equal finite differences; a block "
           "of GroupedQuerySpecs takes BlockOptions::kv_heads",
@@ -247,8 +253,23 @@ TEST_CASE("GroupedQueryAttention: query head (g, kv) reads key-value head kv, as
   check_layer_on_meshes([](const DM& m) { return WithOptions<GQA>({.causal = false, .window = 2}, m, 6, 6, 3, 5); }, dims);
   using Block = ts::nn::TransformerBlock<double, DM, ts::nn::GroupedQuerySpecs<"model">>;
   check_layer([](const DM& m) { return Block(m, {.dmodel = 6, .heads = 4, .hidden = 5, .seed = 4, .kv_heads = 2}); }, dims);
-  // With as many key-value heads as heads it is Attention, from the same seed.
   DM mesh({1, world_size()});
+  {  // The block's attention has the key-value heads asked for (and as many as heads by default).
+    Block grouped(mesh, {.dmodel = 6, .heads = 4, .hidden = 5, .kv_heads = 2}), plain(mesh, {.dmodel = 6, .heads = 4});
+    REQUIRE(grouped.attention().groups() == 2);
+    REQUIRE(grouped.attention().wk().global_shape()[2] == 2);
+    REQUIRE(plain.attention().groups() == 1);
+  }
+  // Sequence parallelism: a struct derived from GroupedQuerySpecs pins the residual stream's layout.
+  check_layer([](const DM& m) {
+    return ts::nn::TransformerBlock<double, DM, GroupedSequenceSpecs>(m, {.dmodel = 6, .heads = 4, .hidden = 5, .seed = 4, .kv_heads = 2});
+  }, dims);
+  {
+    ts::nn::TransformerBlock<double, DM, GroupedSequenceSpecs> pinned(mesh, {.dmodel = 6, .heads = 4, .hidden = 5, .kv_heads = 2});
+    auto y = pinned(ts::distribute<Acts>(mesh, random_tensor<3>(dims, 1)));
+    static_assert(std::is_same_v<decltype(y), ts::ShardedTensor<double, DM, GroupedSequenceSpecs::activation>>);
+  }
+  // With as many key-value heads as heads it is Attention, from the same seed.
   const auto x = ts::distribute<Acts>(mesh, random_tensor<3>(dims, 14));
   GQA same(mesh, 6, 3, 3, 5);
   ts::nn::Attention<double, DM> attention(mesh, 6, 3, 5);

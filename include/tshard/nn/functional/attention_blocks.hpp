@@ -172,8 +172,9 @@ struct AttentionGeometry {
   }
 };
 
-// The multiplier of element (t, s) of query head (g, h) in batch row b (row_offset + b in the
-// whole batch): 0 or 1 / (1 - p), as the kernels draw it; for a reference to build its mask from.
+// The multiplier of query head (g, h) at global query position t against global key position s
+// in batch row b (row_offset + b in the whole batch): 0 or 1 / (1 - p), as the kernels draw it;
+// for a reference to build its mask from (a causal query row t of T < S sits at S - T + t).
 inline double dropout_multiplier_at(const AttentionDropout& d, Index b, Index head, Index group, Index t, Index s) {
   if (d.p <= 0) return 1;
   double z = 1;

@@ -5,11 +5,14 @@
 // reads, so splitting the key-value heads over an axis keeps every group whole on one rank: the
 // fused attention runs locally on any KV and rank count (3 over 2 ranks, 1 over 4), and a split
 // sequence goes round the ring or through the all-to-alls as Attention's does. With KV = H (G = 1)
-// it is Attention: the same values from the same seed, its weights with a unit group dim.
+// it computes what Attention does from the same seed (its weights have a unit group dim, so their
+// state dicts differ in shape). It has no written-out fallback for a split model dim: it splits
+// heads.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "tshard/nn/functional/scaled_dot_product_attention.hpp"
 #include "tshard/nn/init.hpp"
@@ -54,11 +57,14 @@ class GroupedQueryAttention : public Module {
                 "tshard: GroupedQueryAttention's specs split over a mesh axis this mesh lacks (the defaults split "
                 "key-value heads over \"model\"): give the mesh that axis (of size 1 where nothing splits over it) "
                 "or pass specs of its own axes");
+  static_assert(std::is_same_v<tshard::detail::dim_at_t<KVSpec, 0>, R>,
+                "tshard: GroupedQueryAttention splits heads, not the model dim: its key-value spec's first dim is R");
   static_assert(tshard::detail::is_deduced<ActSpec> || tshard::detail::pinned_rank<ActSpec>() == 3,
                 "tshard: GroupedQueryAttention's activation spec is tshard::Deduced or a rank-3 tshard::Spec<batch, "
                 "time, model dim>");
 
  public:
+  static constexpr bool takes_kv_heads = true;  // TransformerBlock builds it with BlockOptions::kv_heads
   using QuerySpec = typename detail::grouped_query_weights<KVSpec>::type;
   using OutputSpec = typename detail::grouped_output_weights<OutSpec>::type;
   using Query = ShardedTensor<T, M, QuerySpec>;         // [D, Dh, G, KV]
@@ -141,12 +147,13 @@ class GroupedQueryAttention : public Module {
 
 // Megatron's layout with grouped-query attention in its blocks: key-value heads (and their
 // groups of query heads) over Model; TransformerBlock takes the key-value heads from
-// BlockOptions::kv_heads.
+// BlockOptions::kv_heads, and the activation spec from a struct derived from this one that pins
+// it (`using activation = ...`: sequence parallelism).
 template <FixedString Model = "model">
 struct GroupedQuerySpecs : MegatronSpecs<Model> {
-  template <class T, class M>
+  template <class T, class M, class Act = Deduced>
   using attention_layer =
-      GroupedQueryAttention<T, M, typename MegatronSpecs<Model>::qkv, typename MegatronSpecs<Model>::attention_out>;
+      GroupedQueryAttention<T, M, typename MegatronSpecs<Model>::qkv, typename MegatronSpecs<Model>::attention_out, Act>;
 };
 
 }  // namespace tshard::nn

@@ -66,6 +66,9 @@ class MoE : public Module {
   using Out = ShardedTensor<T, M, OutSpec>;
   using Slots = ShardedTensor<T, M, GroupSplit>;           // dispatched tokens, the experts' outputs
   using Mask = ShardedTensor<T, M, Spec<S<ExpertAxis>, R, R, R>>;  // gate weights [G, S, E, C]
+  static_assert(tshard::detail::specs_on_mesh<M, InSpec>(),
+                "tshard: MoE's experts split over a mesh axis this mesh lacks (ExpertAxis, \"data\" by default, and "
+                "Model, \"model\"): give the mesh those axes (of size 1 where nothing splits over them)");
 
   MoE(const M& mesh, const MoEOptions& o)
       : mesh_(mesh), o_(o), hidden_(o.hidden > 0 ? o.hidden : 4 * o.dmodel),

@@ -11,7 +11,6 @@
 
 #include "tshard/nn/functional/dropout.hpp"
 #include "tshard/nn/layers/attention.hpp"
-#include "tshard/nn/layers/grouped_query_attention.hpp"
 #include "tshard/nn/layers/layer_norm.hpp"
 #include "tshard/nn/layers/mlp.hpp"
 #include "tshard/nn/layers/moe.hpp"
@@ -61,11 +60,13 @@ constexpr auto expert_axis_of() {
 
 // The block's submodules, as Megatron's layer specs name them: a specs struct may give its own
 // `template <class T, class M> using norm_layer / attention_layer / mlp_layer = ...` (modules
-// built as (mesh, dmodel), (mesh, dmodel, heads, seed) or (mesh, dmodel, heads, kv_heads, seed),
-// and (mesh, dmodel, hidden, seed), callable on [B, T, D]; an attention layer callable as
-// layer(x, const AttentionOptions&) gets the block's options and attention dropout, one callable
-// as layer(x) only plain causal attention); absent ones are LayerNorm, Attention and MLP on the
-// struct's specs (and its `activation` spec, where it pins one).
+// built as (mesh, dmodel), (mesh, dmodel, heads, seed) and (mesh, dmodel, hidden, seed), callable
+// on [B, T, D]; an attention layer that says `static constexpr bool takes_kv_heads = true` is
+// built as (mesh, dmodel, heads, kv_heads, seed); one callable as layer(x, const
+// AttentionOptions&) gets the block's options and attention dropout, one callable as layer(x)
+// only plain causal attention); absent ones are LayerNorm, Attention and MLP on the struct's
+// specs. The struct's `activation` spec, where it pins one, goes to those and to an
+// attention_layer that takes it as a third argument (template <class T, class M, class Act>).
 template <class Specs, class T, class M>
 struct block_layers {
   static auto norm() {
@@ -75,7 +76,9 @@ struct block_layers {
       return std::type_identity<LayerNorm<T, M, typename Specs::norm>>{};
   }
   static auto attention() {
-    if constexpr (requires { typename Specs::template attention_layer<T, M>; })
+    if constexpr (requires { typename Specs::template attention_layer<T, M, activation_of_t<Specs>>; })
+      return std::type_identity<typename Specs::template attention_layer<T, M, activation_of_t<Specs>>>{};
+    else if constexpr (requires { typename Specs::template attention_layer<T, M>; })
       return std::type_identity<typename Specs::template attention_layer<T, M>>{};
     else
       return std::type_identity<Attention<T, M, typename Specs::qkv, typename Specs::attention_out, activation_of_t<Specs>>>{};
@@ -198,11 +201,11 @@ class TransformerBlock : public Module {
     return h + branch((*mlp_)(ln2_(h)), 1);
   }
 
-  // The attention layer: with its key-value heads where it takes them (mesh, dmodel, heads,
-  // kv_heads, seed), else built as (mesh, dmodel, heads, seed), which has as many as heads.
+  // The attention layer: with its key-value heads where it says it takes them (mesh, dmodel,
+  // heads, kv_heads, seed), else built as (mesh, dmodel, heads, seed), one per head.
   static SelfAttention make_attention(const M& mesh, const BlockOptions& o) {
-    if constexpr (std::is_constructible_v<SelfAttention, const M&, Eigen::Index, Eigen::Index, Eigen::Index, std::uint64_t>) {
-      return SelfAttention(mesh, o.dmodel, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.seed * 16 + 1);
+    if constexpr (requires { requires SelfAttention::takes_kv_heads; }) {
+      return SelfAttention(mesh, o.dmodel, o.heads, o.kv_heads != 0 ? o.kv_heads : o.heads, o.seed * 16 + 1);
     } else {
       if (o.kv_heads != 0 && o.kv_heads != o.heads)
         throw SpecError("tshard::nn::TransformerBlock: kv_heads " + std::to_string(o.kv_heads) + " for " +
