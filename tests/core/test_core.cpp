@@ -250,22 +250,15 @@ TEST_CASE("the planner picks GSPMD's collective for each kind of transition") {
   REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{1, 0}, {}}), shape, m, 8)) == std::vector<K>{K::Direct});
 }
 
-// The .npy header parser takes whatever a file holds: seeded mutations of valid preambles
-// (flipped, inserted, deleted and truncated bytes) either parse or throw IoError, never read
-// past the bytes given (under the sanitizers script) or throw anything else. 200,000 inputs
-// here; TSHARD_FUZZ_ITERATIONS for more, and scripts/fuzz.sh runs libFuzzer.
-TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
-  using tshard::io::detail::npy_preamble;
-  const std::vector<std::string> seeds = {npy_preamble("<f8", false, {3, 4}), npy_preamble("<c16", true, {7}),
-                                          npy_preamble("<i4", true, {}), npy_preamble("<f4", true, {2, 0, 5})};
-  for (const auto& s : seeds) {
-    const auto h = tshard::io::detail::parse_npy_header(s.data(), s.size(), "seed");
-    REQUIRE(h.data_offset == std::int64_t(s.size()));
-    REQUIRE(h.data_offset % 64 == 0);
-  }
+namespace {
+// Seeded mutations of the seeds (1 to 4 edits each: a byte overwritten, one of `alphabet`
+// inserted, bytes erased, the rest cut off, a bit flipped), each handed to parse, which either
+// returns (checking what it parsed) or throws IoError; anything else fails the test. 200,000
+// inputs; TSHARD_FUZZ_ITERATIONS for more. Returns how many parsed.
+template <class Parse>
+long fuzz_mutations(const std::vector<std::string>& seeds, std::string_view alphabet, std::uint64_t state, Parse parse) {
   long iterations = 200000;
   if (const char* n = std::getenv("TSHARD_FUZZ_ITERATIONS")) iterations = std::atol(n);
-  std::uint64_t state = 12345;
   auto next = [&] {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return std::uint32_t(state >> 33);
@@ -278,15 +271,14 @@ TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
       const std::size_t at = next() % s.size();
       switch (next() % 5) {
         case 0: s[at] = char(next()); break;
-        case 1: s.insert(at, 1, "(),:'\"0123456789 TF{}L"[next() % 22]); break;
+        case 1: s.insert(at, 1, alphabet[next() % alphabet.size()]); break;
         case 2: s.erase(at, 1 + next() % 8); break;
         case 3: s.resize(at); break;
         default: s[at] = char(s[at] ^ (1 << (next() % 8))); break;
       }
     }
     try {
-      const auto h = tshard::io::detail::parse_npy_header(s.data(), s.size(), "mutant");
-      REQUIRE(h.data_offset <= std::int64_t(s.size()));
+      parse(s);
       ++parsed;
     } catch (const tshard::IoError&) {
       ++rejected;
@@ -294,11 +286,31 @@ TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
   }
   INFO(parsed << " parsed, " << rejected << " rejected");
   REQUIRE(parsed + rejected == iterations);
+  return parsed;
+}
+}  // namespace
+
+// The .npy header parser takes whatever a file holds: mutated valid preambles either parse or
+// throw IoError, never read past the bytes given (under the sanitizers script) or throw anything
+// else; scripts/fuzz.sh runs libFuzzer on it.
+TEST_CASE("the .npy header parser survives mutated headers", "[npy]") {
+  using tshard::io::detail::npy_preamble;
+  const std::vector<std::string> seeds = {npy_preamble("<f8", false, {3, 4}), npy_preamble("<c16", true, {7}),
+                                          npy_preamble("<i4", true, {}), npy_preamble("<f4", true, {2, 0, 5})};
+  for (const auto& s : seeds) {
+    const auto h = tshard::io::detail::parse_npy_header(s.data(), s.size(), "seed");
+    REQUIRE(h.data_offset == std::int64_t(s.size()));
+    REQUIRE(h.data_offset % 64 == 0);
+  }
+  fuzz_mutations(seeds, "(),:'\"0123456789 TF{}L", 12345, [](const std::string& s) {
+    const auto h = tshard::io::detail::parse_npy_header(s.data(), s.size(), "mutant");
+    REQUIRE(h.data_offset <= std::int64_t(s.size()));
+  });
 }
 
 // The safetensors header parser (and the JSON reader under it) take whatever a file holds, as the
-// .npy one: seeded mutations of valid headers either parse, with every tensor's bytes inside the
-// data the header promises, or throw IoError. TSHARD_FUZZ_ITERATIONS for more.
+// .npy one: mutated valid headers either parse, with every tensor's bytes inside the data the
+// header promises, or throw IoError.
 TEST_CASE("the safetensors header parser survives mutated headers", "[safetensors]") {
   using tshard::io::detail::SafetensorsEntry;
   using tshard::io::detail::safetensors_header;
@@ -320,38 +332,11 @@ TEST_CASE("the safetensors header parser survives mutated headers", "[safetensor
   const auto h = tshard::io::detail::parse_safetensors_header(seeds[2].data(), seeds[2].size(), "seed");
   REQUIRE(h.tensors.at(0).name == "\"q\\uote\"\n");  // names and metadata round-trip through JSON escapes
   REQUIRE(h.metadata.at("k") == "v\tw");
-  long iterations = 200000;
-  if (const char* n = std::getenv("TSHARD_FUZZ_ITERATIONS")) iterations = std::atol(n);
-  std::uint64_t state = 6789;
-  auto next = [&] {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return std::uint32_t(state >> 33);
-  };
-  long parsed = 0, rejected = 0;
-  for (long i = 0; i < iterations; ++i) {
-    std::string s = seeds[next() % seeds.size()];
-    const int edits = 1 + int(next() % 4);
-    for (int e = 0; e < edits && !s.empty(); ++e) {
-      const std::size_t at = next() % s.size();
-      switch (next() % 5) {
-        case 0: s[at] = char(next()); break;
-        case 1: s.insert(at, 1, "[]{},:\"\\u0123456789.eE-+ tfn"[next() % 28]); break;
-        case 2: s.erase(at, 1 + next() % 8); break;
-        case 3: s.resize(at); break;
-        default: s[at] = char(s[at] ^ (1 << (next() % 8))); break;
-      }
-    }
-    try {
-      const auto m = tshard::io::detail::parse_safetensors_header(s.data(), s.size(), "mutant");
-      REQUIRE(m.data_offset <= std::int64_t(s.size()));
-      for (const auto& t : m.tensors) REQUIRE((t.begin <= t.end && t.end <= m.data_bytes));
-      ++parsed;
-    } catch (const tshard::IoError&) {
-      ++rejected;
-    }
-  }
-  INFO(parsed << " parsed, " << rejected << " rejected");
-  REQUIRE(parsed + rejected == iterations);
+  const long parsed = fuzz_mutations(seeds, "[]{},:\"\\u0123456789.eE-+ tfn", 6789, [](const std::string& s) {
+    const auto m = tshard::io::detail::parse_safetensors_header(s.data(), s.size(), "mutant");
+    REQUIRE(m.data_offset <= std::int64_t(s.size()));
+    for (const auto& t : m.tensors) REQUIRE((t.begin <= t.end && t.end <= m.data_bytes));
+  });
   REQUIRE(parsed > 0);
 }
 

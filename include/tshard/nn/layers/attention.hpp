@@ -6,13 +6,13 @@
 // or, where the projections are partial sums (the model dim split), the written-out causal one
 // (nn/functional/attention.hpp), which resolves them. Both are custom VJPs.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "tshard/nn/functional/attention.hpp"
 #include "tshard/nn/functional/scaled_dot_product_attention.hpp"
 #include "tshard/nn/init.hpp"
+#include "tshard/nn/layers/pinned_activations.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/einsum.hpp"
 
@@ -47,8 +47,10 @@ class Attention : public Module {
         wq_(own_parameter("wq", init_proj(mesh, dmodel, heads, seed))),
         wk_(own_parameter("wk", init_proj(mesh, dmodel, heads, seed + 1))),
         wv_(own_parameter("wv", init_proj(mesh, dmodel, heads, seed + 2))),
-        wo_(own_parameter("wo", detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3, bound(head_dim_ * heads)))),
-        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4, bound(head_dim_ * heads)))) {
+        wo_(own_parameter("wo", detail::uniform_init<T, OutSpec>(mesh, {head_dim_, heads, dmodel}, seed + 3,
+                                                                 init::default_bound(head_dim_ * heads)))),
+        bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4,
+                                                                                 init::default_bound(head_dim_ * heads)))) {
     streams_parameters_ = true;  // every use is bracketed by use()
     if (dmodel < 1 || heads < 1)
       throw ShapeError("tshard::nn::Attention: model dim " + std::to_string(dmodel) + " and heads " +
@@ -73,12 +75,7 @@ class Attention : public Module {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
-    if constexpr (tshard::detail::is_deduced<ActSpec>) {
-      return attend(x, options);
-    } else {
-      using In = tshard::detail::leading_dims_then_t<ActSpec, QKVSpec, tshard::detail::dim_at_t<QKVSpec, 0>>;
-      return attend(tshard::detail::laid_out_as<In>(x), options);  // moved once for the three projections
-    }
+    return attend(detail::input_for_pinned<ActSpec, QKVSpec>(x), options);  // moved once for the three projections
   }
 
  private:
@@ -90,7 +87,8 @@ class Attention : public Module {
       auto q = einsum<"btd,dkh->btkh">(x, wq_);  // [B, T, Dh, H]
       auto k = einsum<"btd,dkh->btkh">(x, wk_);
       auto v = einsum<"btd,dkh->btkh">(x, wv_);
-      return project<"btkh,khd->btd">(scaled_dot_product_attention(q, k, v, options));
+      auto a = scaled_dot_product_attention(q, k, v, options);
+      return detail::output_projection<"btkh,khd->btd", ActSpec>(a, wo_, bo_);
     } else {
       if (!detail::is_plain_causal(options))
         throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
@@ -99,24 +97,11 @@ class Attention : public Module {
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);
-      return project<"tbkh,khd->btd">(attention(q, k, v));
+      return detail::output_projection<"tbkh,khd->btd", ActSpec>(attention(q, k, v), wo_, bo_);
     }
   }
-  // The output projection plus its bias.
-  template <FixedString Eq, class A>
-  auto project(const A& a) {
-    if constexpr (tshard::detail::is_deduced<ActSpec>) {
-      return einsum<Eq>(a, wo_) + bo_;
-    } else {
-      using Y = ShardedTensor<T, M, ActSpec>;
-      auto y = einsum<Eq, ActSpec>(a, wo_);
-      return Y(tshard::detail::laid_out_as<ActSpec>(y + bo_));
-    }
-  }
-
-  static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
   Proj init_proj(const M& mesh, Eigen::Index dmodel, Eigen::Index heads, std::uint64_t seed) const {
-    return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, bound(dmodel));
+    return detail::uniform_init<T, QKVSpec>(mesh, {dmodel, head_dim_, heads}, seed, init::default_bound(dmodel));
   }
 
   Eigen::Index head_dim_;

@@ -9,13 +9,13 @@
 // state dicts differ in shape). It has no written-out fallback for a split model dim: it splits
 // heads.
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
 #include "tshard/nn/functional/scaled_dot_product_attention.hpp"
 #include "tshard/nn/init.hpp"
+#include "tshard/nn/layers/pinned_activations.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/einsum.hpp"
 #include "tshard/parallel/megatron.hpp"
@@ -76,13 +76,15 @@ class GroupedQueryAttention : public Module {
       : head_dim_(checked_head_dim(dmodel, heads, kv_heads)),
         groups_(heads / kv_heads),
         wq_(own_parameter("wq", detail::uniform_init<T, QuerySpec>(mesh, {dmodel, head_dim_, groups_, kv_heads}, seed,
-                                                                   bound(dmodel)))),
-        wk_(own_parameter("wk", detail::uniform_init<T, KVSpec>(mesh, {dmodel, head_dim_, kv_heads}, seed + 1, bound(dmodel)))),
-        wv_(own_parameter("wv", detail::uniform_init<T, KVSpec>(mesh, {dmodel, head_dim_, kv_heads}, seed + 2, bound(dmodel)))),
+                                                                   init::default_bound(dmodel)))),
+        wk_(own_parameter("wk", detail::uniform_init<T, KVSpec>(mesh, {dmodel, head_dim_, kv_heads}, seed + 1,
+                                                                init::default_bound(dmodel)))),
+        wv_(own_parameter("wv", detail::uniform_init<T, KVSpec>(mesh, {dmodel, head_dim_, kv_heads}, seed + 2,
+                                                                init::default_bound(dmodel)))),
         wo_(own_parameter("wo", detail::uniform_init<T, OutputSpec>(mesh, {head_dim_, groups_, kv_heads, dmodel}, seed + 3,
-                                                                    bound(head_dim_ * heads)))),
+                                                                    init::default_bound(head_dim_ * heads)))),
         bo_(own_parameter("bo", detail::uniform_init<T, typename Bias::SpecType>(mesh, {dmodel}, seed + 4,
-                                                                                 bound(head_dim_ * heads)))) {
+                                                                                 init::default_bound(head_dim_ * heads)))) {
     streams_parameters_ = true;  // every use is bracketed by use()
   }
 
@@ -101,12 +103,7 @@ class GroupedQueryAttention : public Module {
     static_assert(X::rank == 3, "tshard: GroupedQueryAttention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("grouped_query_attention");
     auto in_use = use();
-    if constexpr (tshard::detail::is_deduced<ActSpec>) {
-      return attend(x, options);
-    } else {
-      using In = tshard::detail::leading_dims_then_t<ActSpec, KVSpec, tshard::detail::dim_at_t<KVSpec, 0>>;
-      return attend(tshard::detail::laid_out_as<In>(x), options);  // moved once for the three projections
-    }
+    return attend(detail::input_for_pinned<ActSpec, KVSpec>(x), options);  // moved once for the three projections
   }
 
  private:
@@ -119,13 +116,7 @@ class GroupedQueryAttention : public Module {
                   "tshard: GroupedQueryAttention splits heads, not the model dim: its projections must not be "
                   "partial sums (use Attention, whose written-out attention resolves them)");
     auto a = scaled_dot_product_attention(q, k, v, options);
-    if constexpr (tshard::detail::is_deduced<ActSpec>) {
-      return einsum<"btkgh,kghd->btd">(a, wo_) + bo_;
-    } else {
-      using Y = ShardedTensor<T, M, ActSpec>;
-      auto y = einsum<"btkgh,kghd->btd", ActSpec>(a, wo_);
-      return Y(tshard::detail::laid_out_as<ActSpec>(y + bo_));
-    }
+    return detail::output_projection<"btkgh,kghd->btd", ActSpec>(a, wo_, bo_);
   }
 
   static Eigen::Index checked_head_dim(Eigen::Index dmodel, Eigen::Index heads, Eigen::Index kv_heads) {
@@ -135,7 +126,6 @@ class GroupedQueryAttention : public Module {
                        " must be positive, the heads a multiple of the key-value heads");
     return (dmodel + heads - 1) / heads;
   }
-  static double bound(Eigen::Index fan_in) { return 1.0 / std::sqrt(double(std::max<Eigen::Index>(fan_in, 1))); }
 
   Eigen::Index head_dim_, groups_;
   // In the module's parameter slots (registered as wq, wk, wv, wo, bo).

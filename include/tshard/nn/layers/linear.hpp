@@ -5,12 +5,12 @@
 // fixes the output's layout too (Megatron's sequence parallelism: a column-parallel layer
 // all-gathers its tokens, a row-parallel one reduce-scatters its partial into them).
 #pragma once
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "tshard/nn/init.hpp"
+#include "tshard/nn/layers/pinned_activations.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/ops/einsum.hpp"
 #include "tshard/ops/elementwise.hpp"
@@ -39,8 +39,8 @@ class Linear : public Module {
   // Weights and bias uniform in [-1/sqrt(in), 1/sqrt(in)) as PyTorch's nn.Linear, drawn from
   // (seed, global index); gradients zero.
   Linear(const M& mesh, Eigen::Index in, Eigen::Index out, std::uint64_t seed, bool with_bias = true)
-      : weight_(own_parameter("weight", detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1)))))),
-        bias_(own_parameter(with_bias ? "bias" : "", detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? 1.0 / std::sqrt(double(std::max<Eigen::Index>(in, 1))) : 0.0))),
+      : weight_(own_parameter("weight", detail::uniform_init<T, WeightSpec>(mesh, {in, out}, seed, init::default_bound(in)))),
+        bias_(own_parameter(with_bias ? "bias" : "", detail::uniform_init<T, BiasSpec>(mesh, {out}, seed ^ 0xB1A5ull, with_bias ? init::default_bound(in) : 0.0))),
         with_bias_(with_bias) {
     streams_parameters_ = true;  // every use is bracketed by use()
   }
@@ -67,11 +67,9 @@ class Linear : public Module {
     check_input(x, "tshard::nn::Linear");
     if constexpr (!tshard::detail::is_deduced<OutSpec>) {
       static_assert(OutSpec::rank == X::rank, "tshard: Linear's pinned output spec has the rank of its input");
-      using In = tshard::detail::leading_dims_then_t<OutSpec, WeightSpec, tshard::detail::dim_at_t<WeightSpec, 0>>;
-      using Out = ShardedTensor<T, M, OutSpec>;
-      auto product = times_weight<OutSpec>(tshard::detail::laid_out_as<In>(x));
+      auto product = times_weight<OutSpec>(detail::input_for_pinned<OutSpec, WeightSpec>(x));
       if (!with_bias_) return product;
-      return Out(tshard::detail::laid_out_as<OutSpec>(product + bias_));
+      return detail::biased_as<OutSpec>(product, bias_);
     } else {
       return deduced(x);
     }
