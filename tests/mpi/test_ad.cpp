@@ -573,7 +573,8 @@ using SeqQS5 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;  // the se
 using SeqKS4 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
 
 // The attention scaled_dot_product_attention replaces, written out: scores, an additive mask,
-// softmax over the keys, values. Its own statement of the mask.
+// softmax over the keys, values. Its own statement of the mask. A query that sees no key (a
+// bidirectional window past the keys' end) attends to nothing: its output and gradients are 0.
 template <class Q, class K, class V>
 auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::AttentionOptions& o) {
   const Eigen::Index T = q.global_shape()[1], S = k.global_shape()[1];
@@ -592,6 +593,13 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
   };
   const double inf = std::numeric_limits<double>::infinity();
   const Eigen::Index rows = o.document_starts.empty() ? 1 : q.global_shape()[0];  // (a mask per row where they differ)
+  std::vector<char> seeing(std::size_t(rows * T), 0);
+  for (Eigen::Index b = 0; b < rows; ++b)
+    for (Eigen::Index t = 0; t < T; ++t)
+      for (Eigen::Index s = 0; s < S && !seeing[std::size_t(b * T + t)]; ++s) seeing[std::size_t(b * T + t)] = visible(b, t, s);
+  auto sees = [&](Eigen::Index b, Eigen::Index t) { return seeing[std::size_t(b * T + t)] != 0; };
+  // (-inf where hidden, but 0 along a row that sees nothing, whose probabilities seen() zeroes)
+  auto mask_at = [&](Eigen::Index b, Eigen::Index t, Eigen::Index s) { return visible(b, t, s) || !sees(b, t) ? 0.0 : -inf; };
   // Attention dropout: the probabilities times the multipliers of (row, key-value head, group,
   // global query position, key position) that the kernels draw.
   auto kept = [&, shift = o.causal ? S - T : 0](Eigen::Index b, Eigen::Index t, Eigen::Index s, Eigen::Index g,
@@ -600,8 +608,10 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
   };
   if constexpr (Q::rank == 5) {
     auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, S, 1, 1},
-                                                             [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
-    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask);
+                                                             [&](const auto& i) { return mask_at(i[0], i[1], i[2]); });
+    auto seen = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, 1, 1, 1},
+                                                             [&](const auto& i) { return sees(i[0], i[1]) ? 1.0 : 0.0; });
+    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask) * seen;
     if (o.dropout.p == 0) return ts::einsum<"btsgv,bskv->btkgv">(p, v);
     const auto& qs = q.global_shape();
     auto z = ts::from_function<double, ts::Replicated<5>>(
@@ -609,8 +619,10 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
     return ts::einsum<"btsgv,bskv->btkgv">(p * z, v);
   } else {
     auto mask = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {rows, T, S, 1},
-                                                             [&](const auto& i) { return visible(i[0], i[1], i[2]) ? 0.0 : -inf; });
-    auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask);
+                                                             [&](const auto& i) { return mask_at(i[0], i[1], i[2]); });
+    auto seen = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {rows, T, 1, 1},
+                                                             [&](const auto& i) { return sees(i[0], i[1]) ? 1.0 : 0.0; });
+    auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask) * seen;
     if (o.dropout.p == 0) return ts::einsum<"btsh,bskh->btkh">(p, v);
     auto z = ts::from_function<double, ts::Replicated<4>>(
         q.mesh(), {q.global_shape()[0], T, S, q.global_shape()[3]}, [&](const auto& i) { return kept(i[0], i[1], i[2], 0, i[3]); });
@@ -889,6 +901,91 @@ TEST_CASE("attention dropout: the fused kernels drop what the written-out attent
     }
     INFO(what);
     TS_REQUIRE_ALL(what.find("attention dropout drops with a probability in [0, 1)") != std::string::npos);
+  }
+}
+
+namespace {
+// The fused attention against the written-out one, values and gradients (no finite differences:
+// the written-out gradients are derived from operators checked against them), and one rank's.
+template <class QSpec, class KSpec>
+void check_attention_values(const std::string& what, const std::array<Eigen::Index, 5>& qshape,
+                            const std::array<Eigen::Index, 4>& kshape, const ts::nn::AttentionOptions& o, unsigned seed) {
+  const auto gq = global_random<5>(qshape, seed);
+  const auto gk = global_random<4>(kshape, seed + 1), gv = global_random<4>(kshape, seed + 2);
+  on_every_mesh(what, [&](const M& mesh) {
+    auto q = ts::distribute<QSpec>(mesh, gq);
+    auto k = ts::distribute<KSpec>(mesh, gk);
+    auto v = ts::distribute<KSpec>(mesh, gv);
+    INFO(what << ": forward against the written-out attention");
+    TS_REQUIRE_ALL(compare(ts::nn::scaled_dot_product_attention(q, k, v, o).gather(),
+                           written_out_attention(q, k, v, o).gather(), 1e-12) == "");
+    auto loss = [&o](auto attend) {
+      return [&o, attend](const auto& q, const auto& k, const auto& v) {
+        return ts::sum<0, 1, 2, 3, 4>(ts::square(attend(q, k, v, o)));
+      };
+    };
+    const auto got = ts::ad::value_and_grad(
+        loss([](const auto& q, const auto& k, const auto& v, const auto& o) { return ts::nn::scaled_dot_product_attention(q, k, v, o); }),
+        q, k, v);
+    const auto want = ts::ad::value_and_grad(
+        loss([](const auto& q, const auto& k, const auto& v, const auto& o) { return written_out_attention(q, k, v, o); }),
+        q, k, v);
+    INFO(what << ": gradients against the written-out attention's");
+    TS_REQUIRE_ALL(compare(std::get<1>(got).gather(), std::get<1>(want).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(std::get<2>(got).gather(), std::get<2>(want).gather(), 1e-12) == "");
+    TS_REQUIRE_ALL(compare(std::get<3>(got).gather(), std::get<3>(want).gather(), 1e-12) == "");
+    return std::make_tuple(std::get<1>(got).gather(), std::get<2>(got).gather(), std::get<3>(got).gather());
+  });
+}
+}  // namespace
+
+// What the cases above combine a few at a time, drawn together from a seed: batch, sequence
+// lengths (1 to 200; keys as many, or without documents more or fewer), head dim, groups,
+// key-value heads, causal or not, windows, packed documents, dropout and its row offset, the way
+// a split sequence goes, and three layouts (batch and heads split; the sequence over x; over both
+// axes), each on every mesh. TSHARD_ATTENTION_SWEEP draws more than 24, TSHARD_ATTENTION_SWEEP_SEED
+// other ones.
+TEST_CASE("a seeded sweep of attention's shapes, options and layouts equals the written-out attention and one rank",
+          "[ad][attention][sweep]") {
+  long draws = 24;
+  if (const char* n = std::getenv("TSHARD_ATTENTION_SWEEP")) draws = std::atol(n);
+  std::uint64_t seed = 2026;
+  if (const char* n = std::getenv("TSHARD_ATTENTION_SWEEP_SEED")) seed = std::strtoull(n, nullptr, 10);
+  std::mt19937_64 gen(seed);
+  auto pick = [&](Eigen::Index lo, Eigen::Index hi) { return std::uniform_int_distribution<Eigen::Index>(lo, hi)(gen); };
+  for (long d = 0; d < draws; ++d) {
+    const Eigen::Index B = pick(1, 3), T = pick(0, 3) == 0 ? pick(41, 200) : pick(1, 40);
+    const Eigen::Index Dh = pick(1, 9), G = pick(1, 3), KV = pick(1, 4);
+    ts::nn::AttentionOptions o;
+    o.causal = pick(0, 2) != 0;
+    const bool packed = pick(0, 2) == 0;
+    Eigen::Index S = T;
+    if (!packed && pick(0, 3) == 0) S = o.causal ? T + pick(0, 5) : pick(1, 40);
+    if (pick(0, 2) == 0) o.window = pick(1, std::max(T, S));
+    if (packed) {
+      o.document_starts.assign(std::size_t(B), {0});
+      for (auto& row : o.document_starts)
+        for (Eigen::Index p = 1; p < T; ++p)
+          if (pick(0, 5) == 0) row.push_back(p);
+    }
+    if (pick(0, 3) == 0) o.dropout = {.p = 0.25, .seed = gen(), .row_offset = pick(0, 3)};
+    o.context = ts::nn::ContextParallel(pick(0, 2));
+    const int layout = int(pick(0, 2));
+    std::ostringstream what;
+    what << "draw " << d << ": q [" << B << ", " << T << ", " << Dh << ", " << G << ", " << KV << "], S " << S
+         << (o.causal ? ", causal" : ", bidirectional") << ", window " << o.window << (packed ? ", documents" : "")
+         << ", dropout " << o.dropout.p << " (row offset " << o.dropout.row_offset << "), context "
+         << int(o.context) << ", layout " << layout;
+    const std::array<Eigen::Index, 5> qshape{B, T, Dh, G, KV};
+    const std::array<Eigen::Index, 4> kshape{B, S, Dh, KV};
+    const unsigned values = 300 + 3 * unsigned(d);
+    if (layout == 0)
+      check_attention_values<QS5, KS4>(what.str(), qshape, kshape, o, values);
+    else if (layout == 1)
+      check_attention_values<SeqQS5, SeqKS4>(what.str(), qshape, kshape, o, values);
+    else
+      check_attention_values<ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R, ts::R>,
+                             ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(what.str(), qshape, kshape, o, values);
   }
 }
 
