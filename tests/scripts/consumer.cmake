@@ -1,5 +1,6 @@
 # Configures, builds and runs tests/consumer/project against tshard in one of three ways:
-# find_package against an install prefix, add_subdirectory, or FetchContent of the source.
+# find_package against the install prefix PREFIX, add_subdirectory, or FetchContent of the source.
+# MODE install installs the build BUILD_DIR into PREFIX (the find_package modes' fixture).
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -7,6 +8,13 @@ function(run)
   endif()
   message("${out}")
 endfunction()
+
+if(MODE STREQUAL "install")
+  # The prefix the find_package modes share, afresh (no header a past install left).
+  file(REMOVE_RECURSE ${PREFIX})
+  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
+  return()
+endif()
 
 file(REMOVE_RECURSE ${WORK_DIR})
 set(extra -DTSHARD_CONSUMER_EXPECT_BACKEND=${EXPECT_BACKEND})
@@ -36,8 +44,7 @@ if(CCACHE)
   list(APPEND args -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
 endif()
 if(MODE STREQUAL "find_package")
-  run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-  list(APPEND args -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  list(APPEND args -DCMAKE_PREFIX_PATH=${PREFIX})  # installed by the test consumer.install
 else()
   # Only the library itself: the consumer does not build tshard's tests or examples.
   list(APPEND args -DTSHARD_BUILD_TESTS=OFF -DTSHARD_BUILD_EXAMPLES=OFF)
