@@ -1,6 +1,29 @@
-# Builds TARGET in BUILD_DIR; passes when the build fails with one error, whose output contains EXPECT.
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+# Compiles TARGET's one source with the command BUILD_DIR/compile_commands.json holds for it (the
+# entry defining CASE), the object to nowhere; passes when that fails with one error, whose output
+# contains EXPECT.
+file(READ ${BUILD_DIR}/compile_commands.json db)
+string(JSON entries LENGTH "${db}")
+math(EXPR last "${entries} - 1")
+set(command "")
+foreach(i RANGE ${last})
+  string(JSON c GET "${db}" ${i} command)
+  if(c MATCHES "-D${CASE}( |$)")
+    string(JSON dir GET "${db}" ${i} directory)
+    set(command "${c}")
+    break()
+  endif()
+endforeach()
+if(command STREQUAL "")
+  message(FATAL_ERROR "no command defining ${CASE} in ${BUILD_DIR}/compile_commands.json")
+endif()
+separate_arguments(args UNIX_COMMAND "${command}")
+list(FIND args "-o" o)
+if(o GREATER -1)
+  math(EXPR object "${o} + 1")
+  list(REMOVE_AT args ${object})
+  list(INSERT args ${object} /dev/null)
+endif()
+execute_process(COMMAND ${args} WORKING_DIRECTORY ${dir} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(rc EQUAL 0)
   message(FATAL_ERROR "${TARGET} compiled, but it must not")
 endif()
