@@ -88,6 +88,76 @@ TEST_CASE("LayerNorm, Attention, MLP and TransformerBlock equal their one-rank v
               dims);
 }
 
+TEST_CASE("RMSNorm is x / sqrt(mean(x^2) + eps) * weight over the last dim (Llama's), its one-rank values on every "
+          "mesh, gradients equal finite differences",
+          "[layers]") {
+  const std::array<Eigen::Index, 3> dims{3, 4, 6};
+  check_layer([](const DM& m) { return ts::nn::RMSNorm<double, DM>(m, 6); }, dims);
+  check_layer([](const DM& m) { return ts::nn::RMSNorm<double, DM, ts::Spec<ts::S<"model">>>(m, 6, 1e-3); }, dims);
+  // Against the formula, on every mesh, the hidden dim split over model (a partial mean), with
+  // weights of their own.
+  const T3 x = random_tensor<3>(dims, 21);
+  T3 want(dims);
+  for (Eigen::Index b = 0; b < dims[0]; ++b)
+    for (Eigen::Index t = 0; t < dims[1]; ++t) {
+      double ms = 0;
+      for (Eigen::Index h = 0; h < dims[2]; ++h) ms += x(b, t, h) * x(b, t, h) / double(dims[2]);
+      for (Eigen::Index h = 0; h < dims[2]; ++h) want(b, t, h) = x(b, t, h) / std::sqrt(ms + 1e-5) * (0.5 + 0.1 * double(h));
+    }
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    ts::nn::RMSNorm<double, DM, ts::Spec<ts::S<"model">>> norm(mesh, 6, 1e-5);
+    norm.weight() = ts::from_function<double, ts::Spec<ts::S<"model">>>(mesh, {6}, [](const auto& i) { return 0.5 + 0.1 * double(i[0]); });
+    const T3 got = norm(ts::distribute<ts::Spec<ts::S<"data">, ts::R, ts::S<"model">>>(mesh, x)).gather();
+    TS_REQUIRE_ALL(compare(got, want, 1e-14) == "");
+  });
+}
+
+TEST_CASE("rotary embeddings of each row's own positions (HF's position_ids) equal the formula on every mesh, "
+          "the sequence split; rows of offset positions equal the offset tables; bad rows are refused",
+          "[layers][rotary]") {
+  const Eigen::Index B = 3, T = 7, Dh = 6, H = 2;
+  const std::vector<std::vector<Eigen::Index>> positions{{0, 1, 2, 0, 1, 0, 1}, {4, 5, 6, 7, 8, 9, 10}, {0, 0, 0, 0, 0, 0, 0}};
+  const ts::nn::Rope rope{.theta = 500.0};
+  Eigen::Tensor<double, 4> x(B, T, Dh, H), want(B, T, Dh, H);
+  for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = 2 * ts::detail::random_value<double>(31, std::uint64_t(i)) - 1;
+  for (Eigen::Index b = 0; b < B; ++b)  // HF's x cos + rotate_half(x) sin
+    for (Eigen::Index t = 0; t < T; ++t)
+      for (Eigen::Index h = 0; h < H; ++h)
+        for (Eigen::Index d = 0; d < Dh / 2; ++d) {
+          const double a = double(positions[std::size_t(b)][std::size_t(t)]) * std::pow(500.0, -2.0 * double(d) / double(Dh));
+          want(b, t, d, h) = x(b, t, d, h) * std::cos(a) - x(b, t, d + Dh / 2, h) * std::sin(a);
+          want(b, t, d + Dh / 2, h) = x(b, t, d + Dh / 2, h) * std::cos(a) + x(b, t, d, h) * std::sin(a);
+        }
+  on_every_dm_mesh([&](DM& mesh, auto sizes) {
+    INFO("mesh " << sizes[0] << "x" << sizes[1]);
+    using Seq = ts::Spec<ts::S<"data">, ts::S<"model">, ts::R, ts::R>;  // the sequence split, as over context
+    const auto [cos, sin] = ts::nn::rotary_tables<double, 4, 1, 2>(mesh, positions, Dh, rope);
+    const Eigen::Tensor<double, 4> got = ts::nn::rotary<2>(ts::distribute<Seq>(mesh, x), cos, sin).gather();
+    TS_REQUIRE_ALL(compare(got, want, 1e-14) == "");
+    // A row of positions 4.. is the offset tables' row.
+    const auto [c4, s4] = ts::nn::rotary_tables<double, 4, 1, 2>(mesh, T, Dh, 4, rope);
+    const Eigen::Tensor<double, 4> rows = cos.gather(), offset = c4.gather(), srows = sin.gather(), soffset = s4.gather();
+    double worst = 0;
+    for (Eigen::Index t = 0; t < T; ++t)
+      for (Eigen::Index d = 0; d < Dh; ++d)
+        worst = std::max({worst, std::abs(rows(1, t, d, 0) - offset(0, t, d, 0)), std::abs(srows(1, t, d, 0) - soffset(0, t, d, 0))});
+    TS_REQUIRE_ALL(worst == 0.0);
+    auto says = [&](const std::vector<std::vector<Eigen::Index>>& bad, const std::string& text) {
+      std::string what;
+      try {
+        (void)ts::nn::rotary_tables<double, 4, 1, 2>(mesh, bad, Dh);
+      } catch (const ts::ShapeError& e) {
+        what = e.what();
+      }
+      INFO(what);
+      TS_REQUIRE_ALL(what.find(text) != std::string::npos);
+    };
+    says({{0, 1, 2}, {0, 1}}, "positions[1] has 2 positions and positions[0] 3");
+    says({{0, 1}, {0, -1}}, "positions[1] has a negative position");
+  });
+}
+
 namespace {
 // A layer called with attention options, as a model calls it.
 template <class Layer>

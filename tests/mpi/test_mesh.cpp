@@ -22,6 +22,10 @@ TEST_CASE("a mesh reports sizes and coordinates in row-major order") {
     TS_REQUIRE_ALL(mesh.coord<"data">() * sizes[1] + mesh.coord<"model">() == mesh.rank());
     TS_REQUIRE_ALL(ts::axis_size<"model">(mesh) == sizes[1] && ts::axis_coord<"data">(mesh) == mesh.coord<"data">());
     TS_REQUIRE_ALL(mesh.size() == p);
+    // Sizes from a std::array, on the world or on a communicator given.
+    const std::array<int, 2> held{sizes[0], sizes[1]};
+    const ts::Mesh<"data", "model"> from_array(held), on_comm(MPI_COMM_WORLD, held);
+    TS_REQUIRE_ALL(from_array.size<"model">() == sizes[1] && on_comm.size<"data">() == sizes[0] && on_comm.rank() == mesh.rank());
   }
 }
 

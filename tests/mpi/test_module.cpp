@@ -224,7 +224,11 @@ TEST_CASE("data_axis names several axes: one bucket group sums over all of them 
   const auto gx = inputs(11, 12);
   auto run = [&](const DC& mesh, int zero, bool overlap, const char* axes) {
     Replicated model(mesh);
-    ts::nn::SGD opt({.lr = 0.1f, .momentum = 0.5f, .zero_stage = zero, .data_axis = axes, .overlap = overlap});
+    const auto options = [&] {  // (the options own the names: the string they came from is gone before add())
+      const std::string names(axes);
+      return ts::nn::SGDOptions{.lr = 0.1f, .momentum = 0.5f, .zero_stage = zero, .data_axis = names.c_str(), .overlap = overlap};
+    }();
+    ts::nn::SGD opt(options);
     opt.add(model);
     const auto x = ts::distribute<ts::Spec<ts::S<"data", "context">, ts::R>>(mesh, gx);
     for (int s = 0; s < 3; ++s) {

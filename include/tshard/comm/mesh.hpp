@@ -74,10 +74,15 @@ class Mesh {
   explicit Mesh(const int (&sizes)[N]) : Mesh(MPI_COMM_WORLD, sizes) {}
   // Sizes on another communicator (a boost::mpi::communicator converts to MPI_Comm).
   template <std::size_t N>
-  Mesh(MPI_Comm comm, const int (&sizes)[N]) {
+  Mesh(MPI_Comm comm, const int (&sizes)[N]) : Mesh(comm, std::to_array(sizes)) {}
+  // The same from a std::array (sizes parsed from a command line, say).
+  template <std::size_t N>
+  explicit Mesh(const std::array<int, N>& sizes) : Mesh(MPI_COMM_WORLD, sizes) {}
+  template <std::size_t N>
+  Mesh(MPI_Comm comm, const std::array<int, N>& sizes) {
     static_assert(N == sizeof...(Axes), "tshard: a Mesh takes one size per axis");
     state_ = std::make_shared<detail::MeshState>(
-        comm, std::vector<std::string>{std::string(Axes.view())...}, std::vector<int>(sizes, sizes + N));
+        comm, std::vector<std::string>{std::string(Axes.view())...}, std::vector<int>(sizes.begin(), sizes.end()));
   }
 
   template <FixedString A>

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include <Eigen/Core>
 
@@ -39,7 +40,7 @@ struct AdamWOptions {
   double eps = 1e-8f;
   double weight_decay = 0.01f;
   int zero_stage = 0;
-  const char* data_axis = "data";
+  std::string data_axis = "data";  // owned: a caller's temporary string may end before add() reads it
   bool overlap = false;
   bool prefetch = false;
   std::int64_t bucket_bytes = std::int64_t(25) << 20;

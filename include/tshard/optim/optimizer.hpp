@@ -324,7 +324,7 @@ class Optimizer {
   std::uint32_t data_mask(const tshard::detail::MeshState& mesh) const {
     const auto& names = mesh.shape().names;
     std::uint32_t mask = 0;
-    std::string_view list(options_.data_axis ? options_.data_axis : "");
+    std::string_view list(options_.data_axis);
     while (!list.empty()) {
       const auto comma = list.find(',');
       const std::string_view name = list.substr(0, comma);

@@ -1,6 +1,7 @@
 // SGD with momentum: its settings, its pure update rule and the optimizer that applies it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/optim/optimizer.hpp"
@@ -12,7 +13,7 @@ struct SGDOptions {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   int zero_stage = 0;
-  const char* data_axis = "data";  // the axes gradients are summed over, as AdamW's
+  std::string data_axis = "data";  // the axes gradients are summed over, as AdamW's
   bool overlap = false;
   bool prefetch = false;  // ZeRO-3's, as AdamW's
   std::int64_t bucket_bytes = std::int64_t(25) << 20;  // gradients reduced together, as AdamW's

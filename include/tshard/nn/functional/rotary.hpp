@@ -4,13 +4,17 @@
 //
 //   auto [cos, sin] = ts::nn::rotary_tables<T, 4, 1, 2>(mesh, t, head_dim, offset);  // [1, t, Dh, 1]
 //   auto q = ts::nn::rotary<2>(q_raw, cos, sin);   // q_raw [B, T, Dh, H]: Dh at dim 2
+//   auto [c, s] = ts::nn::rotary_tables<T, 4, 1, 2>(mesh, positions, head_dim);  // [B, t, Dh, 1]: a row each
 //
 // The tables are replicated tensors shaped to broadcast against the activations (t at TDim, Dh at
 // DhDim, 1 elsewhere); sin carries rotate_half's sign, so rotary(x) = x cos + swap_halves(x) sin,
 // differentiable as the operators it is written with.
 #pragma once
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/ops/shape.hpp"
@@ -57,6 +61,37 @@ std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<
   return {table(false), table(true)};
 }
 
+// The same for positions of each batch row of their own (HF's position_ids [B, T]: positions
+// restarted at each packed document, say, from position_in_document): one row of T positions per
+// batch row, the tables [B, ...] with B at dim 0, t at TDim and head_dim at DhDim.
+template <class T, int Rank, int TDim, int DhDim, MeshType M>
+std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<Rank>>> rotary_tables(
+    const M& mesh, const std::vector<std::vector<Eigen::Index>>& positions, Eigen::Index head_dim, const Rope& rope = {}) {
+  static_assert(TDim != DhDim && TDim > 0 && DhDim > 0 && TDim < Rank && DhDim < Rank,
+                "tshard: rotary_tables' TDim and DhDim are two dims of the tables after the batch dim 0");
+  const Eigen::Index rows = Eigen::Index(positions.size()), t = rows > 0 ? Eigen::Index(positions[0].size()) : 0;
+  for (std::size_t b = 0; b < positions.size(); ++b) {
+    const auto& row = positions[b];
+    const std::string at = "tshard::nn::rotary_tables: positions[" + std::to_string(b) + "]";
+    if (Eigen::Index(row.size()) != t)
+      throw ShapeError(at + " has " + std::to_string(row.size()) + " positions and positions[0] " + std::to_string(t) +
+                       ": one row of T per batch row");
+    if (std::any_of(row.begin(), row.end(), [](Eigen::Index p) { return p < 0; }))
+      throw ShapeError(at + " has a negative position");
+  }
+  Eigen::Index dims[Rank];
+  std::fill(dims, dims + Rank, 1);
+  dims[0] = rows, dims[TDim] = t, dims[DhDim] = head_dim;
+  auto table = [&](bool sine) {
+    return from_function<T, Replicated<Rank>>(mesh, dims, [&](const auto& i) {
+      const Eigen::Index d = i[DhDim], half = head_dim / 2;
+      const double angle = double(positions[std::size_t(i[0])][std::size_t(i[TDim])]) * rope.inverse_frequency(d % half, head_dim);
+      return T(sine ? (d < half ? -std::sin(angle) : std::sin(angle)) : std::cos(angle));
+    });
+  };
+  return {table(false), table(true)};
+}
+
 // x with its halves along Dim exchanged: (second half, first half).
 template <int Dim, class X>
 auto swap_halves(const X& x) {
@@ -70,6 +105,8 @@ auto swap_halves(const X& x) {
 // x rotated by the tables of rotary_tables (the head dim at Dim).
 template <int Dim, class X, class C>
 auto rotary(const X& x, const C& cos, const C& sin) {
+  static_assert(C::rank == X::rank,
+                "tshard: rotary's tables have x's rank (rotary_tables' Rank), shaped to broadcast against x");
   return x * cos + swap_halves<Dim>(x) * sin;
 }
 

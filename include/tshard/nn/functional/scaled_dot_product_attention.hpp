@@ -428,6 +428,8 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
         return reshard<typename Q::SpecType>(detail::ring_attention(
             reshard<typename Ring::Queries>(q), reshard<typename Ring::Keys>(k), reshard<typename Ring::Keys>(v), options));
     }
+    // (the moves counted under their own name: Ulysses' all-to-alls where the sequence is split)
+    tshard::detail::OperatorScope scope(Ring::sequence_split ? "attention_all_to_all" : "attention_relayout");
     return reshard<typename Q::SpecType>(scaled_dot_product_attention(
         reshard<typename Layout::Queries>(q), reshard<typename Layout::Keys>(k), reshard<typename Layout::Keys>(v), options));
   } else {
