@@ -155,6 +155,14 @@ TEST_CASE("rotary embeddings of each row's own positions (HF's position_ids) equ
     };
     says({{0, 1, 2}, {0, 1}}, "positions[1] has 2 positions and positions[0] 3");
     says({{0, 1}, {0, -1}}, "positions[1] has a negative position");
+    says({}, "positions has no rows");
+    std::string odd;
+    try {
+      (void)ts::nn::rotary_tables<double, 4, 1, 2>(mesh, T, 5);
+    } catch (const ts::ShapeError& e) {
+      odd = e.what();
+    }
+    TS_REQUIRE_ALL(odd.find("the head dim 5 must be even and at least 2") != std::string::npos);
   });
 }
 

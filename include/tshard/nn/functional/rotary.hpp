@@ -42,12 +42,22 @@ struct Rope {
   }
 };
 
+namespace detail {
+// rotate_half pairs feature i with i + Dh/2: the head dim even and at least 2.
+inline void check_rotary_head_dim(Eigen::Index head_dim) {
+  if (head_dim < 2 || head_dim % 2 != 0)
+    throw ShapeError("tshard::nn::rotary_tables: the head dim " + std::to_string(head_dim) +
+                     " must be even and at least 2 (rotate_half pairs feature i with i + head_dim / 2)");
+}
+}  // namespace detail
+
 // cos and (signed) sin of positions [offset, offset + t) for a head dim of `head_dim` (even), as
 // rank-Rank replicated tensors with t at TDim and head_dim at DhDim.
 template <class T, int Rank, int TDim, int DhDim, MeshType M>
 std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<Rank>>> rotary_tables(
     const M& mesh, Eigen::Index t, Eigen::Index head_dim, Eigen::Index offset = 0, const Rope& rope = {}) {
   static_assert(TDim != DhDim && TDim < Rank && DhDim < Rank, "tshard: rotary_tables' TDim and DhDim are two dims of the tables");
+  detail::check_rotary_head_dim(head_dim);
   Eigen::Index dims[Rank];
   std::fill(dims, dims + Rank, 1);
   dims[TDim] = t, dims[DhDim] = head_dim;
@@ -69,7 +79,9 @@ std::pair<ShardedTensor<T, M, Replicated<Rank>>, ShardedTensor<T, M, Replicated<
     const M& mesh, const std::vector<std::vector<Eigen::Index>>& positions, Eigen::Index head_dim, const Rope& rope = {}) {
   static_assert(TDim != DhDim && TDim > 0 && DhDim > 0 && TDim < Rank && DhDim < Rank,
                 "tshard: rotary_tables' TDim and DhDim are two dims of the tables after the batch dim 0");
-  const Eigen::Index rows = Eigen::Index(positions.size()), t = rows > 0 ? Eigen::Index(positions[0].size()) : 0;
+  detail::check_rotary_head_dim(head_dim);
+  if (positions.empty()) throw ShapeError("tshard::nn::rotary_tables: positions has no rows (one per batch row)");
+  const Eigen::Index rows = Eigen::Index(positions.size()), t = Eigen::Index(positions[0].size());
   for (std::size_t b = 0; b < positions.size(); ++b) {
     const auto& row = positions[b];
     const std::string at = "tshard::nn::rotary_tables: positions[" + std::to_string(b) + "]";

@@ -411,6 +411,20 @@ bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
   return tshard::detail::extents_of(k)[3] % parts != 0;
 }
 
+// q, k and v moved into the layouts L names (L::Queries, L::Keys), attend(q, k, v) there, and the
+// output moved back into q's layout: the moves, forward and backward, counted under `moves`, the
+// attention under its own name.
+template <class L, class Q, class K, class V, class Attend>
+auto attend_relaid(const char* moves, const Q& q, const K& k, const V& v, Attend&& attend) {
+  auto relaid = [&] {
+    tshard::detail::OperatorScope scope(moves);
+    return std::tuple(reshard<typename L::Queries>(q), reshard<typename L::Keys>(k), reshard<typename L::Keys>(v));
+  }();
+  auto out = std::apply(attend, relaid);
+  tshard::detail::OperatorScope scope(moves);
+  return reshard<typename Q::SpecType>(out);
+}
+
 }  // namespace detail
 
 // softmax(q k^T * scale + mask) v for queries [B, T, Dh, G, KV] (or [B, T, Dh, H]) and keys and
@@ -425,13 +439,15 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
     using Ring = detail::ring_layout<typename Q::SpecType>;
     if constexpr (Ring::sequence_split) {
       if (detail::takes_ring(q, k, options))
-        return reshard<typename Q::SpecType>(detail::ring_attention(
-            reshard<typename Ring::Queries>(q), reshard<typename Ring::Keys>(k), reshard<typename Ring::Keys>(v), options));
+        return detail::attend_relaid<Ring>("attention_ring_relayout", q, k, v, [&](const auto& a, const auto& b, const auto& c) {
+          return detail::ring_attention(a, b, c, options);
+        });
     }
-    // (the moves counted under their own name: Ulysses' all-to-alls where the sequence is split)
-    tshard::detail::OperatorScope scope(Ring::sequence_split ? "attention_all_to_all" : "attention_relayout");
-    return reshard<typename Q::SpecType>(scaled_dot_product_attention(
-        reshard<typename Layout::Queries>(q), reshard<typename Layout::Keys>(k), reshard<typename Layout::Keys>(v), options));
+    // (Ulysses' all-to-alls where the sequence is split)
+    return detail::attend_relaid<Layout>(Ring::sequence_split ? "attention_all_to_all" : "attention_relayout", q, k, v,
+                                         [&](const auto& a, const auto& b, const auto& c) {
+                                           return scaled_dot_product_attention(a, b, c, options);
+                                         });
   } else {
     using Lse = ShardedTensor<accumulator_t<typename Q::Scalar>, typename Q::MeshT, detail::LseSpec<Q>>;
     auto saved = std::make_shared<std::optional<Lse>>();
