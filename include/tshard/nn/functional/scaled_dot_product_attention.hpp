@@ -412,8 +412,9 @@ bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
 }
 
 // q, k and v moved into the layouts L names (L::Queries, L::Keys), attend(q, k, v) there, and the
-// output moved back into q's layout: the moves, forward and backward, counted under `moves`, the
-// attention under its own name.
+// output moved back into q's layout: the forward's moves counted under `moves`, the attention under
+// its own name (the backward's moves where the gradients are consumed: a reshard's rule sends its
+// cotangent back unresolved).
 template <class L, class Q, class K, class V, class Attend>
 auto attend_relaid(const char* moves, const Q& q, const K& k, const V& v, Attend&& attend) {
   auto relaid = [&] {
