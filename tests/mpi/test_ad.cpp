@@ -631,11 +631,14 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
 }
 
 // On every mesh: the fused attention's value is the written-out one's, its gradients equal
-// finite differences, the written-out gradients and one rank's.
+// finite differences (unless `differences` is false: the sweep's many draws), the written-out
+// gradients and one rank's.
 template <class QSpec, int QRank, class KSpec = KS4>
 void check_attention(const std::string& what, const std::array<Eigen::Index, QRank>& qshape,
-                     const std::array<Eigen::Index, 4>& kshape, const ts::nn::AttentionOptions& o) {
-  const auto gq = global_random<QRank>(qshape, 40), gk = global_random<4>(kshape, 41), gv = global_random<4>(kshape, 42);
+                     const std::array<Eigen::Index, 4>& kshape, const ts::nn::AttentionOptions& o, unsigned seed = 40,
+                     bool differences = true) {
+  const auto gq = global_random<QRank>(qshape, seed);
+  const auto gk = global_random<4>(kshape, seed + 1), gv = global_random<4>(kshape, seed + 2);
   on_every_mesh(what, [&](const M& mesh) {
     auto q = ts::distribute<QSpec>(mesh, gq);
     auto k = ts::distribute<KSpec>(mesh, gk);
@@ -650,10 +653,13 @@ void check_attention(const std::string& what, const std::array<Eigen::Index, QRa
         else return ts::sum<0, 1, 2, 3>(ts::square(attend(q, k, v)));
       };
     };
-    const auto got = checked_gradients(what, loss([o](const auto& q, const auto& k, const auto& v) {
-                                         return ts::nn::scaled_dot_product_attention(q, k, v, o);
-                                       }),
-                                       q, k, v);
+    const auto fused_loss = loss([o](const auto& q, const auto& k, const auto& v) {
+      return ts::nn::scaled_dot_product_attention(q, k, v, o);
+    });
+    const auto got = differences ? checked_gradients(what, fused_loss, q, k, v) : [&] {
+      const auto all = ts::ad::value_and_grad(fused_loss, q, k, v);
+      return std::make_tuple(std::get<1>(all).gather(), std::get<2>(all).gather(), std::get<3>(all).gather());
+    }();
     const auto want = ts::ad::value_and_grad(loss([o](const auto& q, const auto& k, const auto& v) {
                                                return written_out_attention(q, k, v, o);
                                              }),
@@ -904,41 +910,6 @@ TEST_CASE("attention dropout: the fused kernels drop what the written-out attent
   }
 }
 
-namespace {
-// The fused attention against the written-out one, values and gradients (no finite differences:
-// the written-out gradients are derived from operators checked against them), and one rank's.
-template <class QSpec, class KSpec>
-void check_attention_values(const std::string& what, const std::array<Eigen::Index, 5>& qshape,
-                            const std::array<Eigen::Index, 4>& kshape, const ts::nn::AttentionOptions& o, unsigned seed) {
-  const auto gq = global_random<5>(qshape, seed);
-  const auto gk = global_random<4>(kshape, seed + 1), gv = global_random<4>(kshape, seed + 2);
-  on_every_mesh(what, [&](const M& mesh) {
-    auto q = ts::distribute<QSpec>(mesh, gq);
-    auto k = ts::distribute<KSpec>(mesh, gk);
-    auto v = ts::distribute<KSpec>(mesh, gv);
-    INFO(what << ": forward against the written-out attention");
-    TS_REQUIRE_ALL(compare(ts::nn::scaled_dot_product_attention(q, k, v, o).gather(),
-                           written_out_attention(q, k, v, o).gather(), 1e-12) == "");
-    auto loss = [&o](auto attend) {
-      return [&o, attend](const auto& q, const auto& k, const auto& v) {
-        return ts::sum<0, 1, 2, 3, 4>(ts::square(attend(q, k, v, o)));
-      };
-    };
-    const auto got = ts::ad::value_and_grad(
-        loss([](const auto& q, const auto& k, const auto& v, const auto& o) { return ts::nn::scaled_dot_product_attention(q, k, v, o); }),
-        q, k, v);
-    const auto want = ts::ad::value_and_grad(
-        loss([](const auto& q, const auto& k, const auto& v, const auto& o) { return written_out_attention(q, k, v, o); }),
-        q, k, v);
-    INFO(what << ": gradients against the written-out attention's");
-    TS_REQUIRE_ALL(compare(std::get<1>(got).gather(), std::get<1>(want).gather(), 1e-12) == "");
-    TS_REQUIRE_ALL(compare(std::get<2>(got).gather(), std::get<2>(want).gather(), 1e-12) == "");
-    TS_REQUIRE_ALL(compare(std::get<3>(got).gather(), std::get<3>(want).gather(), 1e-12) == "");
-    return std::make_tuple(std::get<1>(got).gather(), std::get<2>(got).gather(), std::get<3>(got).gather());
-  });
-}
-}  // namespace
-
 // What the cases above combine a few at a time, drawn together from a seed: batch, sequence
 // lengths (1 to 200; keys as many, or without documents more or fewer), head dim, groups,
 // key-value heads, causal or not, windows, packed documents, dropout and its row offset, the way
@@ -980,12 +951,12 @@ TEST_CASE("a seeded sweep of attention's shapes, options and layouts equals the 
     const std::array<Eigen::Index, 4> kshape{B, S, Dh, KV};
     const unsigned values = 300 + 3 * unsigned(d);
     if (layout == 0)
-      check_attention_values<QS5, KS4>(what.str(), qshape, kshape, o, values);
+      check_attention<QS5, 5>(what.str(), qshape, kshape, o, values, false);
     else if (layout == 1)
-      check_attention_values<SeqQS5, SeqKS4>(what.str(), qshape, kshape, o, values);
+      check_attention<SeqQS5, 5, SeqKS4>(what.str(), qshape, kshape, o, values, false);
     else
-      check_attention_values<ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R, ts::R>,
-                             ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(what.str(), qshape, kshape, o, values);
+      check_attention<ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R, ts::R>, 5, ts::Spec<ts::R, ts::S<"x", "y">, ts::R, ts::R>>(
+          what.str(), qshape, kshape, o, values, false);
   }
 }
 
