@@ -7,10 +7,11 @@
 // is each variant's tensors (the written-out scores among them).
 //   mpirun -np 1 tshard_bench_attention [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16]
 //                                        [--seq 1024,2048,4096] [--written-max 4096] [--reps 3]
-//                                        [--documents N] [--dropout P]
+//                                        [--documents N] [--dropout P] [--alibi] [--softcap C]
 // --documents N packs each row with N documents of equal length (the fused kernel skips the
-// blocks between them; the written-out attention masks them). --dropout P also times the fused
-// attention with attention dropout P, beside it in the same run.
+// blocks between them; the written-out attention masks them). --dropout P, --alibi (BLOOM's
+// slopes) and --softcap C each also time the fused attention with that option, beside it in the
+// same run.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,16 +41,23 @@ int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   long batch = 2, heads = 4, kv_heads = 0, dh = 16, written_max = 4096, documents = 1;
   int reps = 3;
-  double dropout = 0;
+  double dropout = 0, softcap = 0;
+  bool alibi = false;
   std::vector<long> seqs{1024, 2048, 4096};
   const char* usage =
       "usage: tshard_bench_attention [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16] [--seq 1024,2048,4096]\n"
-      "                              [--written-max 4096] [--reps 3] [--documents N] [--dropout P]\n";
+      "                              [--written-max 4096] [--reps 3] [--documents N] [--dropout P] [--alibi]\n"
+      "                              [--softcap C]\n";
   for (int i = 1; i < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       if (tshard_bench::world_rank() == 0) std::fputs(usage, stdout);
       return 0;
+    }
+    if (a == "--alibi") {  // (a flag: no value)
+      alibi = true;
+      --i;
+      continue;
     }
     if (i + 1 == argc) {
       if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: %s takes a value\n%s", a.c_str(), usage);
@@ -64,6 +72,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = int(v);
     else if (a == "--documents") documents = v;
     else if (a == "--dropout") dropout = std::atof(argv[i + 1]);
+    else if (a == "--softcap") softcap = std::atof(argv[i + 1]);
     else if (a == "--seq") {
       seqs.clear();
       for (std::string s = argv[i + 1]; !s.empty();) {
@@ -79,6 +88,10 @@ int main(int argc, char** argv) {
   if (kv_heads == 0) kv_heads = heads;
   if (documents < 1) {
     if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --documents takes N >= 1\n");
+    return 2;
+  }
+  if (!(softcap >= 0 && std::isfinite(softcap))) {
+    if (tshard_bench::world_rank() == 0) std::fprintf(stderr, "tshard_bench_attention: --softcap takes C >= 0\n");
     return 2;
   }
   if (!(dropout >= 0 && dropout < 1)) {
@@ -141,11 +154,25 @@ int main(int argc, char** argv) {
         (void)grads;
       });
     }
-    if (dropout > 0) {
-      ts::nn::AttentionOptions dropping = options;
-      dropping.dropout = {.p = dropout, .seed = 1};
-      variants.push_back(fused_with(dropping));
-    }
+    // The options timed beside the plain fused attention: what each costs.
+    std::vector<std::string> extras;
+    auto time_also = [&](const std::string& label, auto&& change) {
+      ts::nn::AttentionOptions o = options;
+      change(o);
+      variants.push_back(fused_with(o));
+      extras.push_back(label);
+    };
+    auto label = [](const char* format, double x) {
+      char text[64];
+      std::snprintf(text, sizeof text, format, x);
+      return std::string(text);
+    };
+    if (dropout > 0) time_also(label("dropout %.2f", dropout), [&](auto& o) { o.dropout = {.p = dropout, .seed = 1}; });
+    if (alibi)
+      time_also("ALiBi", [&](auto& o) {
+        for (long n = 0; n < heads; ++n) o.alibi_slopes.push_back(std::exp2(-8.0 * double(n + 1) / double(heads)));
+      });
+    if (softcap > 0) time_also(label("softcap %g", softcap), [&](auto& o) { o.softcap = softcap; });
     std::vector<double> peaks;
     for (auto& f : variants) {
       ts::reset_pool_peak();
@@ -168,7 +195,10 @@ int main(int argc, char** argv) {
     if (!root) continue;
     std::printf("T %6ld: fused %9.2f ms, %6.1f GFLOP/s (%3.0f %% of sgemm), pool peak %8.2f MiB", T, times[0] * 1e3, rate,
                 100 * rate / sgemm, peaks[0]);
-    if (dropout > 0) std::printf(" | dropout %.2f %9.2f ms (%.2fx)", dropout, times.back() * 1e3, times.back() / times[0]);
+    for (std::size_t e = 0; e < extras.size(); ++e) {
+      const double t = times[times.size() - extras.size() + e];
+      std::printf(" | %s %9.2f ms (%.2fx)", extras[e].c_str(), t * 1e3, t / times[0]);
+    }
     if (written)
       std::printf(" | written out %9.2f ms, pool peak %8.2f MiB: fused %.1fx faster, %.1fx less memory\n", times[1] * 1e3,
                   peaks[1], times[1] / times[0], peaks[1] / peaks[0]);

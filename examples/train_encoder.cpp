@@ -3,11 +3,14 @@
 // activation follows by propagation; the blocks are the library's, with grouped-query attention
 // (GroupedQuerySpecs: query heads in groups over the key-value heads, split over "model").
 // --variant packed makes it causal over packed documents (one ends at each token 0, as
-// --eod does in train_llama), --variant window causal with a sliding window. The task: predict, at
-// each position, the token at the mirrored position of the row, which needs the whole row.
+// --eod does in train_llama), --variant window causal with a sliding window, --variant alibi
+// bidirectional with ALiBi's biases (BLOOM's slopes) on top of the learned positions; --softcap C
+// soft-caps the scores (Gemma 2's). The task: predict, at each position, the token at the
+// mirrored position of the row, which needs the whole row.
 //
 //   mpirun -np 4 ./train_encoder --mesh data=2,context=2 --check        # = the one-rank curve
 //   mpirun -np 4 ./train_encoder --mesh context=4 --variant packed --context ring
+//   mpirun -np 3 ./train_encoder --mesh context=3 --variant alibi --softcap 2 --check
 #include <tshard/tshard.hpp>
 #include <tshard/train/flags.hpp>
 
@@ -26,6 +29,7 @@ using Ids = Spec<S<"data">, S<"context">>;  // [B, T]: batch over data, position
 struct Options {
   int steps = 10, layers = 2;
   long batch = 6, seq = 37, dmodel = 32, heads = 4, kv_heads = 2, vocab = 11, window = 8;
+  double softcap = 0;
   std::string variant = "encoder", context = "auto";
   bool check = false;
 };
@@ -70,8 +74,10 @@ std::vector<double> train(const M& mesh, const Options& o, bool print) {
   attention.context = o.context == "ring"       ? ts::nn::ContextParallel::Ring
                       : o.context == "alltoall" ? ts::nn::ContextParallel::AllToAll
                                                 : ts::nn::ContextParallel::Auto;
-  attention.causal = o.variant != "encoder";
+  attention.causal = o.variant != "encoder" && o.variant != "alibi";
   if (o.variant == "window") attention.window = o.window;
+  if (o.variant == "alibi") attention.alibi_slopes = ts::nn::alibi_slopes(o.heads);
+  attention.softcap = o.softcap;
   Encoder<double> model(mesh, o);
   // Gradients summed over both axes the batch's tokens are split over; ZeRO would divide over them.
   ts::nn::AdamW opt({.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .data_axis = "data,context"});
@@ -111,8 +117,8 @@ int main(int argc, char** argv) {
   Options o;
   ts::train::MeshSizes<M> sizes;
   try {
-    ts::train::Flags("train_encoder", argc, argv)
-        .mesh<M>("--mesh", sizes)
+    ts::train::Flags flags("train_encoder", argc, argv);
+    flags.mesh<M>("--mesh", sizes)
         .value("--steps", o.steps)
         .value("--layers", o.layers)
         .value("--batch", o.batch)
@@ -121,11 +127,13 @@ int main(int argc, char** argv) {
         .value("--heads", o.heads)
         .value("--kv-heads", o.kv_heads)
         .value("--vocab", o.vocab)
-        .choice("--variant", o.variant, {"encoder", "packed", "window"})
+        .choice("--variant", o.variant, {"encoder", "packed", "window", "alibi"})
         .value("--window", o.window)
+        .value("--softcap", o.softcap)
         .choice("--context", o.context, {"auto", "ring", "alltoall"})
         .flag("--check", o.check)
         .parse();
+    if (!(o.softcap >= 0 && std::isfinite(o.softcap))) flags.fail("--softcap takes C >= 0 (0: none)");
     return run(sizes.make("train_encoder"), o);
   } catch (const ts::train::UsageError& e) {
     return ts::train::Flags::report(e);

@@ -572,9 +572,10 @@ using KS4 = ts::Spec<ts::S<"x">, ts::R, ts::R, ts::S<"y">>;         // [B, S, Dh
 using SeqQS5 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::S<"y">>;  // the sequence over x, heads over y
 using SeqKS4 = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::S<"y">>;
 
-// The attention scaled_dot_product_attention replaces, written out: scores, an additive mask,
-// softmax over the keys, values. Its own statement of the mask. A query that sees no key (a
-// bidirectional window past the keys' end) attends to nothing: its output and gradients are 0.
+// The attention scaled_dot_product_attention replaces, written out: scores (soft-capped), ALiBi's
+// bias, an additive mask, softmax over the keys, values. Its own statement of the mask. A query
+// that sees no key (a bidirectional window past the keys' end) attends to nothing: its output and
+// gradients are 0.
 template <class Q, class K, class V>
 auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::AttentionOptions& o) {
   const Eigen::Index T = q.global_shape()[1], S = k.global_shape()[1];
@@ -606,14 +607,25 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
                                                 Eigen::Index h) {
     return ts::nn::detail::dropout_multiplier_at(o.dropout, b, h, g, t + shift, s);
   };
+  // (scores -> cap tanh(scores / cap); ALiBi: -slope of query head h * G + g times the distance)
+  auto capped = [&o](const auto& scores) {
+    using X = std::remove_cvref_t<decltype(scores)>;
+    return o.softcap > 0 ? X(ts::tanh(scores * (1 / o.softcap)) * o.softcap) : scores;
+  };
+  const Eigen::Index G = Q::rank == 5 ? q.global_shape()[3] : 1;
+  auto alibi = [&, shift = o.causal ? S - T : 0](Eigen::Index t, Eigen::Index s, Eigen::Index g, Eigen::Index h) {
+    return o.alibi_slopes.empty() ? 0.0 : -o.alibi_slopes[std::size_t(h * G + g)] * double(std::abs(t + shift - s));
+  };
   if constexpr (Q::rank == 5) {
+    const auto& qs = q.global_shape();
     auto mask = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, S, 1, 1},
                                                              [&](const auto& i) { return mask_at(i[0], i[1], i[2]); });
     auto seen = ts::from_function<double, ts::Replicated<5>>(q.mesh(), {rows, T, 1, 1, 1},
                                                              [&](const auto& i) { return sees(i[0], i[1]) ? 1.0 : 0.0; });
-    auto p = ts::nn::softmax<2>(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale + mask) * seen;
+    auto bias = ts::from_function<double, ts::Replicated<5>>(
+        q.mesh(), {1, T, S, qs[3], qs[4]}, [&](const auto& i) { return alibi(i[1], i[2], i[3], i[4]); });
+    auto p = ts::nn::softmax<2>(capped(ts::einsum<"btkgv,bskv->btsgv">(q, k) * scale) + bias + mask) * seen;
     if (o.dropout.p == 0) return ts::einsum<"btsgv,bskv->btkgv">(p, v);
-    const auto& qs = q.global_shape();
     auto z = ts::from_function<double, ts::Replicated<5>>(
         q.mesh(), {qs[0], T, S, qs[3], qs[4]}, [&](const auto& i) { return kept(i[0], i[1], i[2], i[3], i[4]); });
     return ts::einsum<"btsgv,bskv->btkgv">(p * z, v);
@@ -622,7 +634,9 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
                                                              [&](const auto& i) { return mask_at(i[0], i[1], i[2]); });
     auto seen = ts::from_function<double, ts::Replicated<4>>(q.mesh(), {rows, T, 1, 1},
                                                              [&](const auto& i) { return sees(i[0], i[1]) ? 1.0 : 0.0; });
-    auto p = ts::nn::softmax<2>(ts::einsum<"btkh,bskh->btsh">(q, k) * scale + mask) * seen;
+    auto bias = ts::from_function<double, ts::Replicated<4>>(
+        q.mesh(), {1, T, S, q.global_shape()[3]}, [&](const auto& i) { return alibi(i[1], i[2], 0, i[3]); });
+    auto p = ts::nn::softmax<2>(capped(ts::einsum<"btkh,bskh->btsh">(q, k) * scale) + bias + mask) * seen;
     if (o.dropout.p == 0) return ts::einsum<"btsh,bskh->btkh">(p, v);
     auto z = ts::from_function<double, ts::Replicated<4>>(
         q.mesh(), {q.global_shape()[0], T, S, q.global_shape()[3]}, [&](const auto& i) { return kept(i[0], i[1], i[2], 0, i[3]); });
@@ -693,6 +707,16 @@ TEST_CASE("scaled_dot_product_attention equals the written-out attention, finite
   check_attention<QS5, 5>("head dim 8, 130 positions", {1, 130, 8, 2, 2}, {1, 130, 8, 2}, {});
   check_attention<QS5, 5>("head dim 11, bidirectional", {2, 9, 11, 1, 2}, {2, 9, 11, 2}, {.causal = false});
   check_attention<KS4, 4>("head dim 20, multi-head", {2, 7, 20, 3}, {2, 7, 20, 3}, {});
+  // ALiBi's slopes by query head h * G + g, and soft-capped scores (a cap small enough to bend).
+  const std::vector<double> slopes{0.5, 0.25, 0.125, 0.0625, 1.5, -0.3};
+  check_attention<QS5, 5>("ALiBi, causal", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.alibi_slopes = slopes});
+  check_attention<QS5, 5>("ALiBi, bidirectional cross-attention", {3, 7, 4, 2, 3}, {3, 5, 4, 3},
+                          {.causal = false, .alibi_slopes = slopes});
+  check_attention<QS5, 5>("ALiBi, 3 queries after 4 cached keys, window 3", {3, 3, 4, 2, 3}, {3, 7, 4, 3},
+                          {.window = 3, .alibi_slopes = slopes});
+  check_attention<QS5, 5>("softcap 0.4, bidirectional", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.causal = false, .softcap = 0.4});
+  check_attention<KS4, 4>("softcap and ALiBi, multi-head, 150 positions", {1, 150, 4, 3}, {1, 150, 4, 3},
+                          {.window = 90, .alibi_slopes = {0.02, 0.1, 0.3}, .softcap = 0.5});
   // 512 keys of 8 bytes: rows 4 KiB apart, which the transposed keys and values are padded off.
   check_attention<QS5, 5>("causal, 512 positions", {1, 512, 2, 1, 1}, {1, 512, 2, 1}, {.window = 200});
   // The sequence split (context parallelism's layout): resharded to whole sequences, the heads
@@ -734,6 +758,14 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
   check_attention<TQ, 5, TK>("ring asked, cross-attention", {3, 5, 4, 2, 3}, {3, 7, 4, 3},
                              {.causal = false, .context = ContextParallel::Ring});
   check_attention<TQ, 5, TK>("all-to-all asked", {3, 7, 4, 2, 3}, {3, 7, 4, 3}, {.context = ContextParallel::AllToAll});
+  // ALiBi's distances are global positions (the ring's zigzag chunks included), its slopes global heads.
+  const std::vector<double> slopes{0.5, 0.25, 0.125, 0.0625, 1.5, -0.3};
+  check_attention<TQ, 5, TK>("ring: ALiBi and softcap", {3, 11, 4, 2, 3}, {3, 11, 4, 3},
+                             {.context = ContextParallel::Ring, .alibi_slopes = slopes, .softcap = 0.4});
+  check_attention<TQ, 5, TK>("ring: bidirectional ALiBi, 150 positions", {1, 150, 2, 1, 2}, {1, 150, 2, 2},
+                             {.causal = false, .context = ContextParallel::Ring, .alibi_slopes = ts::nn::alibi_slopes(2)});
+  check_attention<TQ, 5, TK>("all-to-all: ALiBi and softcap", {3, 11, 4, 2, 3}, {3, 11, 4, 3},
+                             {.context = ContextParallel::AllToAll, .alibi_slopes = slopes, .softcap = 0.4});
   // Which way ran: the ring's messages under its own operator, only where it was asked for
   // (or chosen: one key-value head over more ranks than that).
   const auto gq = global_random<5>({2, 9, 4, 2, 1}, 43);
@@ -942,11 +974,15 @@ TEST_CASE("a seeded sweep of attention's shapes, options and layouts equals the 
     if (pick(0, 3) == 0) o.dropout = {.p = 0.25, .seed = gen(), .row_offset = pick(0, 3)};
     o.context = ts::nn::ContextParallel(pick(0, 2));
     const int layout = int(pick(0, 2));
+    if (pick(0, 2) == 0)
+      for (Eigen::Index h = 0; h < G * KV; ++h) o.alibi_slopes.push_back(std::ldexp(1.0, -int(pick(0, 8))));
+    if (pick(0, 3) == 0) o.softcap = 0.25 * double(pick(1, 8));
     std::ostringstream what;
     what << "draw " << d << ": q [" << B << ", " << T << ", " << Dh << ", " << G << ", " << KV << "], S " << S
          << (o.causal ? ", causal" : ", bidirectional") << ", window " << o.window << (packed ? ", documents" : "")
          << ", dropout " << o.dropout.p << " (row offset " << o.dropout.row_offset << "), context "
-         << int(o.context) << ", layout " << layout;
+         << int(o.context) << ", layout " << layout << (o.alibi_slopes.empty() ? "" : ", ALiBi") << ", softcap "
+         << o.softcap;
     const std::array<Eigen::Index, 5> qshape{B, T, Dh, G, KV};
     const std::array<Eigen::Index, 4> kshape{B, S, Dh, KV};
     const unsigned values = 300 + 3 * unsigned(d);
@@ -960,8 +996,23 @@ TEST_CASE("a seeded sweep of attention's shapes, options and layouts equals the 
   }
 }
 
+TEST_CASE("alibi_slopes are the ALiBi paper's: geometric for a power of two heads, then every other slope of the "
+          "next power for the heads left over", "[attention]") {
+  // (the paper's get_slopes, in Python, printed with repr)
+  CHECK(ts::nn::alibi_slopes(1) == std::vector<double>{0.00390625});
+  CHECK(ts::nn::alibi_slopes(8) ==
+        std::vector<double>{0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625});
+  CHECK(ts::nn::alibi_slopes(6) == std::vector<double>{0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125});
+  const std::vector<double> twelve{0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625,
+                                   0.7071067811865476, 0.35355339059327384, 0.17677669529663692, 0.08838834764831849};
+  const auto got = ts::nn::alibi_slopes(12);
+  REQUIRE(got.size() == twelve.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(twelve[i]).epsilon(1e-15));
+  REQUIRE_THROWS_AS(ts::nn::alibi_slopes(0), ts::ShapeError);
+}
+
 TEST_CASE("fused attention in float equals it in double to float's rounding: causal, "
-          "bidirectional, windows, cross-attention, rows that see no key, lengths off the vector width",
+          "bidirectional, windows, cross-attention, rows that see no key, lengths off the vector width, ALiBi, softcap",
           "[attention]") {
   const M mesh({world_size(), 1});
   struct Case {
@@ -974,7 +1025,8 @@ TEST_CASE("fused attention in float equals it in double to float's rounding: cau
                         {{1, 150, 5, 1, 2}, 150, {.window = 5}},
                         {{1, 150, 5, 1, 2}, 150, {.causal = false, .window = 17}},
                         {{2, 19, 8, 1, 1}, 150, {}},                            // 19 queries after 131 cached keys
-                        {{2, 40, 4, 1, 1}, 9, {.causal = false, .window = 3}}};  // queries past 11 see no key
+                        {{2, 40, 4, 1, 1}, 9, {.causal = false, .window = 3}},   // queries past 11 see no key
+                        {{2, 37, 8, 2, 1}, 37, {.alibi_slopes = {0.5, 0.03}, .softcap = 2}}};
   unsigned seed = 60;
   for (const auto& c : cases) {
     const auto gq = global_random<5>(c.q, seed++, -3, 3);
@@ -1057,6 +1109,10 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); },
        "the queries' head dim 4 differs from the keys' 3");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); }, "the scale must be finite and positive");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.softcap = -2}); }, "the softcap must be finite");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.alibi_slopes = {0.5, 0.25}}); },
+       "alibi_slopes has 2 slopes for 1 query heads");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.alibi_slopes = {std::numeric_limits<double>::quiet_NaN()}}); }, "not a finite number");
   // Keys and values that differ, named as such; PyTorch's [B, T, Dh, H] queries with fewer
   // key-value heads: pointed to the grouped form.
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k5, {.causal = false}); }, "and values [2, 5, 4, 1] differ");

@@ -5,6 +5,7 @@
 #include "tshard/core/denormals.hpp"
 #include "tshard/nn/checkpoint.hpp"
 #include "tshard/nn/functional/activations.hpp"
+#include "tshard/nn/functional/alibi.hpp"
 #include "tshard/nn/functional/attention.hpp"
 #include "tshard/nn/functional/batch_norm.hpp"
 #include "tshard/nn/functional/conv.hpp"

@@ -44,6 +44,13 @@ namespace tshard::nn {
 // row_offset + b comes from a hash of (seed, that row, h, g, t, s): the same on every mesh and
 // layout, context parallelism included, and again in the backward. Vary the seed from call to
 // call; row_offset places a micro-batch's rows in the whole batch.
+// alibi_slopes: ALiBi (Press et al. 2022; BLOOM's, MPT's, flash-attn's alibi_slopes), a bias of
+// -slope * |query position - key position| on each query head's scores (positions as causal and
+// window align them: a causal query row t of T < S sits at S - T + t). One slope per query head,
+// numbered as HF and flash-attn number them: query head g of key-value head h is h * G + g
+// (queries [B, T, Dh, H]: head h). Empty: none.
+// softcap: scores soft-capped to (-cap, cap) before the bias and the mask, cap * tanh(scores /
+// cap) (Gemma 2's attn_logit_softcapping, flash-attn's softcap); 0: none.
 enum class ContextParallel { Auto, Ring, AllToAll };
 struct AttentionDropout {
   double p = 0;
@@ -57,6 +64,8 @@ struct AttentionOptions {
   ContextParallel context = ContextParallel::Auto;
   std::vector<std::vector<Eigen::Index>> document_starts = {};
   AttentionDropout dropout = {};
+  std::vector<double> alibi_slopes = {};
+  double softcap = 0;
 };
 
 namespace detail {
@@ -66,7 +75,8 @@ using tshard::detail::Index;
 // Whether options ask for plain causal attention, what a layer that takes none computes (context
 // only chooses how a split sequence is attended, not what).
 inline bool is_plain_causal(const AttentionOptions& o) {
-  return o.causal && o.window == 0 && o.scale == 0 && o.document_starts.empty() && o.dropout.p == 0;
+  return o.causal && o.window == 0 && o.scale == 0 && o.document_starts.empty() && o.dropout.p == 0 &&
+         o.alibi_slopes.empty() && o.softcap == 0;
 }
 
 // Attention dropout's hash: a key per query row from (seed, batch row, head, group, position),
@@ -111,6 +121,9 @@ struct AttentionGeometry {
   std::uint32_t dropout_threshold = 0;
   std::uint64_t dropout_seed = 0;
   Index dropout_batch_row = 0, dropout_head = 0;
+  // Soft-capping (0: none), and ALiBi's slopes of this key-value head's G query heads (none: null).
+  double softcap = 0;
+  const double* alibi = nullptr;
 
   // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
   // for one row, exactly the keys it sees: one run, as a document is one).
@@ -153,6 +166,12 @@ struct AttentionGeometry {
     geo.dropout_seed = d.seed;
     geo.dropout_batch_row = d.row_offset + row;
     geo.dropout_head = head;
+    return geo;
+  }
+  // This geometry with ALiBi for key-value head `head` (global) of G query heads each.
+  AttentionGeometry with_alibi(const std::vector<double>& slopes, Index head, Index G) const {
+    AttentionGeometry geo = *this;
+    if (!slopes.empty()) geo.alibi = slopes.data() + head * G;
     return geo;
   }
   // The dropout multipliers z[0, n) of query row t (local) of group g against keys [s0, s0 + n).
@@ -409,14 +428,29 @@ RowMatrix<A> transposed_rows(const RowMatrix<A>& x) {
   return t;
 }
 
-// scores := q_i k_j^T * scale on the block (kt: the head's keys transposed), with -inf
-// where the mask hides a key.
+// scores := q_i k_j^T * scale on the block of group g (kt: the head's keys transposed),
+// soft-capped, with ALiBi's bias, and -inf where the mask hides a key. slope (the backward's,
+// with a softcap): where the capped scores change with the scores, 1 - tanh^2 of each.
 template <class A, class Block>
-void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Index r0, Index t0, Index s0,
-                  const AttentionGeometry& geo, A scale) {
+void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Index r0, Index g, Index t0, Index s0,
+                  const AttentionGeometry& geo, A scale, RowMatrix<A>* slope = nullptr) {
   const Index br = s.rows(), bc = s.cols(), D = q.cols();
   block_product<true>(s.data(), s.outerStride(), br, bc, BlockOperand<A>{q.data() + r0 * D, D, 1}, kt.data() + s0,
                       kt.cols(), D, scale);
+  if (geo.softcap > 0) {
+    const A cap = A(geo.softcap);
+    for (Index i = 0; i < br; ++i) {
+      auto r = s.row(i).array();
+      r = (r * (A(1) / cap)).tanh();
+      if (slope) slope->row(i).head(bc).array() = A(1) - r.square();
+      r *= cap;
+    }
+  }
+  if (geo.alibi) {  // -slope |p - s|: a row's distances from the block's first key, less 0, 1, 2, ...
+    static const Eigen::Array<A, 1, kKeyBlock> ramp = Eigen::Array<A, 1, kKeyBlock>::LinSpaced(A(0), A(kKeyBlock - 1));
+    const A m = A(geo.alibi[g]);
+    for (Index i = 0; i < br; ++i) s.row(i).array() -= m * (A(t0 + i + geo.offset - s0) - ramp.head(bc)).abs();
+  }
   if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
   for (Index i = 0; i < br; ++i) {  // a row sees one run of keys: hide what lies either side
     const auto [lo, hi] = geo.keys(t0 + i, t0 + i + 1);
@@ -448,7 +482,7 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
       for (Index s0 = lo; s0 < hi; s0 += kKeyBlock) {
         const Index bc = std::min(kKeyBlock, hi - s0);
         auto p = scores.topLeftCorner(br, bc);
-        block_scores<A>(p, q, kt, r0, t0, s0, geo, scale);
+        block_scores<A>(p, q, kt, r0, g, t0, s0, geo, scale);
         for (Index i = 0; i < br; ++i) {
           const A top = std::max(m(i), p.row(i).maxCoeff());
           if (top == -inf) {  // nothing visible yet on this row
@@ -478,7 +512,8 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
 
 // One head's backward (FlashAttention-2's): each block's probabilities again from the
 // log-sum-exp, then dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k, dk += ds^T q.
-// With dropout's multipliers z: dv += (p z)^T do, ds = p (z do v^T - rowsum(do o)).
+// With dropout's multipliers z: dv += (p z)^T do, ds = p (z do v^T - rowsum(do o)); with a
+// softcap, ds times the capped scores' slope. (ALiBi's bias is a constant: no term.)
 template <class A>
 void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
                              const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
@@ -492,6 +527,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
   dv.setZero(v.rows(), D);
   const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
+  RowMatrix<A> capped(geo.softcap > 0 ? kQueryBlock : 0, kKeyBlock);  // d(capped scores) / d(scores)
   Column<A> z(geo.dropout ? kKeyBlock : 0);
   const Index ld = kKeyBlock;  // of the p and ds blocks
   for (Index g = 0; g < G; ++g)
@@ -505,7 +541,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
         const A* dout_i = dout.data() + r0 * D;
         // The scores and ds = do_i v_j^T; then, a row at a time while it is in cache, p from the
         // scores and ds = p (ds - rowdot); then dv_j += p^T do_i.
-        block_scores<A>(p, q, kt, r0, t0, s0, geo, scale);
+        block_scores<A>(p, q, kt, r0, g, t0, s0, geo, scale, geo.softcap > 0 ? &capped : nullptr);
         block_product<true>(ds.data(), ld, br, bc, BlockOperand<A>{dout_i, D, 1}, vt.data() + s0, vt.cols(), D, A(1));
         for (Index i = 0; i < br; ++i) {
           if (lse(r0 + i) == -inf) p.row(i).setZero();
@@ -518,6 +554,7 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
           } else {
             ds.row(i) = p.row(i).array() * (ds.row(i).array() - rowdot(r0 + i));
           }
+          if (geo.softcap > 0) ds.row(i).array() *= capped.row(i).head(bc).array();
         }
         block_product<false>(dv.data() + s0 * D, D, bc, D, BlockOperand<A>{p.data(), 1, ld}, dout_i, D, br, A(1));
         // dq_i += scale ds k_j; dk_j += scale ds^T q_i

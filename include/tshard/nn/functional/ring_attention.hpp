@@ -137,22 +137,27 @@ struct RingProblem {
   A scale = A(1);
   const std::vector<std::vector<Index>>* document_starts = nullptr;  // packed documents, by global batch row
   AttentionDropout dropout = {};
+  double softcap = 0;
+  const std::vector<double>* alibi_slopes = nullptr;  // by global query head
 
   Index q_width() const { return pB * D * pG * pH; }
   Index k_width() const { return pB * D * pH; }
   Index lse_width() const { return pB * pG * pH; }
   // The geometry of query chunk ja against key chunk jb: positions are global.
   AttentionGeometry geometry(Index ja, Index jb) const {
-    return AttentionGeometry{z.length(ja), z.length(jb), causal, window, z.begin(ja) - z.begin(jb), z.begin(jb)};
+    AttentionGeometry geo{z.length(ja), z.length(jb), causal, window, z.begin(ja) - z.begin(jb), z.begin(jb)};
+    geo.softcap = softcap;
+    return geo;
   }
   // ... of batch row b (local), with its packed documents.
   AttentionGeometry geometry(Index ja, Index jb, Index b) const {
     const AttentionGeometry geo = geometry(ja, jb);
     return document_starts ? geo.packed((*document_starts)[std::size_t(row0 + b)]) : geo;
   }
-  // ... and of key-value head h (local), with its dropout.
+  // ... and of key-value head h (local), with its dropout and ALiBi slopes.
   AttentionGeometry geometry(Index ja, Index jb, Index b, Index h) const {
-    return geometry(ja, jb, b).with_dropout(dropout, row0 + b, head0 + h);
+    const AttentionGeometry geo = geometry(ja, jb, b).with_dropout(dropout, row0 + b, head0 + h);
+    return alibi_slopes ? geo.with_alibi(*alibi_slopes, head0 + h, G) : geo;
   }
   bool sees(Index ja, Index jb, Index b) const {
     const auto geo = geometry(ja, jb, b);

@@ -164,13 +164,25 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
         throw SpecError(where + "document_starts[" + std::to_string(b) + "] is empty ({0}: the row is one document)");
     }
   }
-  return AttentionGeometry{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
+  if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
+    throw SpecError(where + "the softcap must be finite and positive (0 for none), not " + std::to_string(o.softcap));
+  const Index query_heads = qs[Q::rank - 1] * (Q::rank == 5 ? qs[3] : 1);
+  if (!o.alibi_slopes.empty() && Index(o.alibi_slopes.size()) != query_heads)
+    throw ShapeError(where + "alibi_slopes has " + std::to_string(o.alibi_slopes.size()) + " slopes for " +
+                     std::to_string(query_heads) + " query heads (one each: query head g of key-value head h is h * G + g)");
+  for (const double m : o.alibi_slopes)
+    if (!std::isfinite(m)) throw SpecError(where + "an ALiBi slope is " + std::to_string(m) + ", not a finite number");
+  AttentionGeometry geo{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
+  geo.softcap = o.softcap;
+  return geo;
 }
 
-// The geometry of global batch row b and global key-value head h: its packed documents and
-// dropout, if any.
-inline AttentionGeometry head_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b, Index h) {
-  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)])).with_dropout(o.dropout, b, h);
+// The geometry of global batch row b and global key-value head h of G query heads: its packed
+// documents, dropout and ALiBi slopes, if any.
+inline AttentionGeometry head_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b, Index h, Index G) {
+  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)]))
+      .with_dropout(o.dropout, b, h)
+      .with_alibi(o.alibi_slopes, h, G);
 }
 
 // The log-sum-exp's spec: the queries' without the head dim ([B, T, G, KV] or [B, T, H]).
@@ -237,7 +249,7 @@ auto scaled_dot_product_attention_forward(const Q& q, const K& k, const V& v, co
       detail::pack_head(q.data(), at.q, b, h, at.G, qh);
       detail::pack_head(k.data(), at.k, b, h, 1, kh);
       detail::pack_head(v.data(), at.k, b, h, 1, vh);
-      detail::attention_forward_head<A>(qh, kh, vh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h), at.scale,
+      detail::attention_forward_head<A>(qh, kh, vh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h, at.G), at.scale,
                                         oh, lh);
       detail::unpack_head(oh, at.q, b, h, at.G, out.data());
       for (Index g = 0; g < at.G; ++g)
@@ -292,7 +304,7 @@ auto scaled_dot_product_attention_backward(const Q& q, const K& k, const V& v, c
         detail::pack_head(dout.data(), at.q, b, h, at.G, doh);
         for (Index g = 0; g < at.G; ++g)
           for (Index t = 0; t < geo.T; ++t) lh(g * geo.T + t) = A(lse.data()[at.lse.at(b, t, 0, g, h)]);
-        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h),
+        detail::attention_backward_head<A>(qh, kh, vh, oh, doh, lh, at.G, detail::head_geometry(geo, options, at.row0 + b, at.head0 + h, at.G),
                                            at.scale, dqh, dkh, dvh);
         detail::unpack_head(dqh, at.q, b, h, at.G, dq.data());
         detail::unpack_head(dkh, at.k, b, h, 1, dk.data());
@@ -328,6 +340,8 @@ RingProblem<A> ring_problem(const Q& q, const K& k, const AttentionOptions& o) {
   rp.scale = at.scale;
   if (!o.document_starts.empty()) rp.document_starts = &o.document_starts;
   rp.dropout = o.dropout;
+  rp.softcap = o.softcap;
+  if (!o.alibi_slopes.empty()) rp.alibi_slopes = &o.alibi_slopes;
   return rp;
 }
 template <class X>
