@@ -9,8 +9,8 @@
 //                                        [--seq 1024,2048,4096] [--written-max 4096] [--reps 3]
 //                                        [--documents N] [--dropout P] [--alibi] [--softcap C]
 // --documents N packs each row with N documents of equal length (the fused kernel skips the
-// blocks between them; the written-out attention masks them). --dropout P, --alibi (BLOOM's
-// slopes) and --softcap C each also time the fused attention with that option, beside it in the
+// blocks between them; the written-out attention masks them). --dropout P, --alibi (the paper's
+// slopes, ts::nn::alibi_slopes) and --softcap C each also time the fused attention with that option, beside it in the
 // same run.
 #include <cmath>
 #include <cstdio>
@@ -168,10 +168,7 @@ int main(int argc, char** argv) {
       return std::string(text);
     };
     if (dropout > 0) time_also(label("dropout %.2f", dropout), [&](auto& o) { o.dropout = {.p = dropout, .seed = 1}; });
-    if (alibi)
-      time_also("ALiBi", [&](auto& o) {
-        for (long n = 0; n < heads; ++n) o.alibi_slopes.push_back(std::exp2(-8.0 * double(n + 1) / double(heads)));
-      });
+    if (alibi) time_also("ALiBi", [&](auto& o) { o.alibi_slopes = ts::nn::alibi_slopes(heads); });
     if (softcap > 0) time_also(label("softcap %g", softcap), [&](auto& o) { o.softcap = softcap; });
     std::vector<double> peaks;
     for (auto& f : variants) {

@@ -4,7 +4,7 @@
 // (GroupedQuerySpecs: query heads in groups over the key-value heads, split over "model").
 // --variant packed makes it causal over packed documents (one ends at each token 0, as
 // --eod does in train_llama), --variant window causal with a sliding window, --variant alibi
-// bidirectional with ALiBi's biases (BLOOM's slopes) on top of the learned positions; --softcap C
+// bidirectional with ALiBi's biases (ts::nn::alibi_slopes) on top of the learned positions; --softcap C
 // soft-caps the scores (Gemma 2's). The task: predict, at each position, the token at the
 // mirrored position of the row, which needs the whole row.
 //

@@ -613,8 +613,9 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
     return o.softcap > 0 ? X(ts::tanh(scores * (1 / o.softcap)) * o.softcap) : scores;
   };
   const Eigen::Index G = Q::rank == 5 ? q.global_shape()[3] : 1;
-  auto alibi = [&, shift = o.causal ? S - T : 0](Eigen::Index t, Eigen::Index s, Eigen::Index g, Eigen::Index h) {
-    return o.alibi_slopes.empty() ? 0.0 : -o.alibi_slopes[std::size_t(h * G + g)] * double(std::abs(t + shift - s));
+  // (flash-attn's alignment, causal or not: query t of T at position S - T + t)
+  auto alibi = [&](Eigen::Index t, Eigen::Index s, Eigen::Index g, Eigen::Index h) {
+    return o.alibi_slopes.empty() ? 0.0 : -o.alibi_slopes[std::size_t(h * G + g)] * double(std::abs(t + S - T - s));
   };
   if constexpr (Q::rank == 5) {
     const auto& qs = q.global_shape();
@@ -797,6 +798,32 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
     TS_REQUIRE_ALL((ring_calls() > 0) == split);
     TS_REQUIRE_ALL(ring_bytes({.context = ContextParallel::AllToAll}) == 0);
     TS_REQUIRE_ALL((ring_bytes({}) > 0) == (split && mesh.size() > 1));  // one head: Ulysses would idle ranks
+    // explain_attention names the way that ran, and why.
+    auto says = [&](const ts::nn::AttentionOptions& o, const std::string& text) {
+      const std::string way = ts::nn::explain_attention(q, k, k, o);
+      INFO(way);
+      TS_REQUIRE_ALL(way.find(text) != std::string::npos);
+    };
+    says(ring, split ? "ring attention over the " + std::to_string(mesh.size<"x">()) + " ranks of the sequence's split"
+                     : "all-to-all (Ulysses)");
+    says(ring, split ? "because .context = Ring" : "because the sequence's split has one rank");
+    says({.context = ContextParallel::AllToAll}, "all-to-all (Ulysses): the split moves from the sequence to the "
+                                                 "key-value heads and back, because .context = AllToAll; q: ");
+    if (split && mesh.size() > 1)
+      says({}, "because Auto: the 1 key-value heads do not divide evenly over the " + std::to_string(mesh.size()) +
+                   " ranks the all-to-all spreads them over");
+    auto q5 = ts::distribute<TQ>(mesh, global_random<5>({2, 5, 4, 2, 1}, 45));
+    if (split) {
+      const std::string cross = ts::nn::explain_attention(q5, k, k, {.causal = false, .context = ContextParallel::Ring});
+      INFO(cross);
+      TS_REQUIRE_ALL(cross.find("the ring needs as many queries as keys (5 queries, 9 keys)") != std::string::npos);
+    }
+    // In the kernel's own layout nothing moves; bad options are the attention's errors.
+    auto qk = ts::distribute<QS5>(mesh, gq);
+    auto kk = ts::distribute<KS4>(mesh, gk);
+    TS_REQUIRE_ALL(ts::nn::explain_attention(qk, kk, kk).rfind("in place: each rank attends its own", 0) == 0);
+    TS_REQUIRE_ALL(error_text([&] { (void)ts::nn::explain_attention(q, k, k, {.window = -1}); })
+                       .find("tshard::nn::explain_attention: a window of -1 keys") != std::string::npos);
     return std::tuple<>{};
   });
   // The 2P chunks even out causal work: with T a multiple of 2P every ring rank's queries see
@@ -1109,10 +1136,14 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); },
        "the queries' head dim 4 differs from the keys' 3");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); }, "the scale must be finite and positive");
-  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.softcap = -2}); }, "the softcap must be finite");
+  const double inf = std::numeric_limits<double>::infinity();
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.softcap = -2}); },
+       "the softcap must be finite and at least 0 (0 for none), not -2");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.softcap = inf}); }, "not inf");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.alibi_slopes = {0.5, 0.25}}); },
-       "alibi_slopes has 2 slopes for 1 query heads");
-  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.alibi_slopes = {std::numeric_limits<double>::quiet_NaN()}}); }, "not a finite number");
+       "ALiBi takes one slope per query head: the queries have 1, alibi_slopes 2");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.alibi_slopes = {-inf}}); },
+       "alibi_slopes[0] is -inf, not a finite number");
   // Keys and values that differ, named as such; PyTorch's [B, T, Dh, H] queries with fewer
   // key-value heads: pointed to the grouped form.
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k5, {.causal = false}); }, "and values [2, 5, 4, 1] differ");
@@ -1120,6 +1151,10 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   auto k2 = ts::distribute<KS4>(mesh, global_random<4>({2, T, 4, 2}, 56));
   says([&] { (void)ts::nn::scaled_dot_product_attention(q4, k2, k2); }, "the queries have 6 heads, the keys 2");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q4, k2, k2); }, "{B, T, Dh, 3, 2}) puts query head h on key-value head h / G");
+  // Grouped: 3 query heads on each of 2 key-value heads, 6 slopes wanted.
+  auto qg = ts::distribute<QS5>(mesh, global_random<5>({2, T, 4, 3, 2}, 59));
+  says([&] { (void)ts::nn::scaled_dot_product_attention(qg, k2, k2, {.alibi_slopes = {0.5, 0.25}}); },
+       "the queries have 6, alibi_slopes 2 (query head g of key-value head h is slope h * G + g)");
   // A sequence split is resharded for the kernel: the error names the caller's layout, not that.
   using SeqQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::R>;
   using SeqK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R>;

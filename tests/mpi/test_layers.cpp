@@ -229,8 +229,8 @@ TEST_CASE("Attention and TransformerBlock with attention options (bidirectional,
     what = e.what();
   }
   INFO(what);
-  TS_REQUIRE_ALL(what.find("takes no options (bidirectional, window, scale, documents, attention dropout): split the "
-                           "heads instead") != std::string::npos);
+  TS_REQUIRE_ALL(what.find("takes no options (bidirectional, window, scale, documents, attention dropout, ALiBi, "
+                           "softcap): split the heads instead") != std::string::npos);
 }
 
 TEST_CASE("TransformerBlock's attention dropout gives the one-rank values on every mesh, differs from none in training, "

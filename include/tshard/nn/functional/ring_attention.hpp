@@ -10,8 +10,8 @@
 // exchanged into that order on entry and back on exit, so positions stay the global ones and
 // nothing changes for the user. Any T works (the last chunks shorter or empty), any number of
 // key-value heads (every rank attends every head of its chunks), causal or not, with a window,
-// packed documents and attention dropout (both stated in global positions, which each chunk pair's
-// geometry carries).
+// packed documents, attention dropout and ALiBi (stated in global positions, which each chunk
+// pair's geometry carries) and a softcap.
 // Every buffer that grows with T (the ring-order copies, the travelling blocks and gradient sums,
 // the outputs kept for the backward) comes from the buffer pool, so its peak counts them; queries
 // are packed per visit, so only one (batch row, head, chunk) unit at a time is an Eigen matrix.

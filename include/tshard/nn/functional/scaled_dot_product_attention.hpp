@@ -24,6 +24,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -136,10 +137,15 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
     throw SpecError(where + "a window of " + std::to_string(o.window) + " keys for " + std::to_string(qs[1]) +
                     " queries over " + std::to_string(ks[1]) + " keys (0 for none, else at most " +
                     std::to_string(std::max(qs[1], ks[1])) + ")");
+  const auto number = [](double x) {  // (as written: -2, 0.25, nan; not to_string's -2.000000)
+    std::ostringstream text;
+    text << x;
+    return text.str();
+  };
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
     throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
   if (!(o.dropout.p >= 0 && o.dropout.p < 1))
-    throw SpecError(where + "attention dropout drops with a probability in [0, 1), not " + std::to_string(o.dropout.p));
+    throw SpecError(where + "attention dropout drops with a probability in [0, 1), not " + number(o.dropout.p));
   if (o.dropout.row_offset < 0)
     throw SpecError(where + "attention dropout's row offset (the batch's first row in the whole batch) is " +
                     std::to_string(o.dropout.row_offset) + ", not 0 or more");
@@ -165,15 +171,19 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
     }
   }
   if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
-    throw SpecError(where + "the softcap must be finite and positive (0 for none), not " + std::to_string(o.softcap));
+    throw SpecError(where + "the softcap must be finite and at least 0 (0 for none), not " + number(o.softcap));
   const Index query_heads = qs[Q::rank - 1] * (Q::rank == 5 ? qs[3] : 1);
   if (!o.alibi_slopes.empty() && Index(o.alibi_slopes.size()) != query_heads)
-    throw ShapeError(where + "alibi_slopes has " + std::to_string(o.alibi_slopes.size()) + " slopes for " +
-                     std::to_string(query_heads) + " query heads (one each: query head g of key-value head h is h * G + g)");
-  for (const double m : o.alibi_slopes)
-    if (!std::isfinite(m)) throw SpecError(where + "an ALiBi slope is " + std::to_string(m) + ", not a finite number");
+    throw ShapeError(where + "ALiBi takes one slope per query head: the queries have " + std::to_string(query_heads) +
+                     ", alibi_slopes " + std::to_string(o.alibi_slopes.size()) +
+                     (Q::rank == 5 ? " (query head g of key-value head h is slope h * G + g)" : ""));
+  for (std::size_t i = 0; i < o.alibi_slopes.size(); ++i)
+    if (!std::isfinite(o.alibi_slopes[i]))
+      throw SpecError(where + "alibi_slopes[" + std::to_string(i) + "] is " + number(o.alibi_slopes[i]) +
+                      ", not a finite number");
   AttentionGeometry geo{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
   geo.softcap = o.softcap;
+  geo.alibi_shift = o.causal ? 0 : ks[1] - qs[1];  // (causal: in offset already)
   return geo;
 }
 
@@ -408,21 +418,49 @@ auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& 
       q, k, v);
 }
 
-// Whether a sequence split takes the ring (see ContextParallel).
+// Which way a sequence split is attended, and why (see ContextParallel): the ring for the last
+// two reasons, the all-to-all for the others. (Ulysses spreads the key-value heads over the
+// heads' axes and the sequence's: `parts` ranks.)
+enum class ContextWay { AllToAllAsked, OneRank, CrossAttention, RingAsked, HeadsDivide, HeadsDoNotDivide };
 template <class Q, class K>
-bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
-  if (o.context == ContextParallel::AllToAll) return false;
-  // A sequence axis of one rank splits nothing: the local kernel, with nothing sent to itself.
+ContextWay context_way(const Q& q, const K& k, const AttentionOptions& o, Index* parts_out = nullptr) {
   const auto& shape = q.mesh().shape();
-  if (tshard::detail::split_parts(Q::spec_desc.dims[1], shape) == 1) return false;
-  if (tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1]) return false;  // cross-attention
-  if (o.context == ContextParallel::Ring) return true;
-  // Ulysses spreads the key-value heads over the heads' axes and the sequence's.
   Index parts = 1;
   for (const auto* split : {&Q::spec_desc.dims[1], &Q::spec_desc.dims[Q::rank - 1], &Q::spec_desc.dims[2]})
     parts *= tshard::detail::split_parts(*split, shape);
   if constexpr (Q::rank == 5) parts *= tshard::detail::split_parts(Q::spec_desc.dims[3], shape);
-  return tshard::detail::extents_of(k)[3] % parts != 0;
+  if (parts_out) *parts_out = parts;
+  if (o.context == ContextParallel::AllToAll) return ContextWay::AllToAllAsked;
+  // A sequence axis of one rank splits nothing: the local kernel, with nothing sent to itself.
+  if (tshard::detail::split_parts(Q::spec_desc.dims[1], shape) == 1) return ContextWay::OneRank;
+  if (tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1]) return ContextWay::CrossAttention;
+  if (o.context == ContextParallel::Ring) return ContextWay::RingAsked;
+  return tshard::detail::extents_of(k)[3] % parts == 0 ? ContextWay::HeadsDivide : ContextWay::HeadsDoNotDivide;
+}
+template <class Q, class K>
+bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
+  const ContextWay way = context_way(q, k, o);
+  return way == ContextWay::RingAsked || way == ContextWay::HeadsDoNotDivide;
+}
+
+// How x moves from spec From to spec To: the reshard's steps, or "stays".
+template <class From, class To, class X>
+std::string layout_moves(const X& x) {
+  using A = ShardedTensor<typename X::Scalar, typename X::MeshT, From>;
+  using B = ShardedTensor<typename X::Scalar, typename X::MeshT, To>;
+  if (A::spec_desc == B::spec_desc) return "stays";
+  const std::string steps = tshard::detail::cached_plan(*tshard::detail::state_of(x.mesh()), A::spec_desc, B::spec_desc,
+                                                        tshard::detail::extents_of(x), sizeof(typename X::Scalar))
+                                ->describe(x.mesh().shape());
+  return steps.empty() ? "stays" : steps;
+}
+// ... for q, k, v into layout L and the output back.
+template <class L, class Q, class K, class V>
+std::string attention_moves(const Q& q, const K& k, const V& v) {
+  return "q: " + layout_moves<typename Q::SpecType, typename L::Queries>(q) +
+         "; k: " + layout_moves<typename K::SpecType, typename L::Keys>(k) +
+         "; v: " + layout_moves<typename V::SpecType, typename L::Keys>(v) +
+         "; output: " + layout_moves<typename L::Queries, typename Q::SpecType>(q);
 }
 
 // q, k and v moved into the layouts L names (L::Queries, L::Keys), attend(q, k, v) there, and the
@@ -480,6 +518,51 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
           return grads;
         },
         q, k, v);
+  }
+}
+
+// Which way scaled_dot_product_attention(q, k, v, options) attends, why, and how q, k, v and the
+// output move (explain_einsum's counterpart). It checks the options as the attention does.
+template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
+std::string explain_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options = {}) {
+  static_assert(detail::attention_types_checked<Q, K, V>());
+  (void)detail::attention_geometry(q, k, v, options, "explain_attention");
+  if constexpr (detail::attention_aligned_v<Q, K, V>) {
+    return "in place: each rank attends its own batch rows and key-value heads, nothing moves (queries " +
+           q.describe() + ", keys " + k.describe() + ")";
+  } else {
+    using Layout = detail::attention_layout<typename Q::SpecType>;
+    using Ring = detail::ring_layout<typename Q::SpecType>;
+    if constexpr (Ring::sequence_split) {
+      Eigen::Index parts = 1;
+      const auto way = detail::context_way(q, k, options, &parts);
+      const std::string heads = std::to_string(tshard::detail::extents_of(k)[3]) + " key-value heads";
+      const std::string over = " over the " + std::to_string(parts) + " ranks the all-to-all spreads them over";
+      std::string why;
+      switch (way) {
+        case detail::ContextWay::AllToAllAsked: why = ".context = AllToAll"; break;
+        case detail::ContextWay::OneRank: why = "the sequence's split has one rank: nothing goes round"; break;
+        case detail::ContextWay::CrossAttention:
+          why = "the ring needs as many queries as keys (" + std::to_string(tshard::detail::extents_of(q)[1]) +
+                " queries, " + std::to_string(tshard::detail::extents_of(k)[1]) + " keys)";
+          break;
+        case detail::ContextWay::RingAsked: why = ".context = Ring"; break;
+        case detail::ContextWay::HeadsDivide: why = "Auto: the " + heads + " divide evenly" + over; break;
+        case detail::ContextWay::HeadsDoNotDivide: why = "Auto: the " + heads + " do not divide evenly" + over; break;
+      }
+      if (way == detail::ContextWay::RingAsked || way == detail::ContextWay::HeadsDoNotDivide) {
+        const Eigen::Index ranks = tshard::detail::split_parts(Q::spec_desc.dims[1], q.mesh().shape());
+        return "ring attention over the " + std::to_string(ranks) + " ranks of the sequence's split: keys and values go " +
+               "round them point to point, rank i attending chunks i and " + std::to_string(2 * ranks - 1) + " - i of " +
+               std::to_string(2 * ranks) + " (exchanged into that order and back inside), because " + why + "; " +
+               detail::attention_moves<Ring>(q, k, v);
+      }
+      return "all-to-all (Ulysses): the split moves from the sequence to the key-value heads and back, because " + why +
+             "; " + detail::attention_moves<Layout>(q, k, v);
+    } else {
+      return "resharded into the kernel's layout (the sequence, head and group dims whole) and back; " +
+             detail::attention_moves<Layout>(q, k, v);
+    }
   }
 }
 

@@ -93,7 +93,7 @@ class Attention : public Module {
       if (!detail::is_plain_causal(options))
         throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
                         "written-out causal one, which takes no options (bidirectional, window, scale, documents, "
-                        "attention dropout): split the heads instead");
+                        "attention dropout, ALiBi, softcap): split the heads instead");
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);
