@@ -613,9 +613,9 @@ auto written_out_attention(const Q& q, const K& k, const V& v, const ts::nn::Att
     return o.softcap > 0 ? X(ts::tanh(scores * (1 / o.softcap)) * o.softcap) : scores;
   };
   const Eigen::Index G = Q::rank == 5 ? q.global_shape()[3] : 1;
-  // (flash-attn's alignment, causal or not: query t of T at position S - T + t)
-  auto alibi = [&](Eigen::Index t, Eigen::Index s, Eigen::Index g, Eigen::Index h) {
-    return o.alibi_slopes.empty() ? 0.0 : -o.alibi_slopes[std::size_t(h * G + g)] * double(std::abs(t + S - T - s));
+  // (positions as the mask's: causal, query t of T at S - T + t; bidirectional, at t)
+  auto alibi = [&, shift = o.causal ? S - T : 0](Eigen::Index t, Eigen::Index s, Eigen::Index g, Eigen::Index h) {
+    return o.alibi_slopes.empty() ? 0.0 : -o.alibi_slopes[std::size_t(h * G + g)] * double(std::abs(t + shift - s));
   };
   if constexpr (Q::rank == 5) {
     const auto& qs = q.global_shape();
@@ -805,13 +805,14 @@ TEST_CASE("ring attention over a split sequence equals the written-out attention
       TS_REQUIRE_ALL(way.find(text) != std::string::npos);
     };
     says(ring, split ? "ring attention over the " + std::to_string(mesh.size<"x">()) + " ranks of the sequence's split"
-                     : "all-to-all (Ulysses)");
-    says(ring, split ? "because .context = Ring" : "because the sequence's split has one rank");
+                     : "the local kernel: the sequence's split has one rank, so nothing goes round; q: stays; k: stays; "
+                       "v: stays; output: stays");
+    if (split) says(ring, "because .context = Ring");
     says({.context = ContextParallel::AllToAll}, "all-to-all (Ulysses): the split moves from the sequence to the "
                                                  "key-value heads and back, because .context = AllToAll; q: ");
     if (split && mesh.size() > 1)
-      says({}, "because Auto: the 1 key-value heads do not divide evenly over the " + std::to_string(mesh.size()) +
-                   " ranks the all-to-all spreads them over");
+      says({}, "because Auto: the 1 key-value head does not divide evenly over the " + std::to_string(mesh.size()) +
+                   " ranks the all-to-all would spread them over");
     auto q5 = ts::distribute<TQ>(mesh, global_random<5>({2, 5, 4, 2, 1}, 45));
     if (split) {
       const std::string cross = ts::nn::explain_attention(q5, k, k, {.causal = false, .context = ContextParallel::Ring});
@@ -1135,7 +1136,10 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.window = T + 1}); }, "for 256 queries over 256 keys");
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k3, k3, {.causal = false}); },
        "the queries' head dim 4 differs from the keys' 3");
-  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); }, "the scale must be finite and positive");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.scale = -1}); },
+       "the scale must be finite and at least 0 (0 for 1 / sqrt(Dh)), not -1");
+  says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.dropout = {.p = 1.0000001}}); },
+       "in [0, 1), not 1.0000001");
   const double inf = std::numeric_limits<double>::infinity();
   says([&] { (void)ts::nn::scaled_dot_product_attention(q, k, k, {.softcap = -2}); },
        "the softcap must be finite and at least 0 (0 for none), not -2");
@@ -1154,7 +1158,7 @@ TEST_CASE("scaled_dot_product_attention holds no T x T tensor, and refuses bad o
   // Grouped: 3 query heads on each of 2 key-value heads, 6 slopes wanted.
   auto qg = ts::distribute<QS5>(mesh, global_random<5>({2, T, 4, 3, 2}, 59));
   says([&] { (void)ts::nn::scaled_dot_product_attention(qg, k2, k2, {.alibi_slopes = {0.5, 0.25}}); },
-       "the queries have 6, alibi_slopes 2 (query head g of key-value head h is slope h * G + g)");
+       "the queries have 6, alibi_slopes 2 (query head g of key-value head h takes alibi_slopes[h * G + g])");
   // A sequence split is resharded for the kernel: the error names the caller's layout, not that.
   using SeqQ = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R, ts::R>;
   using SeqK = ts::Spec<ts::R, ts::S<"x">, ts::R, ts::R>;

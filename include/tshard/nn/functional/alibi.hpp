@@ -1,8 +1,7 @@
 // alibi_slopes(heads): ALiBi's slopes for AttentionOptions::alibi_slopes, as the paper's
-// reference code (Press et al. 2022) and BLOOM compute them: for a power of two n, the geometric
-// sequence 2^(-8 / n), 2^(-16 / n), ..., 2^(-8) (MPT's too); otherwise those of the power of two
-// below n, then every other slope of twice that power for the heads left over (MPT orders
-// those differently: pass its own slopes for such a checkpoint).
+// reference code (Press et al. 2022), BLOOM and MPT compute them: for a power of two n, the
+// geometric sequence 2^(-8 / n), 2^(-16 / n), ..., 2^(-8); otherwise those of the power of two
+// below n, then every other slope of twice that power for the heads left over.
 //
 //   auto y = ts::nn::scaled_dot_product_attention(q, k, v, {.alibi_slopes = ts::nn::alibi_slopes(heads)});
 #pragma once

@@ -45,8 +45,9 @@ namespace tshard::nn {
 // layout, context parallelism included, and again in the backward. Vary the seed from call to
 // call; row_offset places a micro-batch's rows in the whole batch.
 // alibi_slopes: ALiBi (Press et al. 2022; BLOOM's, MPT's, flash-attn's alibi_slopes), a bias of
-// -slope * |query position - key position| on each query head's scores (flash-attn's positions,
-// causal or not: query row t of T sits at S - T + t). One slope per query head,
+// -slope * |query position - key position| on each query head's scores (positions as the mask's:
+// a causal query row t of T < S keys sits at S - T + t, flash-attn's bottom-right; bidirectional,
+// queries and keys both start at 0, as the window takes them). One slope per query head,
 // numbered as HF and flash-attn number them: query head g of key-value head h is h * G + g
 // (queries [B, T, Dh, H]: head h). Empty: none.
 // softcap: scores soft-capped to (-cap, cap) before the bias and the mask, cap * tanh(scores /
@@ -121,11 +122,9 @@ struct AttentionGeometry {
   std::uint32_t dropout_threshold = 0;
   std::uint64_t dropout_seed = 0;
   Index dropout_batch_row = 0, dropout_head = 0;
-  // Soft-capping (0: none), and ALiBi's slopes of this key-value head's G query heads (none: null),
-  // its query row t at key position t + offset + alibi_shift (bottom-right, causal or not).
+  // Soft-capping (0: none), and ALiBi's slopes of this key-value head's G query heads (none: null).
   double softcap = 0;
   const double* alibi = nullptr;
-  Index alibi_shift = 0;
 
   // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
   // for one row, exactly the keys it sees: one run, as a document is one).
@@ -451,7 +450,7 @@ void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Inde
   if (geo.alibi) {  // -slope |p - s|: a row's distances from the block's first key, less 0, 1, 2, ...
     static const Eigen::Array<A, 1, kKeyBlock> ramp = Eigen::Array<A, 1, kKeyBlock>::LinSpaced(A(0), A(kKeyBlock - 1));
     const A m = A(geo.alibi[g]);
-    const Index first = t0 + geo.offset + geo.alibi_shift - s0;
+    const Index first = t0 + geo.offset - s0;
     for (Index i = 0; i < br; ++i) s.row(i).array() -= m * (A(first + i) - ramp.head(bc)).abs();
   }
   if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;

@@ -20,11 +20,11 @@
 //   auto d = ts::nn::scaled_dot_product_attention(q, k, v, {.dropout = {.p = 0.1, .seed = step}});  // dropout
 #pragma once
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -137,13 +137,12 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
     throw SpecError(where + "a window of " + std::to_string(o.window) + " keys for " + std::to_string(qs[1]) +
                     " queries over " + std::to_string(ks[1]) + " keys (0 for none, else at most " +
                     std::to_string(std::max(qs[1], ks[1])) + ")");
-  const auto number = [](double x) {  // (as written: -2, 0.25, nan; not to_string's -2.000000)
-    std::ostringstream text;
-    text << x;
-    return text.str();
+  const auto number = [](double x) {  // (the shortest that reads back: -2, 0.25, 1.0000001; not -2.000000)
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
   };
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
-    throw SpecError(where + "the scale must be finite and positive (0 for 1 / sqrt(Dh))");
+    throw SpecError(where + "the scale must be finite and at least 0 (0 for 1 / sqrt(Dh)), not " + number(o.scale));
   if (!(o.dropout.p >= 0 && o.dropout.p < 1))
     throw SpecError(where + "attention dropout drops with a probability in [0, 1), not " + number(o.dropout.p));
   if (o.dropout.row_offset < 0)
@@ -176,14 +175,13 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
   if (!o.alibi_slopes.empty() && Index(o.alibi_slopes.size()) != query_heads)
     throw ShapeError(where + "ALiBi takes one slope per query head: the queries have " + std::to_string(query_heads) +
                      ", alibi_slopes " + std::to_string(o.alibi_slopes.size()) +
-                     (Q::rank == 5 ? " (query head g of key-value head h is slope h * G + g)" : ""));
+                     (Q::rank == 5 ? " (query head g of key-value head h takes alibi_slopes[h * G + g])" : ""));
   for (std::size_t i = 0; i < o.alibi_slopes.size(); ++i)
     if (!std::isfinite(o.alibi_slopes[i]))
       throw SpecError(where + "alibi_slopes[" + std::to_string(i) + "] is " + number(o.alibi_slopes[i]) +
                       ", not a finite number");
   AttentionGeometry geo{qs[1], ks[1], o.causal, o.window, o.causal ? ks[1] - qs[1] : 0};
   geo.softcap = o.softcap;
-  geo.alibi_shift = o.causal ? 0 : ks[1] - qs[1];  // (causal: in offset already)
   return geo;
 }
 
@@ -448,7 +446,8 @@ template <class From, class To, class X>
 std::string layout_moves(const X& x) {
   using A = ShardedTensor<typename X::Scalar, typename X::MeshT, From>;
   using B = ShardedTensor<typename X::Scalar, typename X::MeshT, To>;
-  if (A::spec_desc == B::spec_desc) return "stays";
+  const auto& shape = tshard::detail::state_of(x.mesh())->shape();
+  if (tshard::detail::same_blocks(A::spec_desc, B::spec_desc, shape)) return "stays";  // (as reshard: no move)
   const std::string steps = tshard::detail::cached_plan(*tshard::detail::state_of(x.mesh()), A::spec_desc, B::spec_desc,
                                                         tshard::detail::extents_of(x), sizeof(typename X::Scalar))
                                 ->describe(x.mesh().shape());
@@ -534,22 +533,30 @@ std::string explain_attention(const Q& q, const K& k, const V& v, const Attentio
     using Layout = detail::attention_layout<typename Q::SpecType>;
     using Ring = detail::ring_layout<typename Q::SpecType>;
     if constexpr (Ring::sequence_split) {
-      Eigen::Index parts = 1;
+      detail::Index parts = 1;
       const auto way = detail::context_way(q, k, options, &parts);
-      const std::string heads = std::to_string(tshard::detail::extents_of(k)[3]) + " key-value heads";
-      const std::string over = " over the " + std::to_string(parts) + " ranks the all-to-all spreads them over";
+      const Eigen::Index kv = tshard::detail::extents_of(k)[3];
+      const std::string heads = std::to_string(kv) + (kv == 1 ? " key-value head" : " key-value heads");
+      const std::string over = " over the " + std::to_string(parts) + " ranks the all-to-all";
       std::string why;
       switch (way) {
         case detail::ContextWay::AllToAllAsked: why = ".context = AllToAll"; break;
-        case detail::ContextWay::OneRank: why = "the sequence's split has one rank: nothing goes round"; break;
+        case detail::ContextWay::OneRank: break;
         case detail::ContextWay::CrossAttention:
           why = "the ring needs as many queries as keys (" + std::to_string(tshard::detail::extents_of(q)[1]) +
                 " queries, " + std::to_string(tshard::detail::extents_of(k)[1]) + " keys)";
           break;
         case detail::ContextWay::RingAsked: why = ".context = Ring"; break;
-        case detail::ContextWay::HeadsDivide: why = "Auto: the " + heads + " divide evenly" + over; break;
-        case detail::ContextWay::HeadsDoNotDivide: why = "Auto: the " + heads + " do not divide evenly" + over; break;
+        case detail::ContextWay::HeadsDivide:
+          why = "Auto: the " + heads + (kv == 1 ? " divides" : " divide") + " evenly" + over + " spreads them over";
+          break;
+        case detail::ContextWay::HeadsDoNotDivide:
+          why = "Auto: the " + heads + (kv == 1 ? " does" : " do") + " not divide evenly" + over + " would spread them over";
+          break;
       }
+      if (way == detail::ContextWay::OneRank)
+        return "the local kernel: the sequence's split has one rank, so nothing goes round; " +
+               detail::attention_moves<Layout>(q, k, v);
       if (way == detail::ContextWay::RingAsked || way == detail::ContextWay::HeadsDoNotDivide) {
         const Eigen::Index ranks = tshard::detail::split_parts(Q::spec_desc.dims[1], q.mesh().shape());
         return "ring attention over the " + std::to_string(ranks) + " ranks of the sequence's split: keys and values go " +
