@@ -155,10 +155,8 @@ std::string explain_einsum(const A& a, const B& b, EinsumStrategy strategy = Ein
   const auto p = detail::plan_einsum(e, O::decision, O::da, detail::extents_of(a), O::db, detail::extents_of(b), out,
                                      c_out, mesh.shape(), strategy, sizeof(typename A::Scalar));
   auto moves = [&](const auto& x, const detail::SpecDesc& w) {
-    return x.spec_desc == w
-               ? std::string("stays")
-               : detail::cached_plan(mesh, x.spec_desc, w, detail::extents_of(x), sizeof(typename A::Scalar))
-                     ->describe(mesh.shape());
+    return x.spec_desc == w ? std::string("stays")
+                            : detail::reshard_steps(mesh, x.spec_desc, w, detail::extents_of(x), sizeof(typename A::Scalar));
   };
   std::string local = "a ring of GEMMs on column blocks";
   if (p.strategy != EinsumStrategy::Windowed) {

@@ -103,12 +103,21 @@ Traffic predict_reshard(const ShardedTensor<T, M, S, P>& t) {
                                  detail::extents_of(t), sizeof(T), t.mesh().rank());
 }
 
+namespace detail {
+// The steps of the plan that moves blocks of `extents` (elements of `bytes`) from spec `from` to
+// `to`, e.g. "all-gather {x, R} -> {R, R}": what the explain_ functions print.
+template <class Extents>
+std::string reshard_steps(MeshState& mesh, const SpecDesc& from, const SpecDesc& to, const Extents& extents,
+                          std::size_t bytes) {
+  return cached_plan(mesh, from, to, extents, bytes)->describe(mesh.shape());
+}
+}  // namespace detail
+
 // The steps reshard<NewSpec>(t) would take, e.g. "all-gather {x, R} -> {R, R}".
 template <class NewSpec, class T, class M, class S, class P>
 std::string explain_reshard(const ShardedTensor<T, M, S, P>& t) {
   using Out = ShardedTensor<T, M, NewSpec>;
-  return detail::cached_plan(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), sizeof(T))
-      ->describe(t.mesh().shape());
+  return detail::reshard_steps(*detail::state_of(t.mesh()), t.spec_desc, Out::spec_desc, detail::extents_of(t), sizeof(T));
 }
 
 // Whether operators may insert communication the user did not write.

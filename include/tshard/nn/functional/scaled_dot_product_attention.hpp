@@ -446,12 +446,10 @@ template <class From, class To, class X>
 std::string layout_moves(const X& x) {
   using A = ShardedTensor<typename X::Scalar, typename X::MeshT, From>;
   using B = ShardedTensor<typename X::Scalar, typename X::MeshT, To>;
-  const auto& shape = tshard::detail::state_of(x.mesh())->shape();
-  if (tshard::detail::same_blocks(A::spec_desc, B::spec_desc, shape)) return "stays";  // (as reshard: no move)
-  const std::string steps = tshard::detail::cached_plan(*tshard::detail::state_of(x.mesh()), A::spec_desc, B::spec_desc,
-                                                        tshard::detail::extents_of(x), sizeof(typename X::Scalar))
-                                ->describe(x.mesh().shape());
-  return steps.empty() ? "stays" : steps;
+  auto& mesh = *tshard::detail::state_of(x.mesh());
+  if (tshard::detail::same_blocks(A::spec_desc, B::spec_desc, mesh.shape())) return "stays";  // (as reshard: no move)
+  return tshard::detail::reshard_steps(mesh, A::spec_desc, B::spec_desc, tshard::detail::extents_of(x),
+                                       sizeof(typename X::Scalar));
 }
 // ... for q, k, v into layout L and the output back.
 template <class L, class Q, class K, class V>
