@@ -63,6 +63,11 @@ int main(int argc, char** argv) {
 #elif defined(CASE_spec_assignment)  // a loop whose body changes the spec of its variable
   auto x = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
   for (int i = 0; i < 2; ++i) x = ts::transpose<1, 0>(x);
+#elif defined(CASE_partial_assignment)  // a variable declared from a partial sum, given a resolved value
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {4, 4});
+  auto w = ts::zeros<float, ts::Spec<ts::S<"y">, ts::R>>(mesh, {4, 4});
+  auto x = ts::einsum<"ab,bc->ac">(a, w);  // {x, R}, partial over y
+  x = ts::reshard<ts::Spec<ts::S<"x">, ts::R>>(x);
 #elif defined(CASE_softmax_dim)  // softmax over a dim the tensor lacks, then used
   auto x = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
   auto p = ts::nn::softmax<2>(x);

@@ -284,13 +284,24 @@ class ShardedTensor : private detail::TensorBlock<T> {
     if (this->released()) detail::throw_released(op, describe());
   }
 
+  // The sentence names the one difference where there is one: a partial sum and a resolved tensor
+  // of the same spec differ only in their last template argument, which reads like a spec mismatch.
   template <class Held>
   static const ShardedTensor& refuse_conversion() {
-    static_assert(detail::spec_mismatch<Held, ShardedTensor>::value,
-                  "tshard: a tensor's spec is part of its type, and this converts or assigns a tensor of one "
-                  "ShardedTensor type to another (the two are spec_mismatch's arguments, held first, wanted second). "
-                  "Redistribute it explicitly: ts::reshard<WantedSpec>(x); a loop whose body changes the spec "
-                  "reshards at the end of each pass");
+    if constexpr (std::is_same_v<typename Held::Scalar, T> && std::is_same_v<typename Held::MeshT, M> &&
+                  std::is_same_v<typename Held::SpecType, SpecT> && Held::is_partial != is_partial)
+      static_assert(detail::spec_mismatch<Held, ShardedTensor>::value,
+                    "tshard: this converts or assigns between a partial sum and a resolved tensor of the same "
+                    "spec (a partial sum's value is still to be summed over a mesh axis, its PartialType: an "
+                    "Embedding's lookup or a product over a split dim gives one, and a variable declared from one "
+                    "stays one; the two types are spec_mismatch's arguments, held first, wanted second). Resolve "
+                    "it where it is made: ts::reshard<Spec>(x) sums it");
+    else
+      static_assert(detail::spec_mismatch<Held, ShardedTensor>::value,
+                    "tshard: a tensor's spec is part of its type, and this converts or assigns a tensor of one "
+                    "ShardedTensor type to another (the two are spec_mismatch's arguments, held first, wanted "
+                    "second). Redistribute it explicitly: ts::reshard<WantedSpec>(x); a loop whose body changes "
+                    "the spec reshards at the end of each pass");
     return *static_cast<const ShardedTensor*>(nullptr);  // never compiled to run: the assertion fails first
   }
 
