@@ -152,7 +152,9 @@ TEST_CASE("a gradient read while an owning optimizer defers the data-parallel su
     return f;
   };
   auto read = [&](Mlp& mlp) {
-    return std::vector<Eigen::Tensor<double, 2>>{flat(mlp.gradient_of(mlp.scale).gather()),
+    // (a submodule's parameter through its parent first, as p.grad is read from anywhere)
+    return std::vector<Eigen::Tensor<double, 2>>{flat(mlp.gradient_of(mlp.down.bias()).gather()),
+                                                 flat(mlp.gradient_of(mlp.scale).gather()),
                                                  flat(mlp.up.gradient_of(mlp.up.weight()).gather()),
                                                  flat(mlp.down.gradient_of(mlp.down.bias()).gather())};
   };

@@ -80,14 +80,21 @@ class Module {
     return child;
   }
 
-  // The gradient of a parameter this module registered (scale -> its gradient, as p.grad). Once
-  // an optimizer owns the module, it first completes the gradient's data-parallel sum (and,
-  // under ZeRO-2 and -3, gathers the reduced chunks): collective over the data axis, so every
-  // rank reads it, as every rank gathers a tensor.
+  // The gradient of a parameter of this module or of any submodule (scale -> its gradient, as
+  // p.grad). Once an optimizer owns the module, it first completes the gradient's data-parallel
+  // sum (and, under ZeRO-2 and -3, gathers the reduced chunks): collective over the data axis, so
+  // every rank reads it, as every rank gathers a tensor.
   template <class T, class M, class S>
   ShardedTensor<T, M, S>& gradient_of(const ShardedTensor<T, M, S>& value) {
-    auto& g = gradient_slot(value).grad();
-    if (hooks_.gradients_read) hooks_.gradients_read();
+    Module* owner = nullptr;
+    for_each_module([&](Module& m, const std::string&) {
+      if (!owner && m.holds(&value)) owner = &m;
+    });
+    if (!owner)
+      throw SpecError("tshard::nn::Module::gradient_of: " + value.describe() +
+                      " is not a parameter of this module or of its submodules");
+    auto& g = owner->gradient_slot(value).grad();
+    if (owner->hooks_.gradients_read) owner->hooks_.gradients_read();
     return g;
   }
 
@@ -206,6 +213,14 @@ class Module {
   std::uint32_t deferred_gradient_sums() const { return deferred_; }
 
  protected:
+  // Whether one of this module's own slots holds the tensor at `identity`.
+  bool holds(const void* identity) const {
+    for (const auto& p : parameters_)
+      if (p.slot->identity() == identity) return true;
+    for (const auto& s : spare_)
+      if (s->identity() == identity) return true;
+    return false;
+  }
   template <class T, class M, class S>
   detail::TypedParameterSlot<T, M, S>& gradient_slot(const ShardedTensor<T, M, S>& value) {
     for (const auto& p : parameters_)
