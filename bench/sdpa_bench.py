@@ -5,7 +5,8 @@
 # matmul), in float on one thread, medians of interleaved runs after one warm-up. GFLOP/s are
 # counted as attention_bench counts them (the causal half of 4 B H T^2 Dh, times 3.5). With
 # --against FILE (attention_bench's output) each row also gives tshard's fused time over SDPA's.
-# Needs PyTorch >= 2 (Debian's 1.13 has no scaled_dot_product_attention): exits 77 without it.
+# Needs PyTorch >= 2 (Debian's 1.13 has no scaled_dot_product_attention), and >= 2.5 for
+# --kv-heads below --heads (enable_gqa): exits 77 without them.
 #   python3 bench/sdpa_bench.py [--batch 2] [--heads 4] [--kv-heads 4] [--dh 16]
 #                               [--seq 1024,2048,4096] [--written-max 4096] [--reps 3] [--against FILE]
 import argparse
@@ -38,6 +39,13 @@ args = parser.parse_args()
 kv_heads = args.kv_heads or args.heads
 if args.heads % kv_heads:
     sys.exit("sdpa_bench.py: --kv-heads must divide --heads")
+if kv_heads != args.heads:  # grouped-query attention reads K/V in place only with enable_gqa (2.5)
+    try:
+        x = torch.zeros(1, 2, 1, 1)
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+    except TypeError:
+        print(f"skipped: PyTorch {torch.__version__}'s scaled_dot_product_attention has no enable_gqa")
+        sys.exit(77)
 torch.set_num_threads(1)
 torch.manual_seed(1)
 

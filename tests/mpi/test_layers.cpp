@@ -230,7 +230,7 @@ TEST_CASE("Attention and TransformerBlock with attention options (bidirectional,
   }
   INFO(what);
   TS_REQUIRE_ALL(what.find("takes no options (bidirectional, window, scale, documents, attention dropout, ALiBi, "
-                           "softcap): split the heads instead") != std::string::npos);
+                           "softcap, keys packed apart): split the heads instead") != std::string::npos);
 }
 
 TEST_CASE("TransformerBlock's attention dropout gives the one-rank values on every mesh, differs from none in training, "
@@ -256,6 +256,23 @@ TEST_CASE("TransformerBlock's attention dropout gives the one-rank values on eve
   };
   says([&] { (void)plain(x, {.dropout = {.p = 0.1}}); }, "set BlockOptions::attention_dropout, not the options' dropout");
   says([&] { Block(mesh, {.dmodel = 6, .heads = 3, .attention_dropout = 1.0}); }, "must be probabilities in [0, 1)");
+}
+
+TEST_CASE("Attention and GroupedQueryAttention apply the attention dropout they are given in training only", "[layers][dropout]") {
+  const std::array<Eigen::Index, 3> dims{3, 5, 6};
+  DM mesh({1, world_size()});
+  const auto x = ts::distribute<Acts>(mesh, random_tensor<3>(dims, 13));
+  const ts::nn::AttentionOptions dropping{.dropout = {.p = 0.3, .seed = 7}};
+  auto drops_in_training_only = [&](auto layer) {
+    const T3 without = layer(x).gather();
+    TS_REQUIRE_ALL(compare(T3(layer(x, dropping).gather()), without, 1e-3) != "");
+    layer.eval();
+    TS_REQUIRE_ALL(compare(T3(layer(x, dropping).gather()), without, 1e-15) == "");
+    layer.train();
+    TS_REQUIRE_ALL(compare(T3(layer(x, dropping).gather()), without, 1e-3) != "");
+  };
+  drops_in_training_only(ts::nn::Attention<double, DM>(mesh, 6, 3, 4));
+  drops_in_training_only(ts::nn::GroupedQueryAttention<double, DM>(mesh, 6, 4, 2, 5));
 }
 
 namespace {

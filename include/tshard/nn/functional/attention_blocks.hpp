@@ -52,6 +52,15 @@ namespace tshard::nn {
 // (queries [B, T, Dh, H]: head h). Empty: none.
 // softcap: scores soft-capped to (-cap, cap) before the bias and the mask, cap * tanh(scores /
 // cap) (Gemma 2's attn_logit_softcapping, flash-attn's softcap); 0: none.
+// key_document_starts: the keys packed apart from the queries (flash-attn's varlen with
+// cu_seqlens_k apart from cu_seqlens_q: packed encoder-decoder pairs, padded keys). Row b's query
+// document j (of document_starts[b], or the whole row where document_starts is empty) sees key
+// document j of key_document_starts[b] only (none where the row has fewer; key documents may be
+// empty). Positions are counted from the pair's starts, causal queries the last of the pair's keys
+// (bottom-right; a pair with more queries than keys leaves its first queries none), and causal,
+// the window and ALiBi apply within the pair. {{0, n}}: the row's queries see its first n keys, 0
+// to S (a key padding mask). Queries and keys of any lengths; a split sequence takes the
+// all-to-all.
 enum class ContextParallel { Auto, Ring, AllToAll };
 struct AttentionDropout {
   double p = 0;
@@ -67,6 +76,7 @@ struct AttentionOptions {
   AttentionDropout dropout = {};
   std::vector<double> alibi_slopes = {};
   double softcap = 0;
+  std::vector<std::vector<Eigen::Index>> key_document_starts = {};
 };
 
 namespace detail {
@@ -77,7 +87,16 @@ using tshard::detail::Index;
 // only chooses how a split sequence is attended, not what).
 inline bool is_plain_causal(const AttentionOptions& o) {
   return o.causal && o.window == 0 && o.scale == 0 && o.document_starts.empty() && o.dropout.p == 0 &&
-         o.alibi_slopes.empty() && o.softcap == 0;
+         o.alibi_slopes.empty() && o.softcap == 0 && o.key_document_starts.empty();
+}
+
+// The options a layer attends with: attention dropout in training only (its eval() turns it off,
+// as PyTorch's modules' dropout); scratch holds the copy where one is needed.
+inline const AttentionOptions& in_mode(const AttentionOptions& o, bool training, AttentionOptions& scratch) {
+  if (training || o.dropout.p == 0) return o;
+  scratch = o;
+  scratch.dropout = {};
+  return scratch;
 }
 
 // Attention dropout's hash: a key per query row from (seed, batch row, head, group, position),
@@ -114,6 +133,10 @@ struct AttentionGeometry {
   // none: one sequence).
   const Index* starts = nullptr;
   Index documents = 0;
+  // Keys packed apart (key_document_starts): this row's key document starts; query document j of
+  // `starts` (or the whole row) sees key document j. null: the queries' documents are the keys'.
+  const Index* key_starts = nullptr;
+  Index key_documents = 0;
   // Attention dropout of this (batch row, key-value head): whether it drops, the threshold of
   // kept hashes and the kept ones' scale, and what a query row's hash key comes from (with its
   // group and global position).
@@ -129,6 +152,14 @@ struct AttentionGeometry {
   // The keys [lo, hi) that any of the query rows [t0, t1) sees: blocks outside are skipped (and,
   // for one row, exactly the keys it sees: one run, as a document is one).
   std::pair<Index, Index> keys(Index t0, Index t1) const {
+    if (key_starts) {  // each row's run, joined (rows of one block may see runs of different pairs)
+      Index lo = S, hi = 0;
+      for (Index t = t0; t < t1; ++t) {
+        const auto [a, b] = row_keys(t);
+        if (a < b) lo = std::min(lo, a), hi = std::max(hi, b);
+      }
+      return lo < hi ? std::pair<Index, Index>{lo, hi} : std::pair<Index, Index>{0, 0};
+    }
     Index lo = 0, hi = S;
     if (causal) hi = std::min(S, t1 + offset);
     if (window > 0) {
@@ -143,17 +174,58 @@ struct AttentionGeometry {
   }
   // Whether every (t, s) of the block [t0, t1) x [s0, s1) is visible.
   bool all_visible(Index t0, Index t1, Index s0, Index s1) const {
-    const Index p0 = t0 + offset, p1 = t1 + offset;
+    Index p0 = t0 + offset, p1 = t1 + offset;
+    if (key_starts) {  // one pair's queries, inside its keys; positions then run on within it
+      const KeyPair first = pair_of(t0), last = pair_of(t1 - 1);
+      if (first.pair != last.pair || first.lo >= first.hi || s0 < first.lo || s1 > first.hi) return false;
+      p0 = first.position, p1 = last.position + 1;
+    } else if (documents > 0 && (document(p1 - 1).first > s0 || document(p0).second < s1)) {
+      return false;
+    }
     if (causal && s1 - 1 > p0) return false;
     if (window > 0 && ((p1 - 1) - s0 >= window || (!causal && (s1 - 1) - p0 >= window))) return false;
-    if (documents > 0 && (document(p1 - 1).first > s0 || document(p0).second < s1)) return false;
     return true;
+  }
+  // The position of query row t among the keys: what causal, the window and ALiBi measure from.
+  Index position(Index t) const { return key_starts ? pair_of(t).position : t + offset; }
+  // Keys packed apart: query row t's document j, its position among the keys and key document j,
+  // [lo, hi) (empty where the row has no key document j, or an empty one).
+  struct KeyPair {
+    Index pair, position, lo, hi;
+  };
+  KeyPair pair_of(Index t) const {
+    static constexpr Index whole_row = 0;
+    const Index* qs = documents > 0 ? starts : &whole_row;
+    const Index qn = documents > 0 ? documents : 1;
+    const Index j = Index(std::upper_bound(qs, qs + qn, t) - qs) - 1;
+    if (j >= key_documents) return {j, t + offset, 0, 0};
+    const Index qa = qs[j], qb = j + 1 < qn ? qs[j + 1] : T;
+    const Index ka = key_starts[j], kb = j + 1 < key_documents ? key_starts[j + 1] : S;
+    return {j, ka + (t - qa) + (causal ? (kb - ka) - (qb - qa) : 0), ka, kb};
+  }
+  // ... and the keys [lo, hi) it sees.
+  std::pair<Index, Index> row_keys(Index t) const {
+    const KeyPair pair = pair_of(t);
+    Index lo = pair.lo, hi = pair.hi;
+    if (causal) hi = std::min(hi, pair.position + 1);
+    if (window > 0) {
+      lo = std::max(lo, pair.position - window + 1);
+      if (!causal) hi = std::min(hi, pair.position + window);
+    }
+    return {lo, std::max(lo, hi)};
   }
   // This geometry for a batch row packed with documents at `row` (global starts).
   AttentionGeometry packed(const std::vector<Index>& row) const {
     AttentionGeometry geo = *this;
     geo.starts = row.data();
     geo.documents = Index(row.size());
+    return geo;
+  }
+  // This geometry for a batch row whose keys are packed apart, at `row` (key_document_starts[b]).
+  AttentionGeometry keyed(const std::vector<Index>& row) const {
+    AttentionGeometry geo = *this;
+    geo.key_starts = row.data();
+    geo.key_documents = Index(row.size());
     return geo;
   }
   // This geometry with attention dropout for batch row `row` (of the tensor: d.row_offset + row
@@ -450,8 +522,7 @@ void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Inde
   if (geo.alibi) {  // -slope |p - s|: a row's distances from the block's first key, less 0, 1, 2, ...
     static const Eigen::Array<A, 1, kKeyBlock> ramp = Eigen::Array<A, 1, kKeyBlock>::LinSpaced(A(0), A(kKeyBlock - 1));
     const A m = A(geo.alibi[g]);
-    const Index first = t0 + geo.offset - s0;
-    for (Index i = 0; i < br; ++i) s.row(i).array() -= m * (A(first + i) - ramp.head(bc)).abs();
+    for (Index i = 0; i < br; ++i) s.row(i).array() -= m * (A(geo.position(t0 + i) - s0) - ramp.head(bc)).abs();
   }
   if (geo.all_visible(t0, t0 + br, s0, s0 + bc)) return;
   for (Index i = 0; i < br; ++i) {  // a row sees one run of keys: hide what lies either side

@@ -104,6 +104,12 @@ inline constexpr bool attention_aligned_v =
     std::is_same_v<typename K::SpecType, typename attention_layout<typename Q::SpecType>::Keys> &&
     std::is_same_v<typename V::SpecType, typename attention_layout<typename Q::SpecType>::Keys>;
 
+// A number in a message: the shortest text that reads back (-2, 0.25, 1.0000001; not -2.000000).
+inline std::string shortest_number(double x) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
+}
+
 // The run-time checks (every rank alike: the shapes are global), and the geometry.
 template <class Q, class K, class V>
 AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const AttentionOptions& o, const char* op) {
@@ -130,17 +136,14 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
                      (Q::rank == 4 ? " heads, the keys " : " key-value heads, the keys ") +
                      std::to_string(ks[3]) + " (" + shapes + ")" + hint);
   }
-  if (o.causal && qs[1] > ks[1])
+  if (o.causal && qs[1] > ks[1] && o.key_document_starts.empty())
     throw ShapeError(where + shapes + ": causal attention needs at least as many keys as queries (the queries "
                      "are the last positions); pass {.causal = false} for cross-attention");
   if (o.window < 0 || o.window > std::max(qs[1], ks[1]))
     throw SpecError(where + "a window of " + std::to_string(o.window) + " keys for " + std::to_string(qs[1]) +
                     " queries over " + std::to_string(ks[1]) + " keys (0 for none, else at most " +
                     std::to_string(std::max(qs[1], ks[1])) + ")");
-  const auto number = [](double x) {  // (the shortest that reads back: -2, 0.25, 1.0000001; not -2.000000)
-    char text[32];
-    return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
-  };
+  const auto number = shortest_number;
   if (!(o.scale >= 0) || !std::isfinite(o.scale))
     throw SpecError(where + "the scale must be finite and at least 0 (0 for 1 / sqrt(Dh)), not " + number(o.scale));
   if (!(o.dropout.p >= 0 && o.dropout.p < 1))
@@ -148,27 +151,39 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
   if (o.dropout.row_offset < 0)
     throw SpecError(where + "attention dropout's row offset (the batch's first row in the whole batch) is " +
                     std::to_string(o.dropout.row_offset) + ", not 0 or more");
-  if (!o.document_starts.empty()) {
-    if (qs[1] != ks[1])
-      throw SpecError(where + "packed documents are self-attention: " + std::to_string(qs[1]) + " queries, " +
-                      std::to_string(ks[1]) + " keys here");
-    if (Index(o.document_starts.size()) != qs[0])
-      throw ShapeError(where + "document_starts has " + std::to_string(o.document_starts.size()) + " rows for a batch of " +
+  // (each row's starts ascend from 0 below the length of what they pack; the keys' may repeat and
+  // reach it: empty key documents, as a row padded whole or not at all)
+  const auto check_starts = [&](const std::vector<std::vector<Index>>& starts, const std::string& name, Index length,
+                                const std::string& of, bool empty_documents) {
+    if (Index(starts.size()) != qs[0])
+      throw ShapeError(where + name + " has " + std::to_string(starts.size()) + " rows for a batch of " +
                        std::to_string(qs[0]));
-    for (std::size_t b = 0; b < o.document_starts.size(); ++b) {
-      const auto& row = o.document_starts[b];
+    for (std::size_t b = 0; b < starts.size(); ++b) {
+      const auto& row = starts[b];
       Index last = -1;
       for (const Index start : row) {
-        if (start <= last || start >= qs[1] || (last < 0 && start != 0))
-          throw SpecError(where + "document_starts[" + std::to_string(b) + "] must ascend from 0 below the sequence length " +
-                          std::to_string(qs[1]) + ", and has " + std::to_string(start) +
+        if ((empty_documents ? start < last || start > length : start <= last || start >= length) ||
+            (last < 0 && start != 0))
+          throw SpecError(where + name + "[" + std::to_string(b) + "] must " +
+                          (empty_documents ? "rise from 0 to at most the " : "ascend from 0 below the ") + of + " " +
+                          std::to_string(length) + ", and has " + std::to_string(start) +
                           (last < 0 ? " first" : " after " + std::to_string(last)));
         last = start;
       }
       if (row.empty())
-        throw SpecError(where + "document_starts[" + std::to_string(b) + "] is empty ({0}: the row is one document)");
+        throw SpecError(where + name + "[" + std::to_string(b) + "] is empty ({0}: the row is one document)");
     }
+  };
+  if (!o.document_starts.empty()) {
+    if (qs[1] != ks[1] && o.key_document_starts.empty())
+      throw SpecError(where + "packed documents are self-attention: " + std::to_string(qs[1]) + " queries, " +
+                      std::to_string(ks[1]) + " keys here (key_document_starts packs the keys apart, as flash-attn's "
+                      "cu_seqlens_k)");
+    check_starts(o.document_starts, "document_starts", qs[1],
+                 o.key_document_starts.empty() ? "sequence length" : "query count", false);
   }
+  if (!o.key_document_starts.empty())
+    check_starts(o.key_document_starts, "key_document_starts", ks[1], "key count", true);
   if (!(o.softcap >= 0) || !std::isfinite(o.softcap))
     throw SpecError(where + "the softcap must be finite and at least 0 (0 for none), not " + number(o.softcap));
   const Index query_heads = qs[Q::rank - 1] * (Q::rank == 5 ? qs[3] : 1);
@@ -188,7 +203,8 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
 // The geometry of global batch row b and global key-value head h of G query heads: its packed
 // documents, dropout and ALiBi slopes, if any.
 inline AttentionGeometry head_geometry(const AttentionGeometry& geo, const AttentionOptions& o, Index b, Index h, Index G) {
-  return (o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)]))
+  const AttentionGeometry packed = o.document_starts.empty() ? geo : geo.packed(o.document_starts[std::size_t(b)]);
+  return (o.key_document_starts.empty() ? packed : packed.keyed(o.key_document_starts[std::size_t(b)]))
       .with_dropout(o.dropout, b, h)
       .with_alibi(o.alibi_slopes, h, G);
 }
@@ -328,6 +344,8 @@ namespace detail {
 // row-slab views of their blocks.
 template <class A, class Q, class K>
 RingProblem<A> ring_problem(const Q& q, const K& k, const AttentionOptions& o) {
+  if (!o.key_document_starts.empty())  // (context_way sends keys packed apart to the all-to-all)
+    throw SpecError("tshard::nn::scaled_dot_product_attention: the ring takes no key_document_starts");
   const auto at = attention_local<A>(q, k, o);
   const auto& lq = tshard::detail::layout_of(q);
   RingProblem<A> rp;
@@ -419,7 +437,7 @@ auto ring_attention(const Q& q, const K& k, const V& v, const AttentionOptions& 
 // Which way a sequence split is attended, and why (see ContextParallel): the ring for the last
 // two reasons, the all-to-all for the others. (Ulysses spreads the key-value heads over the
 // heads' axes and the sequence's: `parts` ranks.)
-enum class ContextWay { AllToAllAsked, OneRank, CrossAttention, RingAsked, HeadsDivide, HeadsDoNotDivide };
+enum class ContextWay { AllToAllAsked, OneRank, CrossAttention, KeyDocuments, RingAsked, HeadsDivide, HeadsDoNotDivide };
 template <class Q, class K>
 ContextWay context_way(const Q& q, const K& k, const AttentionOptions& o, Index* parts_out = nullptr) {
   const auto& shape = q.mesh().shape();
@@ -432,6 +450,7 @@ ContextWay context_way(const Q& q, const K& k, const AttentionOptions& o, Index*
   // A sequence axis of one rank splits nothing: the local kernel, with nothing sent to itself.
   if (tshard::detail::split_parts(Q::spec_desc.dims[1], shape) == 1) return ContextWay::OneRank;
   if (tshard::detail::extents_of(q)[1] != tshard::detail::extents_of(k)[1]) return ContextWay::CrossAttention;
+  if (!o.key_document_starts.empty()) return ContextWay::KeyDocuments;
   if (o.context == ContextParallel::Ring) return ContextWay::RingAsked;
   return tshard::detail::extents_of(k)[3] % parts == 0 ? ContextWay::HeadsDivide : ContextWay::HeadsDoNotDivide;
 }
@@ -439,6 +458,25 @@ template <class Q, class K>
 bool takes_ring(const Q& q, const K& k, const AttentionOptions& o) {
   const ContextWay way = context_way(q, k, o);
   return way == ContextWay::RingAsked || way == ContextWay::HeadsDoNotDivide;
+}
+
+// What T queries over S keys attend under options o, in words (explain_attention's first clause).
+inline std::string attention_what(Index T, Index S, const AttentionOptions& o) {
+  const std::string queries = std::to_string(T) + (T == 1 ? " query" : " queries");
+  std::string what = o.causal ? "causal" : "bidirectional";
+  if (!o.key_document_starts.empty())
+    what += ", keys packed apart (query document j sees key document j)";
+  else if (o.causal && T < S)
+    what += " (the " + queries + " at the last of " + std::to_string(S) + " key positions, bottom-right)";
+  else if (T != S)
+    what += " cross-attention (" + queries + ", " + std::to_string(S) + " keys)";
+  if (o.window > 0) what += ", a window of " + std::to_string(o.window) + " keys";
+  if (!o.document_starts.empty()) what += ", packed documents";
+  if (o.scale > 0) what += ", scale " + shortest_number(o.scale);
+  if (!o.alibi_slopes.empty()) what += ", ALiBi";
+  if (o.softcap > 0) what += ", scores soft-capped at " + shortest_number(o.softcap);
+  if (o.dropout.p > 0) what += ", attention dropout " + shortest_number(o.dropout.p);
+  return what;
 }
 
 // How x moves from spec From to spec To: the reshard's steps, or "stays".
@@ -518,12 +556,10 @@ auto scaled_dot_product_attention(const Q& q, const K& k, const V& v, const Atte
   }
 }
 
-// Which way scaled_dot_product_attention(q, k, v, options) attends, why, and how q, k, v and the
-// output move (explain_einsum's counterpart). It checks the options as the attention does.
-template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
-std::string explain_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options = {}) {
-  static_assert(detail::attention_types_checked<Q, K, V>());
-  (void)detail::attention_geometry(q, k, v, options, "explain_attention");
+namespace detail {
+// explain_attention's way, why and moves.
+template <class Q, class K, class V>
+std::string attention_way(const Q& q, const K& k, const V& v, const AttentionOptions& options) {
   if constexpr (detail::attention_aligned_v<Q, K, V>) {
     return "in place: each rank attends its own batch rows and key-value heads, nothing moves (queries " +
            q.describe() + ", keys " + k.describe() + ")";
@@ -544,6 +580,9 @@ std::string explain_attention(const Q& q, const K& k, const V& v, const Attentio
           why = "the ring needs as many queries as keys (" + std::to_string(tshard::detail::extents_of(q)[1]) +
                 " queries, " + std::to_string(tshard::detail::extents_of(k)[1]) + " keys)";
           break;
+        case detail::ContextWay::KeyDocuments:
+          why = "the ring takes the queries' documents for the keys' (key_document_starts packs them apart)";
+          break;
         case detail::ContextWay::RingAsked: why = ".context = Ring"; break;
         case detail::ContextWay::HeadsDivide:
           why = "Auto: the " + heads + (kv == 1 ? " divides" : " divide") + " evenly" + over + " spreads them over";
@@ -562,6 +601,14 @@ std::string explain_attention(const Q& q, const K& k, const V& v, const Attentio
                std::to_string(2 * ranks) + " (exchanged into that order and back inside), because " + why + "; " +
                detail::attention_moves<Ring>(q, k, v);
       }
+      if (options.context == ContextParallel::Ring) why += " (.context = Ring cannot be taken)";
+      if (kv % parts != 0) {  // (the shard rule's blocks of ceil(kv / parts): the last ranks fewer, or none)
+        const Eigen::Index each = (kv + parts - 1) / parts, attending = (kv + each - 1) / each;
+        why += attending < parts ? " (key-value heads on only " + std::to_string(attending) + " of the " +
+                                       std::to_string(parts) + " ranks, at most " + std::to_string(each) + " each)"
+                                 : " (the " + heads + " spread unevenly over the " + std::to_string(parts) +
+                                       " ranks, at most " + std::to_string(each) + " each)";
+      }
       return "all-to-all (Ulysses): the split moves from the sequence to the key-value heads and back, because " + why +
              "; " + detail::attention_moves<Layout>(q, k, v);
     } else {
@@ -569,6 +616,18 @@ std::string explain_attention(const Q& q, const K& k, const V& v, const Attentio
              detail::attention_moves<Layout>(q, k, v);
     }
   }
+}
+}  // namespace detail
+
+// What scaled_dot_product_attention(q, k, v, options) attends (causal or not, where the queries
+// sit, the options that change the scores), which way it goes, why, and how q, k, v and the output
+// move (explain_einsum's counterpart). It checks the options as the attention does.
+template <tshard::detail::FloatingTensor Q, tshard::detail::FloatingTensor K, tshard::detail::FloatingTensor V>
+std::string explain_attention(const Q& q, const K& k, const V& v, const AttentionOptions& options = {}) {
+  static_assert(detail::attention_types_checked<Q, K, V>());
+  (void)detail::attention_geometry(q, k, v, options, "explain_attention");
+  return detail::attention_what(tshard::detail::extents_of(q)[1], tshard::detail::extents_of(k)[1], options) + "; " +
+         detail::attention_way(q, k, v, options);
 }
 
 }  // namespace tshard::nn

@@ -67,15 +67,16 @@ class Attention : public Module {
   // x [B, T, D] -> [B, T, D], forward only: the projections' gradients are derived, the
   // attention's is its fused backward (a custom VJP). Nothing is kept in the layer. options
   // (nn/functional/attention_blocks.hpp) make it bidirectional (a ViT's, BERT's), windowed, or
-  // keep packed documents apart, or drop probabilities (attention dropout, applied as given, in
-  // training or not: TransformerBlock's attention_dropout follows train()/eval()); the default is
-  // causal.
+  // keep packed documents apart, or drop probabilities (attention dropout, in training only:
+  // eval() turns it off); the default is causal.
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: Attention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("attention");
     auto in_use = use();
-    return attend(detail::input_for_pinned<ActSpec, QKVSpec>(x), options);  // moved once for the three projections
+    AttentionOptions scratch;
+    return attend(detail::input_for_pinned<ActSpec, QKVSpec>(x),  // moved once for the three projections
+                  detail::in_mode(options, is_training() && !micro_batch().inference, scratch));
   }
 
  private:
@@ -93,7 +94,7 @@ class Attention : public Module {
       if (!detail::is_plain_causal(options))
         throw SpecError("tshard::nn::Attention: with the model dim split (partial projections) the attention is the "
                         "written-out causal one, which takes no options (bidirectional, window, scale, documents, "
-                        "attention dropout, ALiBi, softcap): split the heads instead");
+                        "attention dropout, ALiBi, softcap, keys packed apart): split the heads instead");
       auto q = einsum<"btd,dkh->tbkh">(x, wq_);  // time-major: the attention products read in place
       auto k = einsum<"btd,dkh->tbkh">(x, wk_);
       auto v = einsum<"btd,dkh->tbkh">(x, wv_);

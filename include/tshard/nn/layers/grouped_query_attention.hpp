@@ -97,13 +97,16 @@ class GroupedQueryAttention : public Module {
   Eigen::Index groups() const { return groups_; }
 
   // x [B, T, D] -> [B, T, D], forward only (the projections' gradients derived, the attention's
-  // its fused backward). options as Attention's: causal by default.
+  // its fused backward). options as Attention's: causal by default, attention dropout in
+  // training only.
   template <tshard::detail::FloatingTensor X>
   auto operator()(const X& x, const AttentionOptions& options = {}) {
     static_assert(X::rank == 3, "tshard: GroupedQueryAttention takes x [B, T, D]");
     tshard::detail::OperatorScope scope("grouped_query_attention");
     auto in_use = use();
-    return attend(detail::input_for_pinned<ActSpec, KVSpec>(x), options);  // moved once for the three projections
+    AttentionOptions scratch;
+    return attend(detail::input_for_pinned<ActSpec, KVSpec>(x),  // moved once for the three projections
+                  detail::in_mode(options, is_training() && !micro_batch().inference, scratch));
   }
 
  private:
