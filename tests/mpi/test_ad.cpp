@@ -913,9 +913,15 @@ TEST_CASE("packed documents: a query attends its own document only, on the local
     TS_REQUIRE_ALL(what.find(text) != std::string::npos);
   };
   says({{0}}, "document_starts has 1 rows for a batch of 2");
-  says({{0}, {0, 5, 5}}, "document_starts[1] must ascend from 0 below the sequence length 9, and has 5 after 5");
-  says({{1}, {0}}, "document_starts[0] must ascend from 0 below the sequence length 9, and has 1 first");
-  says({{0, 9}, {0}}, "and has 9 after 0");
+  says({{0}, {0, 5, 5}}, "document_starts[1] must ascend from 0 below the sequence length 9 (or end with it), and has 5 after 5");
+  says({{1}, {0}}, "document_starts[0] must ascend from 0 below the sequence length 9 (or end with it), and has 1 first");
+  says({{0, 10}, {0}}, "and has 10 after 0");
+  says({{0, 9, 9}, {0}}, "document_starts[0] must ascend from 0 below the sequence length 9 (or end with it), and has 9 "
+                         "after 0");
+  check_attention<QS5, 5>("documents, a last start at the row's end (cu_seqlens' total)", {2, 7, 4, 1, 2}, {2, 7, 4, 2},
+                          {.document_starts = {{0, 3, 7}, {0, 7}}});
+  check_attention<SeqQS5, 5, SeqKS4>("documents, ring, a last start at the row's end", {2, 11, 3, 1, 2}, {2, 11, 3, 2},
+                                     {.context = ts::nn::ContextParallel::Ring, .document_starts = {{0, 4, 11}, {0, 11}}});
   says({{0}, {}}, "document_starts[1] is empty ({0}: the row is one document)");
   says({{0}, {0}}, "packed documents are self-attention: 9 queries, 12 keys here", true);
 
@@ -990,7 +996,8 @@ TEST_CASE("keys packed apart (key_document_starts): query document j sees key do
   auto k = ts::distribute<SeqKS4>(mesh, global_random<4>({2, 12, 4, 1}, 71));
   const std::string said = ts::nn::explain_attention(q, k, k, {.causal = false, .key_document_starts = {{0, 5}, {0}}});
   INFO(said);
-  TS_REQUIRE_ALL(said.rfind("bidirectional, keys packed apart (query document j sees key document j)", 0) == 0);
+  TS_REQUIRE_ALL(said.rfind("bidirectional, keys packed apart (9 queries, 12 keys; query document j sees key document j)",
+                            0) == 0);
   if (world_size() > 1) {
     TS_REQUIRE_ALL(said.find("the ring needs as many queries as keys") != std::string::npos);
     auto k9 = ts::distribute<SeqKS4>(mesh, global_random<4>({2, 9, 4, 1}, 73));
@@ -1009,8 +1016,8 @@ TEST_CASE("keys packed apart (key_document_starts): query document j sees key do
        "key_document_starts[1] must rise from 0 to at most the key count 12, and has 13 after 0");
   says({.causal = false, .key_document_starts = {{0, 5, 3}, {0}}},
        "key_document_starts[0] must rise from 0 to at most the key count 12, and has 3 after 5");
-  says({.causal = false, .document_starts = {{0}, {0, 9}}, .key_document_starts = {{0}, {0}}},
-       "document_starts[1] must ascend from 0 below the query count 9, and has 9 after 0");
+  says({.causal = false, .document_starts = {{0}, {0, 10}}, .key_document_starts = {{0}, {0}}},
+       "document_starts[1] must ascend from 0 below the query count 9 (or end with it), and has 10 after 0");
   says({.causal = false, .key_document_starts = {{0}, {}}}, "key_document_starts[1] is empty");
   says({.causal = false, .document_starts = {{0}, {0}}}, "(key_document_starts packs the keys apart, as flash-attn's "
                                                          "cu_seqlens_k)");

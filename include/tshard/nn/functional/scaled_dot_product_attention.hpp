@@ -151,8 +151,9 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
   if (o.dropout.row_offset < 0)
     throw SpecError(where + "attention dropout's row offset (the batch's first row in the whole batch) is " +
                     std::to_string(o.dropout.row_offset) + ", not 0 or more");
-  // (each row's starts ascend from 0 below the length of what they pack; the keys' may repeat and
-  // reach it: empty key documents, as a row padded whole or not at all)
+  // (each row's starts ascend from 0 below the length of what they pack, the last may be that
+  // length, the row's end, as cu_seqlens' total; the keys' may repeat: empty key documents, as a
+  // row padded whole or not at all)
   const auto check_starts = [&](const std::vector<std::vector<Index>>& starts, const std::string& name, Index length,
                                 const std::string& of, bool empty_documents) {
     if (Index(starts.size()) != qs[0])
@@ -161,13 +162,14 @@ AttentionGeometry attention_geometry(const Q& q, const K& k, const V& v, const A
     for (std::size_t b = 0; b < starts.size(); ++b) {
       const auto& row = starts[b];
       Index last = -1;
-      for (const Index start : row) {
-        if ((empty_documents ? start < last || start > length : start <= last || start >= length) ||
+      for (const Index& start : row) {  // (by reference: the last one is told by its address)
+        const bool ends = &start == &row.back() && start == length;  // (the row's end, cu_seqlens' total)
+        if ((empty_documents ? start < last || start > length : start <= last || (start >= length && !ends)) ||
             (last < 0 && start != 0))
           throw SpecError(where + name + "[" + std::to_string(b) + "] must " +
                           (empty_documents ? "rise from 0 to at most the " : "ascend from 0 below the ") + of + " " +
-                          std::to_string(length) + ", and has " + std::to_string(start) +
-                          (last < 0 ? " first" : " after " + std::to_string(last)));
+                          std::to_string(length) + (empty_documents ? "" : " (or end with it)") + ", and has " +
+                          std::to_string(start) + (last < 0 ? " first" : " after " + std::to_string(last)));
         last = start;
       }
       if (row.empty())
@@ -465,7 +467,9 @@ inline std::string attention_what(Index T, Index S, const AttentionOptions& o) {
   const std::string queries = std::to_string(T) + (T == 1 ? " query" : " queries");
   std::string what = o.causal ? "causal" : "bidirectional";
   if (!o.key_document_starts.empty())
-    what += ", keys packed apart (query document j sees key document j)";
+    what += std::string(o.causal ? " within each pair of documents (its queries at the last of its keys, bottom-right)"
+                                 : "") +
+            ", keys packed apart (" + queries + ", " + std::to_string(S) + " keys; query document j sees key document j)";
   else if (o.causal && T < S)
     what += " (the " + queries + " at the last of " + std::to_string(S) + " key positions, bottom-right)";
   else if (T != S)
