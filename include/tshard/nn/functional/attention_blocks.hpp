@@ -35,9 +35,10 @@ namespace tshard::nn {
 // result is the same.
 // document_starts: packed sequences (flash-attention's varlen, Megatron's packed THD batches) in
 // self-attention. Row b holds the documents that start at positions document_starts[b] (sorted,
-// the first 0, the last may be the row's end as cu_seqlens' total); a query sees the keys of its own document only, and causal and window apply
-// within it. Positions are the global ones on any layout, so the same starts serve every mesh,
-// context parallelism included. Empty: each row is one sequence.
+// the first 0; the last may be the row's end, as cu_seqlens' total); a query sees the keys of its
+// own document only, and causal and window apply within it. Positions are the global ones on any
+// layout, so the same starts serve every mesh, context parallelism included. Empty: each row is
+// one sequence.
 // dropout: attention dropout (of the probabilities, as PyTorch's dropout_p and Megatron's
 // --attention-dropout): each is kept with probability 1 - p and scaled by 1 / (1 - p). The mask
 // of query head (g, key-value head h) at global query position t and key position s of batch row
