@@ -3,6 +3,7 @@
 
 #include "tshard/version.hpp"
 
+#include "tshard/core/cpu_capability.hpp"
 #include "tshard/core/error.hpp"
 #include "tshard/core/spec.hpp"
 

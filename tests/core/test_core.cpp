@@ -1,10 +1,13 @@
 // Core arithmetic without MPI: rank <-> coordinates, size inference, shard arithmetic,
-// descriptors, the box iterator, halo geometry, the reshard planner's choices, and a tokenizer built
-// without PCRE2.
+// descriptors, the box iterator, halo geometry, the reshard planner's choices, a tokenizer built
+// without PCRE2, and the CPU's instruction-set level.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
 #include "tshard/core/box_copy.hpp"
+#include "tshard/core/cpu_capability.hpp"
 #include "tshard/core/box_iterator.hpp"
 #include "tshard/core/halo_geometry.hpp"
 #include "tshard/core/layout_cache.hpp"
@@ -489,4 +492,91 @@ TEST_CASE("float to IEEE half rounds to nearest even: every half reads back as i
   CHECK(float_to_float16(0x1.8p-25f) == 0x0001);               // above half: the smallest subnormal
   CHECK(float_to_float16(-0x1p-24f) == 0x8001);
   CHECK((float_to_float16(std::numeric_limits<float>::quiet_NaN()) & 0x7e00) == 0x7e00);
+}
+
+namespace {
+// CPUID words of a CPU with the features named (leaf 1 ECX, leaf 7 EBX, leaf 0x80000001 ECX) and
+// the OS's XCR0.
+CpuidWords cpu_words(std::initializer_list<int> leaf1, std::initializer_list<int> leaf7, std::initializer_list<int> ext1,
+                     std::uint64_t xcr0) {
+  CpuidWords w;
+  for (const int b : leaf1) w.leaf1_ecx |= 1u << b;
+  for (const int b : leaf7) w.leaf7_ebx |= 1u << b;
+  for (const int b : ext1) w.ext1_ecx |= 1u << b;
+  w.xcr0 = xcr0;
+  return w;
+}
+// x86-64-v3's bits, and v4's on top (the psABI's levels).
+const std::initializer_list<int> kV3Leaf1 = {0, 9, 12, 13, 19, 20, 22, 23, 26, 27, 28, 29};
+const std::initializer_list<int> kV3Leaf7 = {3, 5, 8};
+const std::initializer_list<int> kV3Ext1 = {0, 5};
+const std::initializer_list<int> kV4Leaf7 = {3, 5, 8, 16, 17, 28, 30, 31};
+}  // namespace
+
+TEST_CASE("CPUID words give the psABI's level: AVX-512 needs all five extensions and the OS's ZMM state", "[cpu]") {
+  using ts::CpuCapability;
+  CHECK(capability_from_cpuid({}) == CpuCapability::Baseline);
+  // Zen 3: AVX2, FMA, BMI2, no AVX-512.
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, kV3Leaf7, kV3Ext1, 0x7)) == CpuCapability::Avx2);
+  // Skylake-SP and later: AVX-512 F, DQ, CD, BW, VL with opmask and ZMM state enabled.
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, kV4Leaf7, kV3Ext1, 0xe7)) == CpuCapability::Avx512);
+  // The same CPU under an OS that saves only the YMM state: AVX-512 would fault.
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, kV4Leaf7, kV3Ext1, 0x7)) == CpuCapability::Avx2);
+  // Knights Landing's AVX-512F without BW, DQ and VL is not x86-64-v4.
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, {3, 5, 8, 16, 28}, kV3Ext1, 0xe7)) == CpuCapability::Avx2);
+  // No OS support for the YMM state at all, or no BMI2 (a Sandy Bridge-like set): baseline.
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, kV4Leaf7, kV3Ext1, 0x3)) == CpuCapability::Baseline);
+  CHECK(capability_from_cpuid(cpu_words(kV3Leaf1, {3, 5}, kV3Ext1, 0x7)) == CpuCapability::Baseline);
+}
+
+TEST_CASE("this CPU's detected level is the one its /proc/cpuinfo flags name", "[cpu]") {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, flags;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      flags = " " + line.substr(line.find(':') + 1) + " ";
+      break;
+    }
+  if (flags.empty()) return;  // (not Linux on x86-64: nothing to compare with)
+  auto has = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (flags.find(std::string(" ") + n + " ") == std::string::npos) return false;
+    return true;
+  };
+  const bool v3 = has({"pni", "ssse3", "cx16", "sse4_1", "sse4_2", "popcnt", "lahf_lm", "avx", "avx2", "fma",
+                        "bmi1", "bmi2", "f16c", "movbe", "abm", "xsave"});
+  const bool v4 = v3 && has({"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"});
+  INFO("flags:" << flags);
+  CHECK(ts::detected_cpu_capability() ==
+        (v4 ? ts::CpuCapability::Avx512 : v3 ? ts::CpuCapability::Avx2 : ts::CpuCapability::Baseline));
+}
+
+TEST_CASE("TSHARD_CPU_CAPABILITY forces a lower level and refuses one the CPU or the build cannot run", "[cpu]") {
+  using ts::CpuCapability;
+  const CapabilityChoice all{CpuCapability::Baseline, {true, true, true}};
+  const CapabilityChoice only_avx2{CpuCapability::Baseline, {true, true, false}};
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx512, nullptr) == CpuCapability::Avx512);
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx512, "") == CpuCapability::Avx512);
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx2, nullptr) == CpuCapability::Avx2);
+  CHECK(choose_cpu_capability(only_avx2, CpuCapability::Avx512, nullptr) == CpuCapability::Avx2);
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx512, "avx2") == CpuCapability::Avx2);
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx512, "AVX512") == CpuCapability::Avx512);
+  CHECK(choose_cpu_capability(all, CpuCapability::Avx512, "default") == CpuCapability::Baseline);  // PyTorch's name
+  // A level not built falls to the highest built below it.
+  CHECK(choose_cpu_capability({CpuCapability::Baseline, {true, false, true}}, CpuCapability::Avx512, "avx2") ==
+        CpuCapability::Baseline);
+  // A program compiled with -march=x86-64-v3 runs at least that.
+  CHECK(choose_cpu_capability({CpuCapability::Avx2, {true, false, true}}, CpuCapability::Avx512, nullptr) ==
+        CpuCapability::Avx512);
+  CHECK_THROWS_WITH(choose_cpu_capability(all, CpuCapability::Avx2, "avx512"),
+                    "tshard: TSHARD_CPU_CAPABILITY=avx512 asks for more than this CPU runs (avx2): use that or a lower "
+                    "level, or unset it");
+  CHECK_THROWS_WITH(choose_cpu_capability(all, CpuCapability::Avx512, "sse4"),
+                    "tshard: TSHARD_CPU_CAPABILITY=sse4 names no level: baseline, avx2 or avx512");
+  CHECK_THROWS_WITH(choose_cpu_capability({CpuCapability::Avx2, {true, true, true}}, CpuCapability::Avx512, "baseline"),
+                    "tshard: TSHARD_CPU_CAPABILITY=baseline is below the level this program was compiled for (avx2, its "
+                    "-march): build without -march to run lower");
+  CHECK_THROWS_AS(choose_cpu_capability(all, CpuCapability::Avx2, "avx512"), ts::ValueError);
+  CHECK(*parse_cpu_capability("Baseline") == CpuCapability::Baseline);
+  CHECK_FALSE(parse_cpu_capability("avx512f"));
 }

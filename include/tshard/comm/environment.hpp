@@ -19,6 +19,8 @@
 
 #include "tshard/comm/failure.hpp"
 #include "tshard/comm/watchdog.hpp"
+#include "tshard/core/cpu_capability.hpp"
+#include "tshard/core/error.hpp"
 
 namespace tshard {
 
@@ -62,6 +64,7 @@ class Environment {
     }
     install_terminate_handler();
     detail::CollectiveWatch::instance();  // reads TSHARD_TIMEOUT
+    agree_on_cpu_capability();
     if (owns_) {
       MPI_Comm_dup(MPI_COMM_WORLD, &end_);
       if (const char* s = std::getenv("TSHARD_FINALIZE_TIMEOUT")) finalize_timeout() = std::atof(s);
@@ -69,6 +72,28 @@ class Environment {
       static const bool registered = [] { return std::atexit(&Environment::at_exit) == 0; }();
       (void)registered;
     }
+  }
+
+  // The kernels' level is chosen here, before any of them runs (core/cpu_capability.hpp): a
+  // TSHARD_CPU_CAPABILITY that some rank cannot honour (one above its CPU's, in a job over CPUs of
+  // different levels too) is a ValueError on every rank. (Uncounted, as the end's barrier is.)
+  static void agree_on_cpu_capability() {
+    std::string why;
+    try {
+      (void)cpu_capability();
+    } catch (const ValueError& e) {
+      why = e.what();
+    }
+    int mine = why.empty() ? 1 : 0, all = mine;
+    if (world_size() > 1) MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (all) return;
+    if (why.empty()) {
+      const char* forced = std::getenv("TSHARD_CPU_CAPABILITY");
+      why = std::string("tshard: TSHARD_CPU_CAPABILITY=") + (forced ? forced : "") +
+            " cannot be honoured on another rank (its CPU runs a lower level); this one runs " +
+            to_string(detected_cpu_capability());
+    }
+    throw ValueError(why);
   }
 
   static double& finalize_timeout() {

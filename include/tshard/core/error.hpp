@@ -24,6 +24,9 @@ struct IndexError : Error {  // an index (take's ids) outside the extent it inde
 struct IoError : Error {  // files and rank-local failures agreed on by all ranks
   using Error::Error;
 };
+struct ValueError : Error {  // option values: an environment variable's, a setting's
+  using Error::Error;
+};
 
 namespace detail {
 // Text for an error message, made only when the error is thrown: a plain string, or a callable
