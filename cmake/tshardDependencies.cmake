@@ -78,10 +78,13 @@ endfunction()
 # tshard_add_kernels(SOURCE): tshard::kernels, a static library compiled in the consumer's build
 # (its compiler, its flags, tshard::tshard's BLAS choice) from tshard's kernels.cpp: the
 # descriptor-level kernels, compiled once instead of in every translation unit. A target that
-# links it gets TSHARD_PRECOMPILED_KERNELS and compiles in ~0.3-0.4x the time (a model) with the same
+# links it gets TSHARD_PRECOMPILED_KERNELS and compiles in ~0.65x the time (a model) with the same
 # results. Built only where something links it. It is compiled with the directory's flags: a target
 # with its own -march or Eigen settings links tshard::tshard (a mismatch fails to link, naming the
 # settings); link it PRIVATE from executables (it is in no export set of yours).
+# On x86-64 its hot kernels are also compiled for x86-64-v3 (AVX2 + FMA) and x86-64-v4 (AVX-512)
+# and chosen at run time from the CPU (tshard/core/dispatch.hpp; TSHARD_KERNELS_DISPATCH=OFF: the
+# directory's flags alone).
 function(tshard_add_kernels source)
   if(TARGET tshard_kernels)
     return()
@@ -91,5 +94,58 @@ function(tshard_add_kernels source)
   target_link_libraries(tshard_kernels PUBLIC tshard::tshard)
   target_compile_definitions(tshard_kernels INTERFACE TSHARD_PRECOMPILED_KERNELS=1)
   set_target_properties(tshard_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  tshard_dispatch_supported(_tshard_dispatch)
+  if(_tshard_dispatch)
+    tshard_add_kernel_level(avx2 1 x86-64-v3 "${source}")
+    tshard_add_kernel_level(avx512 2 x86-64-v4 "${source}")
+  endif()
+endfunction()
+
+# Whether tshard::kernels can hold per-ISA objects here: x86-64, GCC or Clang, and binutils' ld
+# (a relocatable link that makes COMDAT groups plain sections) and objcopy. Sets VAR.
+function(tshard_dispatch_supported var)
+  set(TSHARD_KERNELS_DISPATCH ON CACHE BOOL "tshard::kernels: hot kernels for AVX2 and AVX-512 too, chosen at run time")
+  set(ok FALSE)
+  if(TSHARD_KERNELS_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND
+     CMAKE_CXX_COMPILER_ID MATCHES "^(GNU|Clang)$" AND CMAKE_LINKER AND CMAKE_OBJCOPY)
+    include(CheckCXXCompilerFlag)
+    check_cxx_compiler_flag(-march=x86-64-v4 TSHARD_HAS_MARCH_X86_64_V4)
+    execute_process(COMMAND ${CMAKE_LINKER} --help OUTPUT_VARIABLE help ERROR_QUIET RESULT_VARIABLE rc)
+    if(TSHARD_HAS_MARCH_X86_64_V4 AND rc EQUAL 0 AND help MATCHES "force-group-allocation")
+      set(ok TRUE)
+    endif()
+  endif()
+  if(NOT ok AND NOT DEFINED CACHE{TSHARD_DISPATCH_REPORTED})
+    set(TSHARD_DISPATCH_REPORTED ON CACHE INTERNAL "")
+    message(STATUS "tshard: tshard::kernels without per-ISA kernels (not x86-64 with GCC or Clang and binutils, "
+                   "or TSHARD_KERNELS_DISPATCH=OFF): the build's flags decide")
+  endif()
+  set(${var} ${ok} PARENT_SCOPE)
+endfunction()
+
+# One level of tshard::kernels: SOURCE compiled for -march=MARCH with TSHARD_KERNELS_ISA=INDEX (only
+# the dispatched kernels are instantiated; GCC's unique symbols made weak), linked relocatably into
+# one object whose symbols are all made local but its anchor tshard_kernels_isa_NAME and the
+# kernels' entries (IsaEntries), and archived into tshard_kernels, whose portable object references
+# the anchor (TSHARD_KERNELS_WITH_NAME).
+function(tshard_add_kernel_level name index march source)
+  set(raw tshard_kernels_${name}_objects)
+  add_library(${raw} OBJECT EXCLUDE_FROM_ALL "${source}")
+  target_link_libraries(${raw} PRIVATE tshard::tshard)
+  target_compile_definitions(${raw} PRIVATE TSHARD_KERNELS_ISA=${index})
+  target_compile_options(${raw} PRIVATE -march=${march} -fno-lto $<$<CXX_COMPILER_ID:GNU>:-fno-gnu-unique>)
+  set_target_properties(${raw} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  set(object ${CMAKE_CURRENT_BINARY_DIR}/tshard_kernels_${name}.o)
+  add_custom_command(OUTPUT ${object}
+    COMMAND ${CMAKE_LINKER} -r --force-group-allocation -o ${object}.relocatable $<TARGET_OBJECTS:${raw}>
+    COMMAND ${CMAKE_OBJCOPY} --wildcard --keep-global-symbol=tshard_kernels_isa_${name}
+            "--keep-global-symbol=*IsaEntries*" ${object}.relocatable ${object}
+    DEPENDS ${raw} $<TARGET_OBJECTS:${raw}>
+    COMMENT "tshard::kernels for ${march}: its symbols made local"
+    COMMAND_EXPAND_LISTS VERBATIM)
+  set_source_files_properties(${object} PROPERTIES EXTERNAL_OBJECT TRUE GENERATED TRUE)
+  target_sources(tshard_kernels PRIVATE ${object})
+  string(TOUPPER ${name} upper)
+  target_compile_definitions(tshard_kernels PRIVATE TSHARD_KERNELS_WITH_${upper}=1)
 endfunction()
 

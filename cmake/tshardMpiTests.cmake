@@ -1,6 +1,6 @@
-# tshard_add_mpi_test(NAME target [RANKS 1 2 ...] [ARGS ...]): one ctest per rank count, run
-# under mpirun as the machines here need it (root, oversubscribed, bounded in time so a hang
-# fails fast instead of waiting for ctest's default 1500 s).
+# tshard_add_mpi_test(NAME target [RANKS 1 2 ...] [ARGS ...] [ENV VAR=value ...]): one ctest per rank
+# count, run under mpirun as the machines here need it (root, oversubscribed, bounded in time so a
+# hang fails fast instead of waiting for ctest's default 1500 s), with ENV added to the environment.
 set(TSHARD_TEST_RANKS 1 2 3 4 6 CACHE STRING "Rank counts every MPI test runs at")
 set(TSHARD_TEST_TIMEOUT 120 CACHE STRING "Seconds before an MPI test is ended")
 
@@ -19,7 +19,7 @@ function(tshard_mpi_command out np)
 endfunction()
 
 function(tshard_add_mpi_test name target)
-  cmake_parse_arguments(T "" "" "RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "" "RANKS;ARGS;ENV" ${ARGN})
   if(NOT T_RANKS)
     set(T_RANKS ${TSHARD_TEST_RANKS})
   endif()
@@ -29,6 +29,6 @@ function(tshard_add_mpi_test name target)
     # PROCESSORS: an oversubscribed run busy-polls, so it shares no core with another test
     # (6 ranks beside one compile took 95-100 s here instead of 4.5 s). ctest caps it at -j.
     set_tests_properties(${name}.np${np} PROPERTIES TIMEOUT ${TSHARD_TEST_TIMEOUT} RESOURCE_LOCK mpi PROCESSORS ${np}
-                                                     ENVIRONMENT "${TSHARD_MPI_ENV}")
+                                                     ENVIRONMENT "${TSHARD_MPI_ENV};${T_ENV}")
   endforeach()
 endfunction()

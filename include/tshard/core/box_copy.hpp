@@ -1,11 +1,14 @@
 // Copy and fill of an N-D box of column-major buffers of different extents: the local
-// data-movement kernels that slicing, packing, unpacking and halos share.
+// data-movement kernels that slicing, packing, unpacking and halos share. Copies run in memcpy
+// runs (the C library picks its own vector width at run time); the adding loop is dispatched per
+// instruction-set level (core/dispatch.hpp).
 #pragma once
 #include <algorithm>
 #include <cstring>
 
-#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/box_iterator.hpp"
+#include "tshard/core/dispatch.hpp"
+#include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::detail {
@@ -31,6 +34,7 @@ void copy_box(const T* src, const Extents& src_dims, const Extents& src_start, T
 template <class T>
 void add_box(const T* src, const Extents& src_dims, const Extents& src_start, T* dst, const Extents& dst_dims,
              const Extents& dst_start, const Extents& extent, int rank) {
+  TSHARD_DISPATCH((add_box<T>), src, src_dims, src_start, dst, dst_dims, dst_start, extent, rank);
   if (empty_box(extent, rank)) return;
   const Extents ss = strides_of(src_dims, rank), ds = strides_of(dst_dims, rank);
   const T* sp = src + offset_of(src_start, ss, 0, rank);
@@ -114,5 +118,10 @@ TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void fill_box<T>(T*, const Extents&, const Extents&, \
     const Extents&, int, const T&))
 TSHARD_FOR_EACH_ELEMENT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+// (float and double, also per instruction-set level)
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (add_box<T>), const T*, const Extents&, const Extents&, T*, \
+    const Extents&, const Extents&, const Extents&, int)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::detail

@@ -22,10 +22,17 @@
 // its `-inl.hpp` defines with TSHARD_FUNC and is included at the header's end where
 // TSHARD_HEADER_BODIES is 1. Header-only, TSHARD_FUNC is `inline`; in kernels.cpp it is nothing (one
 // definition, in tshard::kernels); a program on tshard::kernels neither parses nor compiles them.
+//
+// The hot kernels among them are also compiled once per instruction-set level and chosen at run
+// time (core/dispatch.hpp): kernels.cpp again with TSHARD_KERNELS_ISA set, where only those
+// kernels are instantiated.
 #pragma once
 #include <cstdint>
 
-#if defined(TSHARD_KERNELS_INSTANTIATE)
+#if defined(TSHARD_KERNELS_ISA)
+#define TSHARD_FUNC inline
+#define TSHARD_HEADER_BODIES 0
+#elif defined(TSHARD_KERNELS_INSTANTIATE)
 #define TSHARD_FUNC
 #define TSHARD_HEADER_BODIES 1
 #elif defined(TSHARD_PRECOMPILED_KERNELS)
@@ -36,7 +43,9 @@
 #define TSHARD_HEADER_BODIES 1
 #endif
 
-#if defined(TSHARD_KERNELS_INSTANTIATE)
+#if defined(TSHARD_KERNELS_ISA)
+#define TSHARD_KERNEL_INSTANCE(...)
+#elif defined(TSHARD_KERNELS_INSTANTIATE)
 #define TSHARD_KERNEL_INSTANCE(...) template __VA_ARGS__;
 #elif defined(TSHARD_PRECOMPILED_KERNELS)
 #define TSHARD_KERNEL_INSTANCE(...) extern template __VA_ARGS__;
@@ -44,7 +53,7 @@
 #define TSHARD_KERNEL_INSTANCE(...)
 #endif
 
-#if defined(TSHARD_KERNELS_INSTANTIATE) || defined(TSHARD_PRECOMPILED_KERNELS)
+#if (defined(TSHARD_KERNELS_INSTANTIATE) || defined(TSHARD_PRECOMPILED_KERNELS)) && !defined(TSHARD_KERNELS_ISA)
 #include <Eigen/Core>  // (bfloat16 in the lists, the settings below; header-only, core/ needs no Eigen)
 
 // A program and its tshard::kernels must agree on what shapes the kernels' code and data: Eigen's

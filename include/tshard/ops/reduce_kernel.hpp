@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "tshard/comm/datatype.hpp"
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/shard.hpp"
 
 namespace tshard::detail {
@@ -84,9 +85,11 @@ void reduce_into(ReduceOp op, const T* in, const ShardLayout& l, const std::arra
   });
 }
 
+// Dispatched for float and double (core/dispatch.hpp).
 template <class T>
 void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::array<bool, kMaxRank>& reduced, T* out,
                    const Extents& op_ext, int out_rank) {
+  TSHARD_DISPATCH((reduce_kernel<T>), op, in, l, reduced, out, op_ext, out_rank);
   if constexpr (std::is_same_v<T, accumulator_t<T>>) {
     reduce_into<T, T>(op, in, l, reduced, out, op_ext, out_rank);
   } else {  // bfloat16: sums in float, rounded once
@@ -97,4 +100,12 @@ void reduce_kernel(ReduceOp op, const T* in, const ShardLayout& l, const std::ar
   }
 }
 
+}  // namespace tshard::detail
+
+// Compiled once where the program links tshard::kernels, and per instruction-set level.
+namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (reduce_kernel<T>), ReduceOp, const T*, const ShardLayout&, \
+    const std::array<bool, kMaxRank>&, T*, const Extents&, int)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 }  // namespace tshard::detail

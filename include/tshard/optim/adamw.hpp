@@ -8,6 +8,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/optim/optimizer.hpp"
 
@@ -49,24 +50,41 @@ struct AdamWOptions {
 // Adam with decoupled weight decay (Loshchilov and Hutter 2019), PyTorch's formula:
 //   p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// One AdamW step of n elements: the moments m and v, then p, with the step's coefficients
+// (decay = 1 - lr wd, step = lr / (1 - beta1^t), root_bc2 = sqrt(1 - beta2^t)). Dispatched
+// (core/dispatch.hpp).
+struct AdamWCoefficients {
+  double b1, b2, eps, decay, step, root_bc2;
+};
+template <class T>
+void adamw_kernel(const AdamWCoefficients& c, T* p, const T* g, T* m_state, T* v_state, Index n) {
+  TSHARD_DISPATCH((adamw_kernel<T>), c, p, g, m_state, v_state, n);
+  const T b1 = T(c.b1), b2 = T(c.b2), eps = T(c.eps), decay = T(c.decay), step = T(c.step), root_bc2 = T(c.root_bc2);
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+  for (Index at = 0; at < n; at += 512) {  // vectorised, in blocks that stay in cache
+    const Index k = std::min<Index>(512, n - at);
+    Eigen::Map<A> m(m_state + at, k), v(v_state + at, k), pv(p + at, k);
+    Eigen::Map<const A> gv(g + at, k);
+    m = b1 * m + (T(1) - b1) * gv;
+    v = b2 * v + (T(1) - b2) * gv.square();
+    pv = pv * decay - step * m / (v.sqrt() / root_bc2 + eps);
+  }
+}
+
 struct AdamWRule {
   static constexpr int states = 2;
   static constexpr const char* state_names[] = {"exp_avg", "exp_avg_sq"};
   template <class T>
   static void update(const AdamWOptions& o, long t, T* p, const T* g, T* const* s, Index n) {
-    const T lr = T(o.lr), b1 = T(o.beta1), b2 = T(o.beta2), eps = T(o.eps);
-    const T decay = T(1) - lr * T(o.weight_decay);
-    const T step = lr / T(1 - std::pow(double(o.beta1), double(t)));
-    const T root_bc2 = T(std::sqrt(1 - std::pow(double(o.beta2), double(t))));
-    using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-    for (Index at = 0; at < n; at += 512) {  // vectorised, in blocks that stay in cache
-      const Index k = std::min<Index>(512, n - at);
-      Eigen::Map<A> m(s[0] + at, k), v(s[1] + at, k), pv(p + at, k);
-      Eigen::Map<const A> gv(g + at, k);
-      m = b1 * m + (T(1) - b1) * gv;
-      v = b2 * v + (T(1) - b2) * gv.square();
-      pv = pv * decay - step * m / (v.sqrt() / root_bc2 + eps);
-    }
+    // (each coefficient rounded to T as before: the same update bit for bit)
+    const T lr = T(o.lr);
+    const AdamWCoefficients c{double(T(o.beta1)),
+                              double(T(o.beta2)),
+                              double(T(o.eps)),
+                              double(T(T(1) - lr * T(o.weight_decay))),
+                              double(T(lr / T(1 - std::pow(double(o.beta1), double(t))))),
+                              double(T(std::sqrt(1 - std::pow(double(o.beta2), double(t)))))};
+    adamw_kernel<T>(c, p, g, s[0], s[1], n);
   }
 };
 
@@ -76,7 +94,12 @@ class AdamW : public Optimizer<AdamWOptions, AdamWRule> {
   explicit AdamW(const Options& options) : Optimizer(options) {}
 };
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp); the update
+// also per instruction-set level (core/dispatch.hpp).
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (adamw_kernel<T>), const AdamWCoefficients&, T*, const T*, T*, \
+    T*, Index)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 TSHARD_KERNEL_INSTANCE(class Optimizer<AdamWOptions, AdamWRule>)
 TSHARD_KERNEL_INSTANCE(void Optimizer<AdamWOptions, AdamWRule>::add_module_slot<nn::detail::ParameterSlot>(
     nn::detail::ParameterSlot&, const std::string&, const std::function<ParameterGroup(const ParameterInfo&)>&, bool,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ops/elementwise.hpp"
@@ -16,8 +17,10 @@ namespace detail {
 // gelu and its slope over runs of n elements, vectorised through Eigen's arrays (its float tanh
 // is a vectorised rational approximation; glibc's scalar tanhf took ~10% of a transformer
 // step). Blocks of 256 keep tanh's values in registers and cache between the two uses.
+// Dispatched (core/dispatch.hpp).
 template <class T>
 void gelu_run(T* out, const T* x, tshard::detail::Index n) {
+  TSHARD_DISPATCH((gelu_run<T>), out, x, n);
   using A = Eigen::Array<T, Eigen::Dynamic, 1>;
   const T c = T(0.7978845608028654);
   Eigen::Map<const A> xv(x, n);
@@ -26,6 +29,7 @@ void gelu_run(T* out, const T* x, tshard::detail::Index n) {
 
 template <class T>
 void gelu_backward_run(T* out, const T* x, const T* g, tshard::detail::Index n) {
+  TSHARD_DISPATCH((gelu_backward_run<T>), out, x, g, n);
   using A = Eigen::Array<T, Eigen::Dynamic, 1>;
   const T c = T(0.7978845608028654);
   Eigen::Array<T, 256, 1> t;
@@ -80,10 +84,14 @@ auto gelu_backward(const X& x, const DG& dg) {
 
 }  // namespace tshard::nn
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp), and per
+// instruction-set level (core/dispatch.hpp).
 namespace tshard::nn::detail {
-#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void gelu_backward_run<T>(T*, const T*, const T*, \
-    tshard::detail::Index))
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (gelu_run<T>), T*, const T*, tshard::detail::Index)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (gelu_backward_run<T>), T*, const T*, const T*, \
+    tshard::detail::Index)
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail

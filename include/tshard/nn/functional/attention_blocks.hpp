@@ -14,6 +14,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/random_bits.hpp"
 #include "tshard/core/shard.hpp"
@@ -286,6 +287,12 @@ template <class A>
 using RowMatrix = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class A>
 using Column = Eigen::Matrix<A, Eigen::Dynamic, 1>;
+// A caller's rows as the kernels see them: they read and write, never resize (a dispatched
+// kernel never allocates what its caller owns).
+template <class A>
+using RowsIn = Eigen::Map<const RowMatrix<A>>;
+template <class A>
+using RowsOut = Eigen::Map<RowMatrix<A>>;
 
 // Query blocks of 64 rows against key blocks of 128: a block's scores stay in cache.
 inline constexpr Index kQueryBlock = 64, kKeyBlock = 128;
@@ -494,7 +501,7 @@ void block_product(A* out, Index ldo, Index rows, Index cols, const BlockOperand
 // apart: a block product reads a packet from each of D rows, which would otherwise all fall
 // into the same sets of the L1 cache.
 template <class A>
-RowMatrix<A> transposed_rows(const RowMatrix<A>& x) {
+RowMatrix<A> transposed_rows(const RowsIn<A>& x) {
   Index ld = x.rows();
   if ((ld * Index(sizeof(A))) % 4096 == 0) ld += 64 / Index(sizeof(A));
   RowMatrix<A> t(x.cols(), ld);
@@ -506,7 +513,7 @@ RowMatrix<A> transposed_rows(const RowMatrix<A>& x) {
 // soft-capped, with ALiBi's bias, and -inf where the mask hides a key. slope (the backward's,
 // with a softcap): where the capped scores change with the scores, 1 - tanh^2 of each.
 template <class A, class Block>
-void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Index r0, Index g, Index t0, Index s0,
+void block_scores(Block&& s, const RowsIn<A>& q, const RowMatrix<A>& kt, Index r0, Index g, Index t0, Index s0,
                   const AttentionGeometry& geo, A scale, RowMatrix<A>* slope = nullptr) {
   const Index br = s.rows(), bc = s.cols(), D = q.cols();
   block_product<true>(s.data(), s.outerStride(), br, bc, BlockOperand<A>{q.data() + r0 * D, D, 1}, kt.data() + s0,
@@ -534,14 +541,17 @@ void block_scores(Block&& s, const RowMatrix<A>& q, const RowMatrix<A>& kt, Inde
   }
 }
 
-// One head's forward: o [G * T, D] and the log-sum-exp of every row (its softmax's normaliser).
+// One head's forward: o [G * T, D] and the log-sum-exp of every row (its softmax's normaliser)
+// from q [G * T, D], k and v [S, D], all row-major. Dispatched (core/dispatch.hpp).
 template <class A>
-void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v, Index G,
-                            const AttentionGeometry& geo, A scale, RowMatrix<A>& o, Column<A>& lse) {
+void attention_forward_head_kernel(const A* q_rows, const A* k_rows, const A* v_rows, Index D, Index G,
+                                   const AttentionGeometry& geo, A scale, A* o_rows, A* lse_rows) {
+  TSHARD_DISPATCH((attention_forward_head_kernel<A>), q_rows, k_rows, v_rows, D, G, geo, scale, o_rows, lse_rows);
   const A inf = std::numeric_limits<A>::infinity();
-  const Index D = q.cols();
-  o.setZero(G * geo.T, D);
-  lse.resize(G * geo.T);
+  const RowsIn<A> q(q_rows, G * geo.T, D), k(k_rows, geo.S, D), v(v_rows, geo.S, D);
+  RowsOut<A> o(o_rows, G * geo.T, D);
+  Eigen::Map<Column<A>> lse(lse_rows, G * geo.T);
+  o.setZero();
   const RowMatrix<A> kt = transposed_rows(k);
   RowMatrix<A> scores(kQueryBlock, kKeyBlock);
   const Index ld = kKeyBlock;  // of the score block
@@ -588,17 +598,22 @@ void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const 
 // log-sum-exp, then dv += p^T do, ds = p (do v^T - rowsum(do o)), dq += ds k, dk += ds^T q.
 // With dropout's multipliers z: dv += (p z)^T do, ds = p (z do v^T - rowsum(do o)); with a
 // softcap, ds times the capped scores' slope. (ALiBi's bias is a constant: no term.)
+// q, o, dout and dq [G * T, D], k, v, dk and dv [S, D], lse [G * T]. Dispatched.
 template <class A>
-void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
-                             const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
-                             const AttentionGeometry& geo, A scale, RowMatrix<A>& dq, RowMatrix<A>& dk,
-                             RowMatrix<A>& dv) {
+void attention_backward_head_kernel(const A* q_rows, const A* k_rows, const A* v_rows, const A* o_rows,
+                                    const A* dout_rows, const A* lse_rows, Index D, Index G,
+                                    const AttentionGeometry& geo, A scale, A* dq_rows, A* dk_rows, A* dv_rows) {
+  TSHARD_DISPATCH((attention_backward_head_kernel<A>), q_rows, k_rows, v_rows, o_rows, dout_rows, lse_rows, D, G, geo,
+                  scale, dq_rows, dk_rows, dv_rows);
   const A inf = std::numeric_limits<A>::infinity();
-  const Index D = q.cols();
+  const RowsIn<A> q(q_rows, G * geo.T, D), k(k_rows, geo.S, D), v(v_rows, geo.S, D), o(o_rows, G * geo.T, D),
+      dout(dout_rows, G * geo.T, D);
+  const Eigen::Map<const Column<A>> lse(lse_rows, G * geo.T);
+  RowsOut<A> dq(dq_rows, G * geo.T, D), dk(dk_rows, geo.S, D), dv(dv_rows, geo.S, D);
   const Column<A> rowdot = (dout.array() * o.array()).rowwise().sum();
-  dq.setZero(q.rows(), D);
-  dk.setZero(k.rows(), D);
-  dv.setZero(v.rows(), D);
+  dq.setZero();
+  dk.setZero();
+  dv.setZero();
   const RowMatrix<A> kt = transposed_rows(k), vt = transposed_rows(v);
   RowMatrix<A> pb(kQueryBlock, kKeyBlock), dsb(kQueryBlock, kKeyBlock);
   RowMatrix<A> capped(geo.softcap > 0 ? kQueryBlock : 0, kKeyBlock);  // d(capped scores) / d(scores)
@@ -640,22 +655,42 @@ void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const
     }
 }
 
+// One head's forward and backward on the caller's matrices, sized here (what the callers hold).
+template <class A>
+void attention_forward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v, Index G,
+                            const AttentionGeometry& geo, A scale, RowMatrix<A>& o, Column<A>& lse) {
+  o.resize(G * geo.T, q.cols());
+  lse.resize(G * geo.T);
+  attention_forward_head_kernel<A>(q.data(), k.data(), v.data(), q.cols(), G, geo, scale, o.data(), lse.data());
+}
+template <class A>
+void attention_backward_head(const RowMatrix<A>& q, const RowMatrix<A>& k, const RowMatrix<A>& v,
+                             const RowMatrix<A>& o, const RowMatrix<A>& dout, const Column<A>& lse, Index G,
+                             const AttentionGeometry& geo, A scale, RowMatrix<A>& dq, RowMatrix<A>& dk,
+                             RowMatrix<A>& dv) {
+  dq.resize(q.rows(), q.cols());
+  dk.resize(k.rows(), k.cols());
+  dv.resize(v.rows(), v.cols());
+  attention_backward_head_kernel<A>(q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), q.cols(), G, geo,
+                                    scale, dq.data(), dk.data(), dv.data());
+}
+
 }  // namespace detail
 }  // namespace tshard::nn
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp); the head
+// kernels also per instruction-set level (core/dispatch.hpp).
 namespace tshard::nn::detail {
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void pack_head<T, T>(const T*, const HeadLayout&, Index, Index, \
     Index, RowMatrix<T>&))
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
-#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void attention_forward_head<T>(const RowMatrix<T>&, \
-    const RowMatrix<T>&, const RowMatrix<T>&, Index, const AttentionGeometry&, T, RowMatrix<T>&, Column<T>&))
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (attention_forward_head_kernel<T>), const T*, const T*, \
+    const T*, Index, Index, const AttentionGeometry&, T, T*, T*)
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
-#define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void attention_backward_head<T>(const RowMatrix<T>&, \
-    const RowMatrix<T>&, const RowMatrix<T>&, const RowMatrix<T>&, const RowMatrix<T>&, const Column<T>&, Index, \
-    const AttentionGeometry&, T, RowMatrix<T>&, RowMatrix<T>&, RowMatrix<T>&))
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (attention_backward_head_kernel<T>), const T*, const T*, \
+    const T*, const T*, const T*, const T*, Index, Index, const AttentionGeometry&, T, T*, T*, T*)
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail

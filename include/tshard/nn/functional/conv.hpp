@@ -21,6 +21,7 @@
 
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/comm/collectives.hpp"
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/halo_geometry.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/nn/functional/window_gather.hpp"
@@ -167,11 +168,13 @@ void for_each_conv_point(const tshard::detail::ShardLayout& ol, const ConvGeomet
   });
 }
 
-// The local products, per element type and rank (compiled in tshard::kernels): out's valid
-// points from the gathered window and the weights,
+// The local products, per element type and rank (compiled in tshard::kernels, and per
+// instruction-set level: core/dispatch.hpp): out's valid points from the gathered window and the
+// weights,
 template <class T, int K>
 void conv_forward_local(T* out, const tshard::detail::ShardLayout& ol, const T* w, const tshard::detail::ShardLayout& wl,
                         const ConvGeometry<K>& g, const T* win, const Extents& window_dims) {
+  TSHARD_DISPATCH((conv_forward_local<T, K>), out, ol, w, wl, g, win, window_dims);
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   const auto wb = weight_columns(w, wl, g);
   if (ol.valid_size() == 0) return;
@@ -188,6 +191,7 @@ template <class T, int K>
 void conv_backward_local(const T* dy, const tshard::detail::ShardLayout& ol, const T* w,
                          const tshard::detail::ShardLayout& wl, const ConvGeometry<K>& g, const T* win,
                          const Extents& window_dims, T* dwin, T* dw) {
+  TSHARD_DISPATCH((conv_backward_local<T, K>), dy, ol, w, wl, g, win, window_dims, dwin, dw);
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic>;
   const auto wb = weight_columns(w, wl, g);
   const Index rows = g.C * g.k[0];
@@ -299,15 +303,14 @@ auto conv3d(const XT& x, const WT& w, const Conv& conv = {}) {
 
 }  // namespace tshard::nn
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp), and per
+// instruction-set level (core/dispatch.hpp).
 namespace tshard::nn::detail {
-#define TSHARD_INSTANCE(T, K)                                                                                  \
-  TSHARD_KERNEL_INSTANCE(void conv_forward_local<T, K>(T*, const tshard::detail::ShardLayout&, const T*,       \
-                                                       const tshard::detail::ShardLayout&, const ConvGeometry<K>&, \
-                                                       const T*, const Extents&))                                \
-  TSHARD_KERNEL_INSTANCE(void conv_backward_local<T, K>(const T*, const tshard::detail::ShardLayout&, const T*, \
-                                                        const tshard::detail::ShardLayout&, const ConvGeometry<K>&, \
-                                                        const T*, const Extents&, T*, T*))
+#define TSHARD_INSTANCE(T, K)                                                                                   \
+  TSHARD_DISPATCHED_KERNEL(void, (conv_forward_local<T, K>), T*, const tshard::detail::ShardLayout&, const T*,     \
+                           const tshard::detail::ShardLayout&, const ConvGeometry<K>&, const T*, const Extents&)  \
+  TSHARD_DISPATCHED_KERNEL(void, (conv_backward_local<T, K>), const T*, const tshard::detail::ShardLayout&, const T*, \
+                           const tshard::detail::ShardLayout&, const ConvGeometry<K>&, const T*, const Extents&, T*, T*)
 TSHARD_INSTANCE(float, 2)
 TSHARD_INSTANCE(double, 2)
 TSHARD_INSTANCE(float, 3)

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/ad/custom_vjp.hpp"
 #include "tshard/ops/elementwise.hpp"
@@ -69,6 +70,54 @@ void row_statistics(const T* x, tshard::detail::Index rows, tshard::detail::Inde
   for (tshard::detail::Index r = 0; r < rows; ++r) rstd[r] = A(1) / std::sqrt(rstd[r] / A(n) + eps);
 }
 
+// y = (x - mean) rstd gamma + beta over whole rows [rows, n] (column-major). Dispatched
+// (core/dispatch.hpp).
+template <class T, class A>
+void layer_norm_rows(const T* x, tshard::detail::Index rows, tshard::detail::Index n, A eps, const T* gamma, const T* beta,
+                     T* y) {
+  TSHARD_DISPATCH((layer_norm_rows<T, A>), x, rows, n, eps, gamma, beta, y);
+  std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+  row_statistics(x, rows, n, eps, mean.data(), rstd.data());
+  for (tshard::detail::Index d = 0; d < n; ++d)
+    for (tshard::detail::Index r = 0; r < rows; ++r)
+      y[r + rows * d] = T((A(x[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)] * A(gamma[d]) + A(beta[d]));
+}
+
+// The backward over whole rows: two passes after the statistics, dgamma, dbeta and the row sums of
+// dxhat and dxhat xhat, then dx. counted[r] is 1 for valid rows (0: padding, left out of dgamma
+// and dbeta); extent is the normalised dim's global size. Dispatched.
+template <class T, class A>
+void layer_norm_backward_rows(const T* x, tshard::detail::Index rows, tshard::detail::Index n, tshard::detail::Index extent,
+                              A eps, const T* gamma, const T* dn, const A* counted, T* dx, T* dgamma, T* dbeta) {
+  TSHARD_DISPATCH((layer_norm_backward_rows<T, A>), x, rows, n, extent, eps, gamma, dn, counted, dx, dgamma, dbeta);
+  using tshard::detail::Index;
+  std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
+  row_statistics(x, rows, n, eps, mean.data(), rstd.data());
+  for (Index d = 0; d < n; ++d) {
+    A sg = A(0), sb = A(0);
+    for (Index r = 0; r < rows; ++r) {
+      const A xhat = (A(x[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+      const A dnv = A(dn[r + rows * d]);
+      const A dxhat = dnv * A(gamma[d]);
+      a[std::size_t(r)] += dxhat;
+      c[std::size_t(r)] += dxhat * xhat;
+      if (counted[r] != A(0)) {  // padding rows may hold anything, NaN included
+        sg += dnv * xhat;
+        sb += dnv;
+      }
+    }
+    dgamma[d] = T(sg);
+    dbeta[d] = T(sb);
+  }
+  const A inv_n = A(1) / A(extent);
+  for (Index d = 0; d < n; ++d)
+    for (Index r = 0; r < rows; ++r) {
+      const A xhat = (A(x[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
+      const A dxhat = A(dn[r + rows * d]) * A(gamma[d]);
+      dx[r + rows * d] = T(rstd[std::size_t(r)] * (dxhat - a[std::size_t(r)] * inv_n - xhat * c[std::size_t(r)] * inv_n));
+    }
+}
+
 }  // namespace detail
 
 template <int Dim, tshard::detail::FloatingTensor X, tshard::detail::FloatingTensor G, tshard::detail::FloatingTensor DN>
@@ -82,15 +131,7 @@ auto layer_norm_forward(const X& x, const G& gamma, const B& beta, typename X::S
     using A = accumulator_t<T>;
     ShardedTensor<T, typename X::MeshT, typename X::SpecType> y(x.mesh(), x.global_shape());
     const auto [rows, n] = detail::row_view(x);
-    std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size());
-    detail::row_statistics(x.data(), rows, n, A(eps), mean.data(), rstd.data());
-    const T* xd = x.data();
-    const T* g = gamma.data();
-    const T* b = beta.data();
-    T* yd = y.data();
-    for (tshard::detail::Index d = 0; d < n; ++d)
-      for (tshard::detail::Index r = 0; r < rows; ++r)
-        yd[r + rows * d] = T((A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)] * A(g[d]) + A(b[d]));
+    detail::layer_norm_rows<T, A>(x.data(), rows, n, A(eps), gamma.data(), beta.data(), y.data());
     return y;
   } else {
     auto [xc, rstd] = detail::normalised<Dim>(x, eps);
@@ -132,40 +173,11 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
     Part dgamma(x.mesh(), {tshard::detail::extents_of(x)[Dim]}), dbeta(x.mesh(), {tshard::detail::extents_of(x)[Dim]});
     const auto [rows, n] = detail::row_view(x);
     using A = accumulator_t<T>;
-    std::vector<A> mean(static_cast<std::size_t>(rows)), rstd(mean.size()), a(mean.size()), c(mean.size());
-    detail::row_statistics(x.data(), rows, n, A(eps), mean.data(), rstd.data());
     const auto& layout = tshard::detail::layout_of(x);
     std::vector<A> counted(static_cast<std::size_t>(rows));  // 1 for valid rows, 0 for padding
     for (tshard::detail::Index r = 0; r < rows; ++r) counted[std::size_t(r)] = detail::row_is_valid(layout, Dim, r) ? A(1) : A(0);
-    const T* xd = x.data();
-    const T* g = gamma.data();
-    const T* dnd = dn.data();
-    T* dg = dgamma.data();
-    T* db = dbeta.data();
-    for (tshard::detail::Index d = 0; d < n; ++d) {
-      A sg = A(0), sb = A(0);
-      for (tshard::detail::Index r = 0; r < rows; ++r) {
-        const A xhat = (A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
-        const A dnv = A(dnd[r + rows * d]);
-        const A dxhat = dnv * A(g[d]);
-        a[std::size_t(r)] += dxhat;
-        c[std::size_t(r)] += dxhat * xhat;
-        if (counted[std::size_t(r)] != A(0)) {  // padding rows may hold anything, NaN included
-          sg += dnv * xhat;
-          sb += dnv;
-        }
-      }
-      dg[d] = T(sg);
-      db[d] = T(sb);
-    }
-    T* dxd = dx.data();
-    const A inv_n = A(1) / A(tshard::detail::extents_of(x)[Dim]);
-    for (tshard::detail::Index d = 0; d < n; ++d)
-      for (tshard::detail::Index r = 0; r < rows; ++r) {
-        const A xhat = (A(xd[r + rows * d]) - mean[std::size_t(r)]) * rstd[std::size_t(r)];
-        const A dxhat = A(dnd[r + rows * d]) * A(g[d]);
-        dxd[r + rows * d] = T(rstd[std::size_t(r)] * (dxhat - a[std::size_t(r)] * inv_n - xhat * c[std::size_t(r)] * inv_n));
-      }
+    detail::layer_norm_backward_rows<T, A>(x.data(), rows, n, tshard::detail::extents_of(x)[Dim], A(eps), gamma.data(),
+                                           dn.data(), counted.data(), dx.data(), dgamma.data(), dbeta.data());
     return std::tuple{std::move(dx), std::move(dgamma), std::move(dbeta)};
   }
   auto [xc, rstd] = detail::normalised<Dim>(x, eps);
@@ -183,6 +195,14 @@ auto layer_norm_backward(const X& x, const G& gamma, const DN& dn, typename X::S
 namespace tshard::nn::detail {
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void row_statistics<T, T>(const T*, tshard::detail::Index, \
     tshard::detail::Index, T, T*, T*))
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (layer_norm_rows<T, T>), const T*, tshard::detail::Index, \
+    tshard::detail::Index, T, const T*, const T*, T*)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (layer_norm_backward_rows<T, T>), const T*, \
+    tshard::detail::Index, tshard::detail::Index, tshard::detail::Index, T, const T*, const T*, const T*, T*, T*, T*)
 TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
 #undef TSHARD_INSTANCE
 }  // namespace tshard::nn::detail

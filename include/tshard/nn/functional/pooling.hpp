@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tshard/ad/custom_vjp.hpp"
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/halo_geometry.hpp"
 #include "tshard/nn/functional/window_gather.hpp"
 #include "tshard/tensor/sharded_tensor.hpp"
@@ -38,27 +39,28 @@ struct WindowSaved : WindowGather<T> {
 };
 
 // f(n, c, i, j, h0, w0, k) for every output element of the block ol, in order (k counts them):
-// the element reads window rows and columns from (h0, w0) on.
-template <class T, class F>
-void for_each_output(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, F&& f) {
+// the element reads window rows and columns from (h0, w0) on (the window starts at global lo).
+template <class F>
+void for_each_output(const WindowOp& op, const tshard::detail::ShardLayout& ol, const Extents& lo, F&& f) {
   std::size_t k = 0;
   for (Index j = 0; j < ol.valid[3]; ++j)
     for (Index i = 0; i < ol.valid[2]; ++i) {
-      const Index h0 = op.first(ol.offset[2] + i) - sv.lo[2], w0 = op.first(ol.offset[3] + j) - sv.lo[3];
+      const Index h0 = op.first(ol.offset[2] + i) - lo[2], w0 = op.first(ol.offset[3] + j) - lo[3];
       for (Index c = 0; c < ol.valid[1]; ++c)
         for (Index n = 0; n < ol.valid[0]; ++n) f(n, c, i, j, h0, w0, k++);
     }
 }
 
-// Output element (n, c, i, j) of the block ol reads the window at rows first(o0 + i) - lo.
+// Output element (n, c, i, j) of the block ol reads the window win (extents wd, from global lo)
+// at rows first(o0 + i) - lo; max pooling writes the offset each element took into argmax (one
+// per valid output element). Dispatched (core/dispatch.hpp).
 template <class T>
-void window_forward(const WindowOp& op, const tshard::detail::ShardLayout& ol, WindowSaved<T>& sv, T* out) {
-  const T* win = sv.window.get();
-  const Extents& wd = sv.dims;
+void window_forward_kernel(const WindowOp& op, const tshard::detail::ShardLayout& ol, const T* win, const Extents& wd,
+                           const Extents& lo, T* out, Index* argmax) {
+  TSHARD_DISPATCH((window_forward_kernel<T>), op, ol, win, wd, lo, out, argmax);
   const Index np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
-  if (op.kind == WindowKind::Max) sv.argmax.assign(std::size_t(ol.valid_size()), 0);
   const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
-  for_each_output(op, ol, sv, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
+  for_each_output(op, ol, lo, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
     T acc = op.kind == WindowKind::Max ? -std::numeric_limits<T>::infinity() : T(0);
     Index best = 0;
     for (Index b = 0; b < reach; ++b)
@@ -67,28 +69,38 @@ void window_forward(const WindowOp& op, const tshard::detail::ShardLayout& ol, W
         if (op.kind != WindowKind::Max) acc += win[at];
         else if (win[at] > acc || (a == 0 && b == 0)) acc = win[at], best = at;
       }
-    if (op.kind == WindowKind::Max) sv.argmax[k] = best;
+    if (op.kind == WindowKind::Max) argmax[k] = best;
     if (op.kind == WindowKind::Average) acc /= T(op.k * op.k);
     out[n + np * (c + cp * (i + hp * j))] = acc;
   });
 }
-
-// The window's gradient: each output element's cotangent to what it read.
 template <class T>
-void window_backward(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, const T* dy, T* dwin) {
-  const Extents& wd = sv.dims;
+void window_forward(const WindowOp& op, const tshard::detail::ShardLayout& ol, WindowSaved<T>& sv, T* out) {
+  if (op.kind == WindowKind::Max) sv.argmax.assign(std::size_t(ol.valid_size()), 0);
+  window_forward_kernel<T>(op, ol, sv.window.get(), sv.dims, sv.lo, out, sv.argmax.data());
+}
+
+// The window's gradient: each output element's cotangent to what it read. Dispatched.
+template <class T>
+void window_backward_kernel(const WindowOp& op, const tshard::detail::ShardLayout& ol, const Extents& wd,
+                            const Extents& lo, const Index* argmax, const T* dy, T* dwin) {
+  TSHARD_DISPATCH((window_backward_kernel<T>), op, ol, wd, lo, argmax, dy, dwin);
   const Index np = ol.padded[0], cp = ol.padded[1], hp = ol.padded[2];
   const Index reach = op.kind == WindowKind::Nearest ? 1 : op.k;
-  for_each_output(op, ol, sv, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
+  for_each_output(op, ol, lo, [&](Index n, Index c, Index i, Index j, Index h0, Index w0, std::size_t k) {
     const T g = dy[n + np * (c + cp * (i + hp * j))];
     if (op.kind == WindowKind::Max) {
-      dwin[sv.argmax[k]] += g;
+      dwin[argmax[k]] += g;
       return;
     }
     const T share = op.kind == WindowKind::Average ? g / T(op.k * op.k) : g;
     for (Index b = 0; b < reach; ++b)
       for (Index a = 0; a < reach; ++a) dwin[n + wd[0] * (c + wd[1] * ((h0 + a) + wd[2] * (w0 + b)))] += share;
   });
+}
+template <class T>
+void window_backward(const WindowOp& op, const tshard::detail::ShardLayout& ol, const WindowSaved<T>& sv, const T* dy, T* dwin) {
+  window_backward_kernel<T>(op, ol, sv.dims, sv.lo, sv.argmax.data(), dy, dwin);
 }
 
 template <class X>
@@ -152,3 +164,15 @@ auto upsample2d(const X& x, Eigen::Index factor) {
 }
 
 }  // namespace tshard::nn
+
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp), and per
+// instruction-set level (core/dispatch.hpp).
+namespace tshard::nn::detail {
+#define TSHARD_INSTANCE(T)                                                                                         \
+  TSHARD_DISPATCHED_KERNEL(void, (window_forward_kernel<T>), const WindowOp&, const tshard::detail::ShardLayout&, \
+                           const T*, const Extents&, const Extents&, T*, Index*)                                  \
+  TSHARD_DISPATCHED_KERNEL(void, (window_backward_kernel<T>), const WindowOp&, const tshard::detail::ShardLayout&, \
+                           const Extents&, const Extents&, const Index*, const T*, T*)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+}  // namespace tshard::nn::detail

@@ -2,6 +2,7 @@
 // sqrt, sigmoid, relu, abs, square, negation) and pow. Output specs follow the elementwise rule;
 // an expiring operand lends its buffer to the result.
 #pragma once
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/ops/elementwise/operands.hpp"
 
@@ -30,10 +31,11 @@ void assign_binary(BinaryKind k, O&& o, const A& a, const B& b) {
 }
 
 // out = (alpha a) (k) (beta b) over padded blocks, one pass; alpha and beta are the factors
-// of unevaluated `s * x` operands (1 otherwise).
+// of unevaluated `s * x` operands (1 otherwise). Dispatched (core/dispatch.hpp).
 template <class T>
 void binary_kernel(BinaryKind k, T* out, const Extents& op, const T* a, const Extents& ap, T alpha, const T* b,
                    const Extents& bp, T beta, int rank) {
+  TSHARD_DISPATCH((binary_kernel<T>), k, out, op, a, ap, alpha, b, bp, beta, rank);
   using Array = Eigen::Array<T, Eigen::Dynamic, 1>;
   const bool scaled = alpha != T(1) || beta != T(1);
   for_each_broadcast_run<2>(op, rank, {ap, bp}, [&](Index o, const auto& off, const auto& inner, Index n) {
@@ -211,7 +213,7 @@ auto binary(const ShardedTensor<T, M, SA, PA>& a, const ShardedTensor<T, M, SB, 
 // out = in (k) v, or v (k) in where ScalarLeft, over n elements: the kernel of with_scalar,
 // instantiated per element type, not per spec.
 template <BinaryKind K, bool ScalarLeft, class T>
-void scalar_run(const T* in, T v, T* o, Index n) {
+void scalar_loop(const T* in, T v, T* o, Index n) {
   Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(o, n);
   if constexpr (K == BinaryKind::Add) xo = xi + v;
@@ -228,6 +230,30 @@ void scalar_run(const T* in, T v, T* o, Index n) {
       xo = xi / v;
     }
   }
+}
+// The real kinds by value, one kernel per element type: dispatched (core/dispatch.hpp).
+template <class T>
+void scalar_kernel(BinaryKind k, bool scalar_left, const T* in, T v, T* o, Index n) {
+  TSHARD_DISPATCH((scalar_kernel<T>), k, scalar_left, in, v, o, n);
+  switch (k) {
+    case BinaryKind::Add: scalar_loop<BinaryKind::Add, false>(in, v, o, n); break;
+    case BinaryKind::Sub:
+      if (scalar_left) scalar_loop<BinaryKind::Sub, true>(in, v, o, n);
+      else scalar_loop<BinaryKind::Sub, false>(in, v, o, n);
+      break;
+    case BinaryKind::Div:
+      if (scalar_left) scalar_loop<BinaryKind::Div, true>(in, v, o, n);
+      else scalar_loop<BinaryKind::Div, false>(in, v, o, n);
+      break;
+    case BinaryKind::Mul: break;  // (lazy: a tensor's scale)
+  }
+}
+template <BinaryKind K, bool ScalarLeft, class T>
+void scalar_run(const T* in, T v, T* o, Index n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    scalar_kernel<T>(K, ScalarLeft, in, v, o, n);
+  else
+    scalar_loop<K, ScalarLeft>(in, v, o, n);
 }
 
 // tensor (k) scalar, or scalar (k) tensor where ScalarLeft. Only partial sum * s, s * partial
@@ -261,7 +287,7 @@ auto with_scalar(const X& x, S s, const char* name) {
 
 // out = k(in) over n elements, instantiated per element type, not per spec.
 template <UnaryKind K, class T>
-void unary_run(const T* in, T* out, Index n) {
+void unary_loop(const T* in, T* out, Index n) {
   Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> xi(in, n);
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> xo(out, n);
   if constexpr (K == UnaryKind::Exp) xo = xi.exp();
@@ -272,6 +298,29 @@ void unary_run(const T* in, T* out, Index n) {
   if constexpr (K == UnaryKind::Abs) xo = xi.abs();
   if constexpr (K == UnaryKind::Square) xo = xi.square();
   if constexpr (K == UnaryKind::Sigmoid) xo = T(1) / (T(1) + (-xi).exp());
+}
+// The real kinds by value, one kernel per element type: dispatched (core/dispatch.hpp).
+template <class T>
+void unary_kernel(UnaryKind k, const T* in, T* out, Index n) {
+  TSHARD_DISPATCH((unary_kernel<T>), k, in, out, n);
+  switch (k) {
+    case UnaryKind::Exp: unary_loop<UnaryKind::Exp>(in, out, n); break;
+    case UnaryKind::Log: unary_loop<UnaryKind::Log>(in, out, n); break;
+    case UnaryKind::Tanh: unary_loop<UnaryKind::Tanh>(in, out, n); break;
+    case UnaryKind::Sqrt: unary_loop<UnaryKind::Sqrt>(in, out, n); break;
+    case UnaryKind::Relu: unary_loop<UnaryKind::Relu>(in, out, n); break;
+    case UnaryKind::Abs: unary_loop<UnaryKind::Abs>(in, out, n); break;
+    case UnaryKind::Square: unary_loop<UnaryKind::Square>(in, out, n); break;
+    case UnaryKind::Sigmoid: unary_loop<UnaryKind::Sigmoid>(in, out, n); break;
+    default: break;
+  }
+}
+template <UnaryKind K, class T>
+void unary_run(const T* in, T* out, Index n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+    unary_kernel<T>(K, in, out, n);
+  else
+    unary_loop<K>(in, out, n);
 }
 
 template <UnaryKind K, class XR>
@@ -437,8 +486,19 @@ auto pow(const X& xin, S p) {
 
 }  // namespace tshard
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp); the loops
+// also per instruction-set level (core/dispatch.hpp).
 namespace tshard::detail {
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (binary_kernel<T>), BinaryKind, T*, const Extents&, const T*, \
+    const Extents&, T, const T*, const Extents&, T, int)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (unary_kernel<T>), UnaryKind, const T*, T*, Index)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
+#define TSHARD_INSTANCE(T) TSHARD_DISPATCHED_KERNEL(void, (scalar_kernel<T>), BinaryKind, bool, const T*, T, T*, Index)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void binary_run<T>(MeshState&, BinaryKind, const SpecDesc&, \
     const Extents&, const T*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, T*, \
     const char*, T, T))

@@ -1,6 +1,7 @@
 // Comparisons giving masks (ShardedTensor of bool) and where(mask, a, b): several operands,
 // tensors or scalars, in one broadcasting pass with the elementwise spec rule.
 #pragma once
+#include "tshard/core/dispatch.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/ops/elementwise/operands.hpp"
 
@@ -43,6 +44,17 @@ struct ScalarOperand {
   }
 };
 
+// mask = a (k) b over padded blocks (operands broadcast by their extents). Dispatched
+// (core/dispatch.hpp).
+template <class T>
+void compare_kernel(CompareKind k, bool* out, const Extents& op, const T* a, const Extents& ap, const T* b,
+                    const Extents& bp, int rank) {
+  TSHARD_DISPATCH((compare_kernel<T>), k, out, op, a, ap, b, bp, rank);
+  for_each_broadcast_run<2>(op, rank, {ap, bp}, [&](Index o, const auto& off, const auto& inner, Index n) {
+    for (Index i = 0; i < n; ++i) out[o + i] = compare_values(k, a[off[0] + i * inner[0]], b[off[1] + i * inner[1]]);
+  });
+}
+
 // mask = a (k) b on descriptors (either side may be a one-element scalar operand).
 template <class T>
 void compare_run(MeshState& mesh, CompareKind k, const SpecDesc& da, const Extents& sa, const T* a, const SpecDesc& db,
@@ -50,10 +62,19 @@ void compare_run(MeshState& mesh, CompareKind k, const SpecDesc& da, const Exten
   const auto al = align_input(mesh, da, sa, a, dout, sout, name);
   const auto bl = align_input(mesh, db, sb, b, dout, sout, name);
   const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
-  const T* x = al.buffer.data;
-  const T* y = bl.buffer.data;
-  for_each_broadcast_run<2>(lo.padded, dout.rank, {al.padded, bl.padded}, [&](Index o, const auto& off, const auto& inner, Index n) {
-    for (Index i = 0; i < n; ++i) out[o + i] = compare_values(k, x[off[0] + i * inner[0]], y[off[1] + i * inner[1]]);
+  compare_kernel<T>(k, out, lo.padded, al.buffer.data, al.padded, bl.buffer.data, bl.padded, dout.rank);
+}
+
+// out = mask ? a : b over padded blocks. The runs cover the padded box, where an aligned mask's
+// padding was never written: its bytes are read as unsigned char, not as bool (an unwritten bool
+// is undefined behaviour; UBSan). Dispatched.
+template <class T>
+void where_kernel(T* out, const Extents& op, const unsigned char* m, const Extents& mp, const T* a, const Extents& ap,
+                  const T* b, const Extents& bp, int rank) {
+  TSHARD_DISPATCH((where_kernel<T>), out, op, m, mp, a, ap, b, bp, rank);
+  for_each_broadcast_run<3>(op, rank, {mp, ap, bp}, [&](Index o, const auto& off, const auto& inner, Index n) {
+    for (Index i = 0; i < n; ++i)
+      out[o + i] = m[off[0] + i * inner[0]] != 0 ? a[off[1] + i * inner[1]] : b[off[2] + i * inner[2]];
   });
 }
 
@@ -66,16 +87,8 @@ void where_run(MeshState& mesh, const SpecDesc& dm, const Extents& sm, const boo
   const auto al = align_input(mesh, da, sa, a, dout, sout, "where");
   const auto bl = align_input(mesh, db, sb, b, dout, sout, "where");
   const auto lo = shard_layout(dout, sout, mesh.shape(), mesh.coords());
-  // The runs cover the padded box, where an aligned mask's padding was never written: its bytes
-  // are read as unsigned char, not as bool (an unwritten bool is undefined behaviour; UBSan).
-  const auto* mk = reinterpret_cast<const unsigned char*>(ml.buffer.data);
-  const T* x = al.buffer.data;
-  const T* y = bl.buffer.data;
-  for_each_broadcast_run<3>(lo.padded, dout.rank, {ml.padded, al.padded, bl.padded},
-                            [&](Index o, const auto& off, const auto& inner, Index n) {
-                              for (Index i = 0; i < n; ++i)
-                                out[o + i] = mk[off[0] + i * inner[0]] != 0 ? x[off[1] + i * inner[1]] : y[off[2] + i * inner[2]];
-                            });
+  where_kernel<T>(out, lo.padded, reinterpret_cast<const unsigned char*>(ml.buffer.data), ml.padded, al.buffer.data,
+                  al.padded, bl.buffer.data, bl.padded, dout.rank);
 }
 
 // A where() or comparison operand: a tensor, or a scalar of the tensors' element type.
@@ -236,8 +249,16 @@ auto where(const Mask& mask_in, const A& a_in, const B& b_in) {
 
 }  // namespace tshard
 
-// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp).
+// Compiled once where the program links tshard::kernels (core/kernel_instances.hpp); the loops
+// of float and double also per instruction-set level (core/dispatch.hpp).
 namespace tshard::detail {
+#define TSHARD_INSTANCE(T)                                                                                          \
+  TSHARD_DISPATCHED_KERNEL(void, (compare_kernel<T>), CompareKind, bool*, const Extents&, const T*, const Extents&, \
+                           const T*, const Extents&, int)                                                          \
+  TSHARD_DISPATCHED_KERNEL(void, (where_kernel<T>), T*, const Extents&, const unsigned char*, const Extents&,      \
+                           const T*, const Extents&, const T*, const Extents&, int)
+TSHARD_FOR_EACH_FLOAT(TSHARD_INSTANCE)
+#undef TSHARD_INSTANCE
 #define TSHARD_INSTANCE(T) TSHARD_KERNEL_INSTANCE(void compare_run<T>(MeshState&, CompareKind, const SpecDesc&, \
     const Extents&, const T*, const SpecDesc&, const Extents&, const T*, const SpecDesc&, const Extents&, bool*, \
     const char*))
