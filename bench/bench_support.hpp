@@ -5,26 +5,26 @@
 // split by.
 #pragma once
 #include <mpi.h>
-#if defined(TSHARD_USE_BLAS) && TSHARD_USE_BLAS
-#include <cblas.h>  // OpenBLAS's: openblas_get_corename
-#endif
 
 #include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <vector>
+
+#include "tshard/ops/blas_kernels.hpp"
 
 namespace tshard_bench {
 
 // Rank and size in MPI_COMM_WORLD (what tshard::Environment::world_rank / world_size return).
-// The kernels OpenBLAS runs (its core name: "Haswell", "SkylakeX", "Zen", ...), or "none"
-// where the benchmark was built without BLAS.
+// The BLAS and the kernels it runs ("BLIS 0.9.0, skx kernels", "OpenBLAS, SkylakeX kernels"), or
+// "Eigen's GEMM" where the benchmark was built without BLAS.
 inline const char* blas_kernels() {
-#if defined(TSHARD_USE_BLAS) && TSHARD_USE_BLAS
-  return openblas_get_corename();
-#else
-  return "none";
-#endif
+  static const std::string kernels = [] {
+    const std::string line = tshard::blas_report(), prefix = "local products: ";
+    return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
+  }();
+  return kernels.c_str();
 }
 
 inline int world_rank() {

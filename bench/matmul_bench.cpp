@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (world_rank() == 0)
-    std::printf("matmul benchmark, %d ranks, n = %d, median of %d interleaved runs (OpenBLAS kernels %s)\n",
+    std::printf("matmul benchmark, %d ranks, n = %d, median of %d interleaved runs (BLAS: %s)\n",
                 world_size(), n, reps, blas_kernels());
   if (types != "fp32") run<double>(n, reps);
   if (types != "fp64") run<float>(n, reps);

@@ -441,10 +441,10 @@ int main(int argc, char** argv) {
   }
   if (root()) {
     std::printf("MLP training step benchmark, %d ranks, float, B=%d D=%d H=%d, median of %d interleaved runs "
-                "(OpenBLAS kernels %s, local products: %s)\n",
+                "(BLAS: %s, local products: %s)\n",
                 p, o.B, o.D, o.H, o.reps, blas_kernels(), ts::local_gemm_backend());
-    std::printf("reproduce: OPENBLAS_CORETYPE=%s bash bench/run_mlp_step.sh --B %d --D %d --H %d --reps %d --steps %d --peak-n %d\n",
-                blas_kernels(), o.B, o.D, o.H, o.reps, o.steps, o.peak_n);
+    std::printf("reproduce: bash bench/run_mlp_step.sh --B %d --D %d --H %d --reps %d --steps %d --peak-n %d\n", o.B, o.D,
+                o.H, o.reps, o.steps, o.peak_n);
   }
   const double peak = measure_peak(o.peak_n, o.reps);
   if (root())

@@ -8,23 +8,62 @@ macro(tshard_find_dependencies)
   find_dependency(Eigen3 3.4 NO_MODULE)
 endmacro()
 
-# CBLAS for local products: Debian's OpenBLAS provides both BLAS and the cblas.h interface.
+# CBLAS for local products, as the imported target tshard_blas::cblas (its cblas.h, its library, and
+# TSHARD_BLAS_BLIS or TSHARD_BLAS_OPENBLAS where it is one of those). TSHARD_BLAS chooses:
+#   auto (the default): BLIS where it is found (Debian: libblis-dev), else OpenBLAS (libopenblas-dev),
+#                       else any BLAS with cblas.h;
+#   blis, openblas:     that one, or no CBLAS.
+# BLIS first: it picks its kernels from the CPU's features, and tshard sets them from its own
+# reading of the CPU where they matter (ops/gemm.hpp); Debian 12's OpenBLAS 0.3.21 picks them by
+# model, and on a model it does not know runs its Prescott (SSE3) or Haswell kernels: sgemm 20
+# GFLOP/s against BLIS's 122 on one core of a Xeon it does not know; where it knows the model the
+# two tie within 5 % on most shapes (docs/performance.md).
+# Sets TSHARD_CBLAS_FOUND and TSHARD_BLAS_VENDOR (BLIS, OpenBLAS or CBLAS).
 macro(tshard_find_blas)
-  if(NOT TARGET BLAS::BLAS)
-    set(BLA_VENDOR OpenBLAS)
-    find_package(BLAS QUIET)
-    if(NOT BLAS_FOUND)
-      unset(BLA_VENDOR)
-      find_package(BLAS QUIET)
+  set(TSHARD_BLAS "auto" CACHE STRING "The CBLAS of local products: auto (BLIS, else OpenBLAS, else any), blis or openblas")
+  set_property(CACHE TSHARD_BLAS PROPERTY STRINGS auto blis openblas)
+  if(NOT TARGET tshard_blas::cblas)
+    if(TSHARD_BLAS MATCHES "^(auto|blis)$")
+      # Debian installs each threading variant's blis.h and cblas.h in a folder of its own and points
+      # <blis.h> at the chosen one.
+      find_path(TSHARD_BLIS_HEADER_DIR blis.h PATH_SUFFIXES blis)
+      find_library(TSHARD_BLIS_LIBRARY NAMES blis)
+      if(TSHARD_BLIS_HEADER_DIR AND TSHARD_BLIS_LIBRARY)
+        get_filename_component(_tshard_blis_h "${TSHARD_BLIS_HEADER_DIR}/blis.h" REALPATH)
+        get_filename_component(_tshard_blis_dir "${_tshard_blis_h}" DIRECTORY)
+        if(EXISTS "${_tshard_blis_dir}/cblas.h")
+          add_library(tshard_blas::cblas INTERFACE IMPORTED)
+          set_target_properties(tshard_blas::cblas PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_tshard_blis_dir}"
+                                INTERFACE_LINK_LIBRARIES "${TSHARD_BLIS_LIBRARY}"
+                                INTERFACE_COMPILE_DEFINITIONS TSHARD_BLAS_BLIS=1)
+          set(TSHARD_BLAS_VENDOR BLIS)
+        endif()
+      endif()
+    endif()
+    if(NOT TARGET tshard_blas::cblas AND TSHARD_BLAS MATCHES "^(auto|openblas)$")
+      if(NOT TARGET BLAS::BLAS)
+        set(BLA_VENDOR OpenBLAS)
+        find_package(BLAS QUIET)
+        if(NOT BLAS_FOUND AND TSHARD_BLAS STREQUAL "auto")
+          unset(BLA_VENDOR)
+          find_package(BLAS QUIET)
+        endif()
+      endif()
+      find_path(TSHARD_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+      if(TSHARD_CBLAS_INCLUDE_DIR AND TARGET BLAS::BLAS)
+        add_library(tshard_blas::cblas INTERFACE IMPORTED)
+        set_target_properties(tshard_blas::cblas PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${TSHARD_CBLAS_INCLUDE_DIR}"
+                              INTERFACE_LINK_LIBRARIES BLAS::BLAS)
+        set(TSHARD_BLAS_VENDOR CBLAS)
+        if(EXISTS "${TSHARD_CBLAS_INCLUDE_DIR}/openblas_config.h")
+          set_property(TARGET tshard_blas::cblas PROPERTY INTERFACE_COMPILE_DEFINITIONS TSHARD_BLAS_OPENBLAS=1)
+          set(TSHARD_BLAS_VENDOR OpenBLAS)
+        endif()
+      endif()
     endif()
   endif()
-  find_path(TSHARD_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
   set(TSHARD_CBLAS_FOUND FALSE)
-  if(TSHARD_CBLAS_INCLUDE_DIR AND TARGET BLAS::BLAS)
-    get_target_property(_tshard_blas_includes BLAS::BLAS INTERFACE_INCLUDE_DIRECTORIES)
-    if(NOT TSHARD_CBLAS_INCLUDE_DIR IN_LIST _tshard_blas_includes)
-      set_property(TARGET BLAS::BLAS APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${TSHARD_CBLAS_INCLUDE_DIR})
-    endif()
+  if(TARGET tshard_blas::cblas)
     set(TSHARD_CBLAS_FOUND TRUE)
   endif()
 endmacro()

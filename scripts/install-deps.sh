@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tshard's build, tests and demo need, only where missing.
 set -euo pipefail
-packages=(cmake g++ make libeigen3-dev libboost-mpi-dev libopenmpi-dev openmpi-bin catch2 ccache libopenblas-dev
-          libhdf5-openmpi-dev libpcre2-dev python3-numpy python3-h5py iproute2 procps
+# BLIS: the local products' BLAS where found (docs/performance.md); OpenBLAS beside it, which
+# ScaLAPACK and the benchmarks' comparisons use.
+packages=(cmake g++ make libeigen3-dev libboost-mpi-dev libopenmpi-dev openmpi-bin catch2 ccache libblis-dev
+          libopenblas-dev libhdf5-openmpi-dev libpcre2-dev python3-numpy python3-h5py iproute2 procps
           libscalapack-openmpi-dev)  # ScaLAPACK: the matmul benchmark's baseline, built and run tiny in the suite
 missing=()
 for p in "${packages[@]}"; do
