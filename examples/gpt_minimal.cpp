@@ -94,6 +94,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print) {
 template <class T>
 int run(const Options& o) {
   const M mesh({o.data, o.model});
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   const auto losses = train<T>(mesh, o, true);
   if (!o.check) return 0;
   const auto one_rank = train<T>(M(MPI_COMM_SELF, {1, 1}), o, false);

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
     if (p % d == 0) px = d;
   using M = ts::Mesh<"x", "y">;
   M mesh({px, p / px});
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   using Grid = ts::Spec<ts::S<"x">, ts::S<"y">>;
 
   auto u0 = ts::from_function<double, Grid>(mesh, {nx, ny}, [&](auto i) { return initial(i[0], i[1], nx, ny); });

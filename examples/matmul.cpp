@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   using M = ts::Mesh<"data", "model">;
   M mesh({p % 2 == 0 ? p / 2 : p, p % 2 == 0 ? 2 : 1});
   const bool root = mesh.rank() == 0;
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   auto x = ts::random<double, ts::Spec<ts::S<"data">, ts::R>>(mesh, {m, k}, 1);
   auto w = ts::random<double, ts::Spec<ts::R, ts::S<"model">>>(mesh, {k, n}, 2);
   // The serial truth, from the gathered inputs.

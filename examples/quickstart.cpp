@@ -7,6 +7,7 @@ int main(int argc, char** argv) {
   ts::Environment env(argc, argv);                       // MPI up and down
   using M = ts::Mesh<"data", "model">;
   M mesh({-1, 1});                                       // all ranks on "data"
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   Eigen::Tensor<float, 2> global(1000, 64);              // the single-device value
   global.setRandom();
   auto x = ts::distribute<ts::Spec<ts::S<"data">, ts::R>>(mesh, global);  // rows split

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   using M = ts::Mesh<"data", "model">;
   M mesh({p % 2 == 0 ? p / 2 : p, p % 2 == 0 ? 2 : 1});
   const bool root = mesh.rank() == 0;
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
 
   // The single-device program's value: every rank builds it alike.
   Eigen::Tensor<double, 2> global(rows, cols);

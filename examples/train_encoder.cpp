@@ -100,6 +100,7 @@ std::vector<double> train(const M& mesh, const Options& o, bool print) {
 
 // Trains on mesh and, with --check, on one rank too: the same curve (double, 1e-9 relative).
 int run(const M& mesh, const Options& o) {
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   const auto losses = train(mesh, o, true);
   if (!o.check) return 0;
   const auto one_rank = train(M(MPI_COMM_SELF, {1, 1, 1}), o, false);

@@ -422,6 +422,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_llama");
+    if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
     ts::io::require_writable(mesh.comm(), {o.save, o.save_safetensors}), ts::io::require_writable_directory(mesh.comm(), o.save_hf);  // now, not after training
     const auto prompt = ts::train::prompt_ids(o.prompt, o.tokenizer(), o.vocab);  // (on every rank: an error is every rank's)
     if (o.tokenizer() && !o.prompt.empty() && mesh.rank() == 0) ts::train::print_ids("prompt ids", prompt);

@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   }
   const int p = ts::Environment::world_size();
   M mesh({-1, p % o.model == 0 ? o.model : 1});
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   const auto losses = train(mesh, o);
   bool ok = losses.back() < losses.front();
   double worst = 0;

@@ -668,6 +668,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const M mesh = o.mesh.make("train_transformer");
+    if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
     ts::io::require_writable(mesh.comm(), {o.save, o.trace, o.write_data});  // before training, not after
     if (!o.write_data.empty()) return write_data(mesh, o);
     ts::flush_denormals();  // tiny probabilities would otherwise slow float GEMMs many times

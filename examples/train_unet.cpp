@@ -291,6 +291,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const M mesh({sizes[0], sizes[1], sizes[2]});
+  if (mesh.rank() == 0) std::printf("%s\n", ts::kernels_report().c_str());  // which kernels run
   ts::flush_denormals();
   return o.use_double ? run<double>(mesh, o) : run<float>(mesh, o);
 }
