@@ -31,6 +31,7 @@ def main():
         ap.add_argument(flag, type=int, default=default)
     a = ap.parse_args()
     a.hidden = a.hidden or 4 * a.dmodel
+    a.eod, a.reset_position_ids = -1, False  # one document a row, as train_transformer's bench runs
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     n, rank = dist.get_world_size(), dist.get_rank()
