@@ -203,7 +203,7 @@ class LanguageModel : public ts::nn::Module {
     double loss = 0, accuracy = 0, sequences = 0, seconds = 0;
   };
   Evaluation evaluate(ts::nn::Pipeline<M>& pipe) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = ts::Clock::now();
     const Eigen::Index rows = eval_->rows();
     eval_loss_ = eval_hits_ = 0;
     for (Eigen::Index first = 0; first < rows; first += o_.batch) {

@@ -8,6 +8,7 @@
 #include "tshard/core/spec.hpp"
 
 #include "tshard/comm/buffer_pool.hpp"
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/environment.hpp"
 #include "tshard/comm/host_collectives.hpp"
 #include "tshard/comm/failure.hpp"

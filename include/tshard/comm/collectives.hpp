@@ -3,6 +3,7 @@
 // exceed the chunk limit (MPI counts are int; the limit is settable so tests exercise chunking
 // with small buffers).
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <memory>
 #include <vector>
 
 #include "tshard/core/kernel_instances.hpp"
@@ -78,6 +80,23 @@ void chunked_collective(MPI_Comm comm, const T* send, T* recv, Index n, F&& f) {
   for (Index off = 0; off < n; off += limit) f(p, off, std::min(limit, n - off));
 }
 
+// MPI_Allgather of c contiguous elements a rank into recv, each rank's block placed by one of
+// `placed` (a datatype whose extent is the step between blocks). Under SimGrid's SMPI (3.32) the
+// Open MPI and MPICH algorithms it selects place such blocks wrongly, so there the blocks are
+// gathered contiguously and then placed by a message to this rank, which moves the same bytes.
+template <class T>
+void all_gather_into(MPI_Comm comm, const T* send, Index c, T* recv, MPI_Datatype placed) {
+#if TSHARD_SIMULATE
+  const int p = comm_size(comm);
+  std::unique_ptr<T[]> gathered(new T[static_cast<std::size_t>(c) * p]);  // (T may be bool)
+  MPI_Allgather(send, int(c), mpi_datatype<T>(), gathered.get(), int(c), mpi_datatype<T>(), comm);
+  MPI_Sendrecv(gathered.get(), int(c) * p, mpi_datatype<T>(), 0, 0, recv, p, placed, 0, 0, MPI_COMM_SELF,
+               MPI_STATUS_IGNORE);
+#else
+  MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, 1, placed, comm);
+#endif
+}
+
 // recv[i*n .. (i+1)*n) = send of group rank i.
 template <class T>
 void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
@@ -88,7 +107,7 @@ void all_gather(MPI_Comm comm, const T* send, Index n, T* recv) {
       MPI_Allgather(send, int(c), mpi_datatype<T>(), recv, int(c), mpi_datatype<T>(), comm);
     } else {
       StridedBlock<T> block(c, n);
-      MPI_Allgather(send + off, int(c), mpi_datatype<T>(), recv + off, 1, block.get(), comm);
+      all_gather_into(comm, send + off, c, recv + off, block.get());
     }
   });
 }
@@ -341,7 +360,7 @@ void all_gather_placed(MPI_Comm comm, const T* send, Index n, T* recv, MPI_Datat
   const int p = comm_size(comm);
   const Traffic tr = all_gather_traffic(bytes_of<T>(n), p);
   CollectiveTimer t("all_gather", tr.bytes_sent, tr.bytes_received, comm);
-  MPI_Allgather(send, int(n), mpi_datatype<T>(), recv, 1, placed, comm);
+  all_gather_into(comm, send, n, recv, placed);
 }
 
 // All-gather of contiguous runs of different lengths: group rank g's counts[g] elements land
@@ -479,7 +498,7 @@ class AsyncExchange {
              const char* kind, int tag = 7302) {
     kind_ = kind;
     sent_ = received_ = 0;
-    begin_ = std::chrono::steady_clock::now();
+    begin_ = Clock::now();
     const int me = comm_rank(comm);
     for (auto& m : recvs) {
       if (m.peer == me) continue;
@@ -500,7 +519,7 @@ class AsyncExchange {
       MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
     }
     reqs_.clear();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin_).count();
+    const double s = std::chrono::duration<double>(Clock::now() - begin_).count();
     record_collective(current_operator(), kind_, sent_, received_, s);
   }
 
@@ -508,7 +527,7 @@ class AsyncExchange {
   std::vector<MPI_Request> reqs_;
   const char* kind_ = "";
   std::uint64_t sent_ = 0, received_ = 0;
-  std::chrono::steady_clock::time_point begin_;
+  Clock::time_point begin_;
 };
 
 }  // namespace tshard::detail

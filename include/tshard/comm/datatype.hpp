@@ -1,12 +1,10 @@
-// Element types and their MPI datatypes: Boost.MPI's mapping for native types, the C++
-// complex datatypes by hand (Boost.MPI has none for std::complex), and bfloat16 (Eigen's) moved
-// as 16-bit words and reduced by operations of its own that add in float.
+// Element types and their MPI datatypes: MPI's own for the builtin types and std::complex, and
+// bfloat16 (Eigen's) moved as 16-bit words and reduced by operations of its own that add in float.
 #pragma once
 #include "tshard/comm/mpi.hpp"
 
 #include <Eigen/Core>
 
-#include <boost/mpi/datatype.hpp>
 #include <complex>
 #include <cstdint>
 #include <type_traits>
@@ -52,11 +50,18 @@ MPI_Datatype mpi_datatype() {
   } else if constexpr (std::is_same_v<T, bfloat16>) {
     return MPI_UINT16_T;  // moved bitwise; reduced only by bfloat16_op's operations
   } else if constexpr (std::is_same_v<T, std::complex<float>>) {
-    return MPI_CXX_FLOAT_COMPLEX;
+    return TSHARD_MPI_FLOAT_COMPLEX;
   } else if constexpr (std::is_same_v<T, std::complex<double>>) {
-    return MPI_CXX_DOUBLE_COMPLEX;
+    return TSHARD_MPI_DOUBLE_COMPLEX;
+  } else if constexpr (std::is_same_v<T, float>) {
+    return MPI_FLOAT;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return MPI_DOUBLE;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    return MPI_INT;  // (the C types' datatypes, as Boost.MPI gave them: SMPI's MPI_INT64_T all-gathers wrongly)
   } else {
-    return boost::mpi::get_mpi_datatype<T>(T{});
+    static_assert(sizeof(long) == 8 || sizeof(long long) == 8);
+    return sizeof(long) == 8 ? MPI_LONG : MPI_LONG_LONG;
   }
 }
 

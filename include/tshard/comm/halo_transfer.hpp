@@ -2,6 +2,7 @@
 // point messages from buffers taken from the pool once, so repeated exchanges allocate nothing.
 // Instantiated per element type only (types check, descriptors do: docs/architecture.md).
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
 #include <chrono>
@@ -72,7 +73,7 @@ class HaloTransfer {
   // extents, 0) for a tensor's shard, (window, window extents, widths before) when the
   // window's interior already holds the block, in which case only the halo boxes are written.
   void start(const T* src, const Extents& src_dims, const Extents& src_shift, T* window, bool fill_zeros = true) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     if (active_) finish();
     const int R = layout_.rank;
     const Extents zero{};
@@ -94,13 +95,13 @@ class HaloTransfer {
     if (fill_zeros) this->fill_zeros(window);
     window_ = window;
     active_ = true;
-    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
   // Waits for the messages and unpacks them into the window given to start().
   void finish() {
     if (!active_) return;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     {
       WatchedCall watched("halo exchange (wait)", [] { return current_operator(); });
       MPI_Waitall(int(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE);
@@ -111,7 +112,7 @@ class HaloTransfer {
     for_each_packed(layout_.recvs, R, [&](const HaloBox& b, Index at) {
       copy_box(recv_.get() + at, b.extent, zero, window_, layout_.window, b.dst, b.extent, R);
     });
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (sent_bytes_ || received_bytes_)
       record_collective(current_operator(), "halo", sent_bytes_, received_bytes_, seconds_);
   }
@@ -122,7 +123,7 @@ class HaloTransfer {
   // halo boxes travel back to the ranks they came from, which add them into theirs; the zero
   // boxes are dropped. `block` is added into, not overwritten.
   void add_back(const T* window, T* block, const Extents& block_dims, const Extents& block_shift) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     if (active_) finish();
     const int R = layout_.rank;
     const Extents zero{};
@@ -145,7 +146,7 @@ class HaloTransfer {
     for_each_packed(layout_.sends, R, [&](const HaloBox& b, Index at) {
       add_box(send_.get() + at, b.extent, zero, block, block_dims, shifted(b.src), b.extent, R);
     });
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (sent_bytes_ || received_bytes_) record_collective(current_operator(), "halo", received_bytes_, sent_bytes_, seconds);
   }
 

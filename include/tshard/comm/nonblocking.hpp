@@ -4,6 +4,7 @@
 // and records bytes and time under the operator that started it, with the time spent blocked
 // in wait() apart.
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
@@ -24,15 +25,14 @@ namespace tshard::detail {
 // flight at once and reach their second phase in any order, so their messages must not match
 // one another's. The count lives on the communicator (an MPI attribute): every rank starts them
 // in the same order, so every rank draws the same tag for the same one.
+inline int delete_exchange_count(MPI_Comm, int, void* value, void*) {
+  delete static_cast<unsigned*>(value);
+  return MPI_SUCCESS;
+}
 inline int next_exchange_tag(MPI_Comm comm) {
   static const int key = [] {
     int k = MPI_KEYVAL_INVALID;
-    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN,
-                           [](MPI_Comm, int, void* value, void*) {
-                             delete static_cast<unsigned*>(value);
-                             return MPI_SUCCESS;
-                           },
-                           &k, nullptr);
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &delete_exchange_count, &k, nullptr);
     return k;
   }();
   void* value = nullptr;
@@ -153,14 +153,14 @@ class PendingCollective {
   // (Time spent inside counts as not hidden: MPI may do the whole transfer in here.)
   bool test() {
     if (reqs_.empty() && !data_) return true;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     int done = 0;
     MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
     if (done && data_) {  // the exchange all-reduce's first phase is in: on to the second
       gather_phase();
       MPI_Testall(int(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE);
     }
-    blocked_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    blocked_ += std::chrono::duration<double>(Clock::now() - t0).count();
     if (done) finish(0.0);
     return done != 0;
   }
@@ -169,7 +169,7 @@ class PendingCollective {
   // test() and here): the part computation did not hide.
   double wait() {
     if (!reqs_.empty() || data_) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       {
         WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
         MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
@@ -178,7 +178,7 @@ class PendingCollective {
           MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
         }
       }
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
       blocked_ += waited;
       profile_wait(waited);
       finish(0.0);
@@ -195,7 +195,7 @@ class PendingCollective {
   bool begin(const char* kind, MPI_Comm comm, const T* send, T* recv, Index n, std::uint64_t moved) {
     kind_ = kind;
     op_ = current_operator();
-    start_ = std::chrono::steady_clock::now();
+    start_ = Clock::now();
     blocked_ = 0;
     if (comm_size(comm) == 1 || n == 0) {
       moved_ = 0;
@@ -251,7 +251,7 @@ class PendingCollective {
       out_ = nullptr;
       staged_.reset();
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double s = std::chrono::duration<double>(Clock::now() - start_).count();
     record_collective(op_, kind_, moved_, moved_, s);
   }
 
@@ -271,7 +271,7 @@ class PendingCollective {
   std::string op_;
   std::uint64_t moved_ = 0;
   double blocked_ = 0;
-  std::chrono::steady_clock::time_point start_;
+  Clock::time_point start_;
 };
 
 // Every PendingSequence in flight on this thread. A sequence's later steps start only when this
@@ -336,14 +336,14 @@ class PendingSequence : public SequenceInFlight {
   // inside MPI for it (test() included).
   double wait() {
     if (current_) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       {
         WatchedCall watched("non-blocking collective (wait)", [] { return current_operator(); });
         while (current_)
           if (!test_all()) std::this_thread::yield();  // (ranks may share cores)
       }
       // (the time inside MPI is each test's, counted by the collectives tested)
-      profile_wait(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      profile_wait(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     const double b = blocked_;
     blocked_ = 0;

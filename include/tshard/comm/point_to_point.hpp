@@ -6,6 +6,7 @@
 // to call MPI again after a long computation. Counts beyond int are split into chunks
 // (delivered in order, MPI's non-overtaking rule).
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
@@ -49,13 +50,13 @@ class PendingMessage {
   // Completes the message; returns the seconds spent blocked.
   double wait() {
     if (reqs_.empty()) return 0;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     {
       WatchedCall watched("point-to-point (wait)", [] { return current_operator(); });
       MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);
     }
     reqs_.clear();
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
     profile_wait(waited);
     return waited;
   }
@@ -66,14 +67,14 @@ class PendingMessage {
 
 // Completes every message (all posted before any wait); returns the seconds spent blocked.
 inline double wait_all(std::vector<PendingMessage*> messages) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   bool blocked = false;
   for (auto* m : messages)
     if (m && !m->done()) {
       m->wait();
       blocked = true;
     }
-  return blocked ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0.0;
+  return blocked ? std::chrono::duration<double>(Clock::now() - t0).count() : 0.0;
 }
 
 }  // namespace tshard::detail

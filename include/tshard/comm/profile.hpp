@@ -14,6 +14,7 @@
 //   tshard::StepProfiler profile(mesh.comm());
 //   for (...) { profile.begin_step(); ...; const auto t = profile.end_step(); }  // t.median.skew, ...
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
 #include <algorithm>
@@ -51,7 +52,7 @@ class ProfileRecorder {
   }
   bool on() const { return on_; }
   void set(bool on) { on_ = on, records_.clear(); }
-  static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+  static double now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
   void add(MPI_Comm comm, double enter, double exit) { records_.push_back({comm, enter, exit}); }
   std::vector<ProfileRecord> take() { return std::exchange(records_, {}); }
 

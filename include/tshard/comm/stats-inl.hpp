@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/stats.hpp"
 
 namespace tshard {
@@ -115,11 +116,11 @@ TSHARD_FUNC void OperatorScope::enter(OperatorLabel* label) {
 
 TSHARD_FUNC CollectiveTimer::CollectiveTimer(const char* kind, std::uint64_t sent, std::uint64_t received,
                                               MPI_Comm comm)
-    : kind_(kind), sent_(sent), received_(received), comm_(comm), start_(std::chrono::steady_clock::now()),
+    : kind_(kind), sent_(sent), received_(received), comm_(comm), start_(Clock::now()),
       watched_(kind, [] { return current_operator(); }) {}
 
 TSHARD_FUNC CollectiveTimer::~CollectiveTimer() {
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  double s = std::chrono::duration<double>(Clock::now() - start_).count();
   auto& trace = TraceRecorder::instance();
   if (trace.on()) {
     const double start = std::chrono::duration<double, std::micro>(start_ - trace.origin()).count();

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/profile.hpp"
 #include "tshard/comm/trace.hpp"
 #include "tshard/comm/watchdog.hpp"
@@ -134,7 +135,7 @@ class CollectiveTimer {
   const char* kind_;
   std::uint64_t sent_, received_;
   MPI_Comm comm_;
-  std::chrono::steady_clock::time_point start_;
+  Clock::time_point start_;
   WatchedCall watched_;  // the watchdog's view: this rank may block here
 };
 

@@ -2,6 +2,7 @@
 // and every collective leaves an event (name, start, duration, bytes, operator path). Off by
 // default; one relaxed atomic load per scope and collective when off.
 #pragma once
+#include "tshard/comm/clock.hpp"
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -27,19 +28,19 @@ class TraceRecorder {
   bool on() const { return on_.load(std::memory_order_relaxed); }
   void start() {
     events_.clear();
-    origin_ = std::chrono::steady_clock::now();
+    origin_ = Clock::now();
     on_.store(true, std::memory_order_relaxed);
   }
   void stop() { on_.store(false, std::memory_order_relaxed); }
-  double now_us() const { return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin_).count(); }
+  double now_us() const { return std::chrono::duration<double, std::micro>(Clock::now() - origin_).count(); }
   void add(TraceEvent e) { events_.push_back(std::move(e)); }
   const std::vector<TraceEvent>& events() const { return events_; }
-  std::chrono::steady_clock::time_point origin() const { return origin_; }
+  Clock::time_point origin() const { return origin_; }
 
  private:
   std::atomic<bool> on_{false};
   std::vector<TraceEvent> events_;
-  std::chrono::steady_clock::time_point origin_{};
+  Clock::time_point origin_{};
 };
 
 }  // namespace tshard::detail

@@ -19,6 +19,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/nn/module.hpp"
 #include "tshard/nn/parameter.hpp"
@@ -375,7 +376,7 @@ class Optimizer {
     // DDP's progress without a thread: MPI_THREAD_MULTIPLE is not asked for).
     if (options_.overlap)
       hooks.progress = [this] {
-        const auto now = std::chrono::steady_clock::now();
+        const auto now = Clock::now();
         if (now - last_progress_ < std::chrono::microseconds(100)) return;
         last_progress_ = now;
         test_in_flight();
@@ -589,7 +590,7 @@ class Optimizer {
   std::vector<std::function<std::pair<std::shared_ptr<nn::StateTensor>, void*>()>> state_like_;
   std::vector<std::function<void(const Options&, long)>> updates_;
   std::vector<std::function<double()>> ties_;  // each tied copy's gradient sum with its twin's
-  std::chrono::steady_clock::time_point last_progress_{};  // the last test of reductions in flight
+  Clock::time_point last_progress_{};  // the last test of reductions in flight
   bool ties_summed_ = false;                   // this step's (clip_grad_norm and step() both finish reductions)
   GradientReductionStats reduction_, this_step_;
   parallel::detail::ParameterStreaming streaming_{options_.prefetch};  // stage 3's gathers

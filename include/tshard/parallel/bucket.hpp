@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/comm/collectives.hpp"
 #include "tshard/comm/nonblocking.hpp"
@@ -448,11 +449,11 @@ class Bucket : public BucketBase {
   // One reduction over the data axis: all-reduce in place (recv null) or reduce-scatter.
   void reduce(bool nonblocking, T* send, T* recv, Index n) {
     if (!nonblocking) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       struct Timed {
-        std::chrono::steady_clock::time_point t0;
+        Clock::time_point t0;
         double& into;
-        ~Timed() { into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+        ~Timed() { into += std::chrono::duration<double>(Clock::now() - t0).count(); }
       } timed{t0, blocking_seconds_};
       // tshard's own exchanges (comm/all_reduce.hpp: pipelined, in two levels over nodes);
       // MPI's all-reduce for small buffers.

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/ad/vjp.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/mesh.hpp"
@@ -226,7 +227,7 @@ class Pipeline {
     check_rows(rows, mbs);
     const Eigen::Index b = rows / mbs;
     PipelineStats st;
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     std::optional<Activation> input, sending;
     tshard::detail::PendingMessage outgoing;
     double losses = 0;
@@ -240,7 +241,7 @@ class Pipeline {
       st.idle_seconds += tshard::detail::wait_all({&outgoing, &incoming});
       sending.reset();
       std::optional<Activation> result;
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       {
         const Activation* in = first() ? nullptr : &*input;
         ad::NoGrad untracked;  // (inside a gradient being taken, an evaluation adds nothing to it)
@@ -279,7 +280,7 @@ class Pipeline {
     check_rows(rows, mbs);
     const Eigen::Index b = rows / mbs;
     PipelineStats st;
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     const std::uint64_t base = pool_stats().bytes_in_use;
     reset_pool_peak();
     std::vector<std::optional<Activation>> inputs(static_cast<std::size_t>(mbs));  // stage inputs, kept for remat
@@ -288,7 +289,7 @@ class Pipeline {
     int live = 0;
     std::uint64_t kept_by_forwards = 0;
     auto busy = [&](auto&& f) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const auto t0 = Clock::now();
       f();
       st.busy_seconds += seconds_since(t0);
     };
@@ -344,8 +345,8 @@ class Pipeline {
     return loss;
   }
   static int tag(int microbatch, bool forward) { return 8101 + 2 * microbatch + (forward ? 0 : 1); }
-  static double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
   }
   // Micro-batch m's activation (forward: from the stage before, to the stage after) or its
   // gradient (the other way), posted now and completed by wait_all.

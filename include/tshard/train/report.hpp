@@ -19,6 +19,7 @@
 
 #include <Eigen/Core>
 
+#include "tshard/comm/clock.hpp"
 #include "tshard/comm/buffer_pool.hpp"
 #include "tshard/comm/host_collectives.hpp"
 #include "tshard/comm/mesh.hpp"
@@ -44,12 +45,12 @@ std::string mesh_sizes_text(const M& mesh, const std::vector<std::string>& optio
 // The time of a moment every rank of the mesh reached (an uncounted barrier first), to time a
 // step as its slowest rank sees it.
 template <MeshType M>
-std::chrono::steady_clock::time_point synchronized_now(const M& mesh) {
+Clock::time_point synchronized_now(const M& mesh) {
   tshard::detail::synchronize(mesh.comm());
-  return std::chrono::steady_clock::now();
+  return Clock::now();
 }
-inline double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // The machine's GEMM rate in FLOP/s: sgemm of n^3 on every rank at the same moment (best of 3),
