@@ -1,7 +1,11 @@
 # tshard_add_mpi_test(NAME target [RANKS 1 2 ...] [ARGS ...] [ENV VAR=value ...]): one ctest per rank
 # count, run under mpirun as the machines here need it (root, oversubscribed, bounded in time so a
 # hang fails fast instead of waiting for ctest's default 1500 s), with ENV added to the environment.
-set(TSHARD_TEST_RANKS 1 2 3 4 6 CACHE STRING "Rank counts every MPI test runs at")
+if(TSHARD_SIMULATE)
+  set(TSHARD_TEST_RANKS 1 4 CACHE STRING "Rank counts every MPI test runs at")
+else()
+  set(TSHARD_TEST_RANKS 1 2 3 4 6 CACHE STRING "Rank counts every MPI test runs at")
+endif()
 set(TSHARD_TEST_TIMEOUT 120 CACHE STRING "Seconds before an MPI test is ended")
 
 set(TSHARD_MPI_ENV
@@ -13,6 +17,11 @@ set(TSHARD_MPI_ENV
     OMPI_MCA_btl_vader_single_copy_mechanism=none)
 
 function(tshard_mpi_command out np)
+  if(TSHARD_SIMULATE)
+    # The simulation build runs its ranks on a simulated 16-core node (16 nodes of them past 16).
+    set(${out} bash ${PROJECT_SOURCE_DIR}/scripts/simulate.sh --platform xeon-cluster -np ${np} PARENT_SCOPE)
+    return()
+  endif()
   math(EXPR _limit "${TSHARD_TEST_TIMEOUT} - 10")
   set(${out} ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --allow-run-as-root
       --timeout ${_limit} ${MPIEXEC_PREFLAGS} PARENT_SCOPE)

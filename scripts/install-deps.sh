@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(cmake g++ make libeigen3-dev libboost-mpi-dev libopenmpi-dev openmpi-bin catch2 ccache libblis-dev
           libopenblas-dev libhdf5-openmpi-dev libpcre2-dev python3-numpy python3-h5py iproute2 procps
           libscalapack-openmpi-dev)  # ScaLAPACK: the matmul benchmark's baseline, built and run tiny in the suite
+# --simulation (the suite): SimGrid's SMPI as well, for the simulation build's part (docs/simulation.md).
+if [[ ${1:-} == --simulation ]]; then packages+=(libsimgrid-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Runs one program of the simulation build (cmake -DTSHARD_SIMULATE=ON) on simulated ranks of a
+# simulated machine, with SimGrid's SMPI: every rank's computation runs here for real, timed and
+# scaled to the platform's cores; messages are timed by SMPI's flow model of the platform
+# (simulation/platforms.cpp: vm, xeon-node, xeon-cluster, xeon-ethernet; docs/simulation.md).
+#   bash scripts/simulate.sh [--platform xeon-cluster] [--nodes N] [-np P] [--collectives ompi] PROGRAM [ARGS...]
+#   bash scripts/simulate.sh --platform xeon-cluster --nodes 128 -np 2048 \
+#       build-sim/examples/train_transformer --mesh data=128,model=16 --check --double
+# Ranks are placed node by node (rank r on node r / cores), so MPI_Comm_split_type and the
+# two-level collectives see the nodes. --nodes defaults to the fewest that hold P ranks. Every
+# argument after PROGRAM goes to it unchanged. Prints the simulated time and the wall time last.
+# --collectives picks SMPI's collective algorithms: default (SMPI's own), or ompi / mpich (those
+# libraries' selections), which in SimGrid 3.32 place blocks of derived datatypes wrongly in some
+# collectives (tshard's partial-sum resolutions and strided all-gathers): values are then wrong.
+set -euo pipefail
+platform=xeon-node nodes="" np="" collectives=default
+while (($#)); do
+  case $1 in
+    --platform) platform=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
+    -np | -n) np=$2; shift 2 ;;
+    --collectives) collectives=$2; shift 2 ;;
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+(($#)) || { echo "simulate.sh: no program given (bash scripts/simulate.sh --help)" >&2; exit 2; }
+program=$(readlink -f "$1") || true
+shift
+[[ -n $program && -f $program ]] || { echo "simulate.sh: no such program" >&2; exit 2; }
+command -v smpirun > /dev/null || { echo "simulate.sh: smpirun not found (apt-get install libsimgrid-dev)" >&2; exit 2; }
+# The build tree the program belongs to: its platforms and its host calibration.
+build=$(dirname "$program")
+while [[ $build != / && ! -f $build/CMakeCache.txt ]]; do build=$(dirname "$build"); done
+grep -q '^TSHARD_SIMULATE:BOOL=ON' "$build/CMakeCache.txt" 2> /dev/null ||
+  { echo "simulate.sh: $program is not from a simulation build (cmake -DTSHARD_SIMULATE=ON)" >&2; exit 2; }
+platforms=$build/simulation/libtshard_platforms.so
+[[ -f $platforms ]] || { echo "simulate.sh: $platforms is not built (cmake --build $build --target tshard_platforms)" >&2; exit 2; }
+case $platform in
+  vm) cores=2 max_nodes=1 ;;
+  xeon-node) cores=16 max_nodes=1 ;;
+  xeon-cluster | xeon-ethernet) cores=16 max_nodes=256 ;;
+  *) echo "simulate.sh: no platform '$platform': vm, xeon-node, xeon-cluster or xeon-ethernet" >&2; exit 2 ;;
+esac
+[[ -n $np ]] || np=$cores
+[[ -n $nodes ]] || nodes=$(((np + cores - 1) / cores))
+((nodes > 16)) && ((nodes % 16)) && nodes=$(((nodes + 15) / 16 * 16))
+if ((nodes > max_nodes)); then
+  echo "simulate.sh: $platform has $((max_nodes * cores)) cores ($max_nodes nodes of $cores), fewer than $np ranks" >&2
+  exit 2
+fi
+if ((np > nodes * cores)); then
+  echo "simulate.sh: $nodes nodes of $platform have $((nodes * cores)) cores, fewer than $np ranks" >&2
+  exit 2
+fi
+# This machine's sgemm rate, measured once per build tree (simulation/calibrate_host.cpp).
+hostfile=$(mktemp)
+trap 'rm -f "$hostfile"' EXIT
+calibration=$build/simulation/host_flops
+if [[ ! -s $calibration ]]; then
+  echo node-0:16 > "$hostfile"
+  TSHARD_SIM_PLATFORM=xeon-node TSHARD_SIM_NODES=1 smpirun -np 1 -platform "$platforms" -hostfile "$hostfile" \
+    --log=root.thres:warning "$build/simulation/tshard_calibrate_host" > "$calibration.new"
+  mv "$calibration.new" "$calibration"
+fi
+host_flops=$(< "$calibration")
+for ((i = 0; i < nodes; i++)); do echo "node-$i:$cores"; done > "$hostfile"
+export TSHARD_SIM_PLATFORM=$platform TSHARD_SIM_NODES=$nodes TSHARD_SIM_HOST_FLOPS=$host_flops
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+log=$(mktemp)
+trap 'rm -f "$hostfile" "$log"' EXIT
+start=$(date +%s.%N)
+status=0
+# (SMPI's own report, its "Simulated time" line among them, goes to the log; its warnings and the
+# program's stderr to stderr.)
+smpirun -np "$np" -platform "$platforms" -hostfile "$hostfile" \
+  --cfg=smpi/host-speed:"${host_flops}f" --cfg=smpi/coll-selector:"$collectives" --cfg=smpi/display-timing:yes \
+  --log=root.thres:warning --log=smpi_utils.thres:info \
+  "$program" "$@" 2> >(tee "$log" | grep -v 'smpi_utils/INFO\|^The simulation took\|seconds were actual computation\|^You may want to use sampling\|^Generated unrolled hostfile\|^Execution failed\|^/.*--cfg=smpi/privatization' >&2) || status=$?
+wait
+# (smpirun exits 0 when the simulator finds the ranks deadlocked, and when a rank returns non-zero.)
+if ((status == 0)) && grep -q 'Deadlock detected\|SMPI process did not return 0\|Execution failed' "$log"; then status=1; fi
+wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+simulated=$(grep -oE 'Simulated time: [0-9.e+-]+' "$log" | grep -oE '[0-9.e+-]+$' || echo "?")
+echo "simulated on $platform: $np ranks on $nodes nodes, simulated time $simulated s, wall time $wall s (host speed $host_flops flop/s)"
+exit $status
