@@ -58,7 +58,7 @@ MPI_Datatype mpi_datatype() {
   } else if constexpr (std::is_same_v<T, double>) {
     return MPI_DOUBLE;
   } else if constexpr (std::is_same_v<T, std::int32_t>) {
-    return MPI_INT;  // (the C types' datatypes, as Boost.MPI gave them: SMPI's MPI_INT64_T all-gathers wrongly)
+    return MPI_INT;  // (the C types' datatypes, as Boost.MPI gave them: the same MPI calls as before)
   } else {
     static_assert(sizeof(long) == 8 || sizeof(long long) == 8);
     return sizeof(long) == 8 ? MPI_LONG : MPI_LONG_LONG;

@@ -134,8 +134,7 @@ class Environment {
     // Bounded by the host's clock elsewhere; simulated ranks wait in simulated time, which a
     // host-clock bound does not measure, and a deadlock there is the simulator's to report.
     MPI_Barrier(end_);
-    return;
-#endif
+#else
     MPI_Request request;
     MPI_Ibarrier(end_, &request);
     const double bound = finalize_timeout();
@@ -156,6 +155,7 @@ class Environment {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));  // leave the core to ranks still computing
     }
+#endif
   }
 
   bool owns_ = false;

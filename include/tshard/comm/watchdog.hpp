@@ -48,8 +48,7 @@ class CollectiveWatch {
     // Simulated ranks share one process and one host clock, and a thread of ours cannot call
     // into the simulator: a job that hangs there is ended by the simulator's own deadlock check.
     (void)seconds;
-    return;
-#endif
+#else
     std::unique_lock<std::mutex> lock(mutex_);
     timeout_ = seconds;
     enabled_.store(seconds > 0, std::memory_order_relaxed);
@@ -58,6 +57,7 @@ class CollectiveWatch {
       thread_ = std::thread([this] { watch(); });
     }
     cv_.notify_all();
+#endif
   }
   double timeout() const { return timeout_; }
 
