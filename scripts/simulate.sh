@@ -3,7 +3,7 @@
 # simulated machine, with SimGrid's SMPI: every rank's computation runs here for real, timed and
 # scaled to the platform's cores; messages are timed by SMPI's flow model of the platform
 # (simulation/platforms.cpp: vm, xeon-node, xeon-cluster, xeon-ethernet; docs/simulation.md).
-#   bash scripts/simulate.sh [--platform xeon-cluster] [--nodes N] [-np P] [--collectives ompi] PROGRAM [ARGS...]
+#   bash scripts/simulate.sh [--platform xeon-cluster] [--nodes N] [-np P] [--collectives ompi] [--timing] PROGRAM [ARGS...]
 #   bash scripts/simulate.sh --platform xeon-cluster --nodes 128 -np 2048 \
 #       build-sim/examples/train_transformer --mesh data=128,model=16 --check --double
 # Ranks are placed node by node (rank r on node r / cores), so MPI_Comm_split_type and the
@@ -12,16 +12,21 @@
 # --collectives picks SMPI's collective algorithms: default (SMPI's own), or ompi / mpich (those
 # libraries' selections), which in SimGrid 3.32 place blocks of derived datatypes wrongly in some
 # collectives (tshard's partial-sum resolutions and strided all-gathers): values are then wrong.
+# --timing: timing mode (core/simulated_timing.hpp), for thousands of ranks: rank 0 runs for real;
+# the other ranks share their floating-point tensors of 64 KiB and more, and put rank 0's latest
+# times of their kernels on the simulated clock instead of running them; values are then
+# meaningless (and --check refuses to run).
 set -euo pipefail
-platform=xeon-node nodes="" np="" collectives=default
+platform=xeon-node nodes="" np="" collectives=default timing=""
 while (($#)); do
   case $1 in
     --platform) platform=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     -np | -n) np=$2; shift 2 ;;
     --collectives) collectives=$2; shift 2 ;;
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np)" >&2; exit 2 ;;
+    --timing) timing=1; shift ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np, --collectives, --timing)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
@@ -68,6 +73,12 @@ host_flops=$(< "$calibration")
 for ((i = 0; i < nodes; i++)); do echo "node-$i:$cores"; done > "$hostfile"
 export TSHARD_SIM_PLATFORM=$platform TSHARD_SIM_NODES=$nodes TSHARD_SIM_HOST_FLOPS=$host_flops
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+if [[ -n $timing ]]; then
+  export TSHARD_SIM_TIMING=1
+  echo "timing mode: ranks but 0 share their tensors and take rank 0's kernel times (median of ${TSHARD_SIM_SAMPLES:-5} runs) instead of running: values are meaningless"
+else
+  unset TSHARD_SIM_TIMING
+fi
 log=$(mktemp)
 trap 'rm -f "$hostfile" "$log"' EXIT
 start=$(date +%s.%N)

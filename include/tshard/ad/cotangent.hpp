@@ -15,6 +15,7 @@
 
 #include "tshard/core/kernel_instances.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/ops/reduce_kernel.hpp"
 #include "tshard/reshard/reshard.hpp"
 #include "tshard/tensor/tape.hpp"
@@ -42,7 +43,7 @@ void add_cotangent(TypedGradNode<T>& node, const SpecDesc& cd, std::shared_ptr<T
     if (node.cotangent.use_count() > 1) node.cotangent = copy_of_buffer(node.cotangent.get(), n);
     T* acc = node.cotangent.get();
     const T* add = c.get();
-    for (Index i = 0; i < n; ++i) acc[i] += add[i];
+    sampled("cotangent sum", [&] { for (Index i = 0; i < n; ++i) acc[i] += add[i]; }, n);
     return;
   }
   // Two layouts: both to the value's own (the lazily kept partial sums resolved here, once).
@@ -51,7 +52,7 @@ void add_cotangent(TypedGradNode<T>& node, const SpecDesc& cd, std::shared_ptr<T
   auto b = implicit_reshard(mesh, cd, node.primal, node.shape, c.get(), "backward");
   std::shared_ptr<T> sum = a.owned ? std::move(a.owned) : copy_of_buffer(a.data, n);
   T* acc = sum.get();
-  for (Index i = 0; i < n; ++i) acc[i] += b.data[i];
+  sampled("cotangent sum", [&] { for (Index i = 0; i < n; ++i) acc[i] += b.data[i]; }, n);
   node.cotangent = std::move(sum);
   node.cotangent_desc = node.primal;
 }

@@ -3,6 +3,7 @@
 // and handed out again instead of going back to the allocator.
 #pragma once
 #include <algorithm>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,7 +11,11 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <set>
+#include <type_traits>
 #include <utility>
+
+#include "tshard/core/simulated_timing.hpp"
 
 namespace tshard {
 
@@ -27,8 +32,14 @@ namespace detail {
 class BufferPool {
  public:
   static constexpr std::size_t kAlign = 64;
+  // In the simulation build's timing mode, floating-point blocks from this size on are blocks
+  // shared by the simulated ranks on every rank but world rank 0 (core/simulated_timing.hpp):
+  // integers (token ids, counts, indices) stay real, so that what a rank computes from them stays
+  // in bounds.
+  static constexpr std::size_t kSimulatedSharedFrom = std::size_t(64) << 10;
 
-  void* acquire(std::size_t bytes) {
+  // `shareable`: the block holds floating-point values only.
+  void* acquire(std::size_t bytes, bool shareable = false) {
     if (bytes == 0) return nullptr;
     bytes = round_up(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -45,8 +56,7 @@ class BufferPool {
       ++stats_.reuses;
       return p;
     }
-    void* p = std::aligned_alloc(kAlign, bytes);
-    if (!p) throw std::bad_alloc();
+    void* p = allocate(bytes, shareable);
     sizes_[p] = bytes;
     ++stats_.fresh_allocations;
     stats_.bytes_in_use += bytes;
@@ -68,7 +78,7 @@ class BufferPool {
     sizes_.erase(it);
     stats_.bytes_in_use -= size;
     if (stats_.bytes_cached + size > cache_limit_) {
-      std::free(p);
+      deallocate(p, size);
       return;
     }
     free_.emplace(size, p);
@@ -78,7 +88,7 @@ class BufferPool {
   // Gives every cached buffer back to the system.
   void trim() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [size, p] : free_) std::free(p);
+    for (auto& [size, p] : free_) deallocate(p, size);
     free_.clear();
     stats_.bytes_cached = 0;
   }
@@ -99,9 +109,35 @@ class BufferPool {
  private:
   static std::size_t round_up(std::size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
 
+  void* allocate(std::size_t bytes, bool shareable) {
+#if TSHARD_DETAIL_SIMULATED
+    if (shareable && bytes >= kSimulatedSharedFrom && simulated_timing_mode() && simulated_rank_role() > 0) {
+      void* p = SharedBlocks::instance().acquire(bytes, simulated_world_rank());
+      if (!p) throw std::bad_alloc();
+      shared_.insert(p);
+      return p;
+    }
+#endif
+    (void)shareable;
+    void* p = std::aligned_alloc(kAlign, bytes);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) {
+#if TSHARD_DETAIL_SIMULATED
+    if (shared_.erase(p)) {
+      SharedBlocks::instance().release(p, bytes, simulated_world_rank());
+      return;
+    }
+#endif
+    (void)bytes;
+    std::free(p);
+  }
+
   mutable std::mutex mutex_;
   std::multimap<std::size_t, void*> free_;
   std::map<void*, std::size_t> sizes_;
+  std::set<void*> shared_;  // blocks of the simulation's SharedBlocks (timing mode)
   std::size_t cache_limit_ = static_cast<std::size_t>(4) << 30;
   PoolStats stats_;
 };
@@ -117,10 +153,16 @@ struct PoolDeleter {
   void operator()(void* q) const { buffer_pool().release(q); }
 };
 
+// Whether a block of T holds floating-point values only (timing mode may share it).
+template <class T>
+inline constexpr bool kFloatingBlock = std::is_floating_point_v<T>;
+template <class T>
+inline constexpr bool kFloatingBlock<std::complex<T>> = std::is_floating_point_v<T>;
+
 // A pooled array of T, shared by the owners of a tensor's storage.
 template <class T>
 std::shared_ptr<T> pooled_array(std::size_t count) {
-  T* p = static_cast<T*>(buffer_pool().acquire(count * sizeof(T)));
+  T* p = static_cast<T*>(buffer_pool().acquire(count * sizeof(T), kFloatingBlock<T>));
   return std::shared_ptr<T>(p, PoolDeleter{});
 }
 
@@ -133,7 +175,7 @@ class Scratch {
  public:
   Scratch() = default;
   explicit Scratch(std::size_t count)
-      : data_(static_cast<T*>(buffer_pool().acquire(count * sizeof(T)))), size_(count) {}
+      : data_(static_cast<T*>(buffer_pool().acquire(count * sizeof(T), kFloatingBlock<T>))), size_(count) {}
   Scratch(std::size_t count, T fill) : Scratch(count) { std::fill_n(data_, count, fill); }
   ~Scratch() { buffer_pool().release(data_); }
   Scratch(const Scratch&) = delete;

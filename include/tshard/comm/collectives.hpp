@@ -166,6 +166,7 @@ void accumulate_last(ReduceOp op, const A* acc, const T* x, const T* own, T* out
 // exchange and the non-blocking form's finish() both follow. acc is unused on two ranks.
 template <class A, class T>
 void accumulate_round(ReduceOp op, int d, int p, A* acc, const T* x, const T* own, T* out, Index c) {
+  TSHARD_SAMPLED_KERNEL(op, d == 1, d + 1 == p, c);
   if (d + 1 == p)
     accumulate_last(op, d == 1 ? nullptr : acc, x, own, out, c);
   else if (d == 1)

@@ -19,7 +19,9 @@
 // for the portable one elsewhere (the ODR hazard of mixing -march in one program). It registers
 // each of its instances in the kernel's entry for its level before main. The portable instance's
 // TSHARD_DISPATCH calls the entry of the level that runs where one is registered, else goes on
-// with its own body. Header-only and inside a per-ISA object, TSHARD_DISPATCH is nothing.
+// with its own body. Header-only, it dispatches nothing; inside a per-ISA object it is nothing.
+// Outside those objects it also opens the body as a sampled kernel (simulated_timing.hpp: the
+// simulation build's timing mode; nothing elsewhere).
 //
 // A dispatched kernel takes pointers, sizes and plain structs; it never allocates or frees what
 // its caller owns (Eigen aligns heap blocks to the vector width it was compiled for), and it keeps
@@ -27,6 +29,7 @@
 #pragma once
 #include "tshard/core/cpu_capability.hpp"
 #include "tshard/core/kernel_instances.hpp"
+#include "tshard/core/simulated_timing.hpp"
 
 namespace tshard::detail {
 
@@ -61,10 +64,11 @@ struct IsaRegistration {
       TSHARD_DETAIL_CAT(tshard_isa_registration_, __COUNTER__);
 #elif defined(TSHARD_KERNELS_INSTANTIATE) || defined(TSHARD_PRECOMPILED_KERNELS)
 #define TSHARD_DISPATCH(kernel, ...)                                                     \
+  TSHARD_SAMPLED_KERNEL(__VA_ARGS__);                                              \
   if (const auto tshard_isa_entry = ::tshard::detail::dispatched_entry<&kernel>()) \
   return tshard_isa_entry(__VA_ARGS__)
 #define TSHARD_DISPATCHED_KERNEL(Ret, Name, ...) TSHARD_KERNEL_INSTANCE(Ret Name(__VA_ARGS__))
 #else
-#define TSHARD_DISPATCH(kernel, ...)
+#define TSHARD_DISPATCH(kernel, ...) TSHARD_SAMPLED_KERNEL(__VA_ARGS__)
 #define TSHARD_DISPATCHED_KERNEL(Ret, Name, ...)
 #endif

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "tshard/core/kernel_instances.hpp"
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/tensor/factories.hpp"
 
 namespace tshard::nn {
@@ -17,6 +18,7 @@ namespace detail {
 template <class T>
 void fill_uniform(const tshard::detail::ShardLayout& l, const tshard::detail::Extents& shape, T* data, std::uint64_t seed,
                   double bound) {
+  TSHARD_SAMPLED_KERNEL(l, shape);
   tshard::detail::for_each_local<tshard::detail::kMaxRank>(l, [&](const auto& g, tshard::detail::Index at) {
     std::uint64_t linear = 0, stride = 1;
     for (int d = 0; d < l.rank; ++d) {

@@ -10,6 +10,7 @@
 #include <cblas.h>
 #endif
 #include "tshard/core/cpu_capability.hpp"
+#include "tshard/core/simulated_timing.hpp"
 
 #if defined(TSHARD_USE_BLAS) && defined(TSHARD_BLAS_BLIS)
 // (BLIS's own declarations; blis.h itself is a large header)
@@ -89,6 +90,11 @@ inline std::string blas_report() {
 }
 
 // The line the examples print first: the kernels' level and the local products' library.
-inline std::string kernels_report() { return cpu_capability_report() + "; " + blas_report(); }
+inline std::string kernels_report() {
+  std::string line = cpu_capability_report() + "; " + blas_report();
+  if (simulated_timing_mode())  // (a program's first line: what its values are worth)
+    line += "; simulation timing mode: tensors shared by all ranks, repeated kernels sampled, values meaningless";
+  return line;
+}
 
 }  // namespace tshard

@@ -135,6 +135,7 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, Index m, Index n, Index k, const T* a, Index lda, const T* b, Index ldb, T* c,
           Index ldc, bool accumulate) {
   if (m <= 0 || n <= 0) return;
+  TSHARD_SAMPLED_KERNEL(trans_a, trans_b, m, n, k, lda, ldb, ldc, accumulate);
   if (k <= 0) {
     if (!accumulate)
       for (Index j = 0; j < n; ++j) std::fill(c + j * ldc, c + j * ldc + m, T(0));

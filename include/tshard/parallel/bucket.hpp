@@ -21,6 +21,7 @@
 #include "tshard/comm/nonblocking.hpp"
 #include "tshard/comm/point_to_point.hpp"
 #include "tshard/core/box_copy.hpp"
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/parallel/slot.hpp"
 
 namespace tshard::parallel {
@@ -241,10 +242,12 @@ class Bucket : public BucketBase {
       for (int a = 0; a < tshard::detail::kMaxAxes; ++a)
         if ((axes & (1u << a)) && coords[a] != 0) counted = false;
       if (!counted) continue;
-      s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
-        const T* g = gradient_at(s, off);
-        for (Index i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
-      });
+      tshard::detail::sampled("squared gradient norm", [&] {
+        s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
+          const T* g = gradient_at(s, off);
+          for (Index i = 0; i < n; ++i) sum += double(g[i]) * double(g[i]);
+        });
+      }, s.size, s.owned_end(c_) - s.owned_begin(c_));
     }
     return sum;
   }
@@ -255,10 +258,12 @@ class Bucket : public BucketBase {
         T* g = s.grad();
         for (Index i = 0; i < s.size; ++i) g[i] = T(g[i] * f);
       }
-      s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
-        T* g = gradient_at(s, off);
-        for (Index i = 0; i < n; ++i) g[i] = T(g[i] * f);
-      });
+      tshard::detail::sampled("gradient scaling", [&] {
+        s.for_each_run_in(s.owned_begin(c_), s.owned_end(c_), [&](Index off, Index n) {
+          T* g = gradient_at(s, off);
+          for (Index i = 0; i < n; ++i) g[i] = T(g[i] * f);
+        });
+      }, s.size, s.owned_end(c_) - s.owned_begin(c_));
     }
   }
 

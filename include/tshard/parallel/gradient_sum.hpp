@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "tshard/core/kernel_instances.hpp"
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/reshard/reshard.hpp"
 
 namespace tshard::parallel::detail {
@@ -24,9 +25,11 @@ void accumulate_gradient(tshard::detail::MeshState& mesh, T* grad, const SpecDes
                          const SpecDesc& cd, std::uint32_t deferred, const char* op) {
   const auto layout = tshard::detail::shard_layout(gd, shape, mesh.shape(), mesh.coords());
   auto add = [&](const T* src) {
-    tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
-      for (Index i = off; i < off + n; ++i) grad[i] += src[i];
-    });
+    tshard::detail::sampled("gradient sum", [&] {
+      tshard::detail::for_each_valid_run(layout, [&](Index off, Index n) {
+        for (Index i = off; i < off + n; ++i) grad[i] += src[i];
+      });
+    }, layout);
   };
   if (deferred && !(gd.split_axes() & deferred)) {
     const std::uint32_t kept = cd.partial == tshard::detail::PartialKind::Sum ? cd.partial_axes & deferred : 0u;

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/train/flags.hpp"
 
 namespace tshard::train {
@@ -51,6 +52,10 @@ TSHARD_FUNC void Flags::parse() {
     }
     given_.push_back(a);
   }
+  // (Timing mode computes no real values: there is nothing to compare.)
+  if (simulated_timing_mode() && std::find(given_.begin(), given_.end(), "--check") != given_.end())
+    fail("--check compares this run's values with its one-rank run's, and in the simulation's timing mode "
+         "(simulate.sh --timing) values are meaningless: check without --timing");
 }
 
 TSHARD_FUNC std::string Flags::usage() const {

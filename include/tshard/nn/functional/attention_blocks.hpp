@@ -301,12 +301,14 @@ inline constexpr Index kQueryBlock = 64, kKeyBlock = 128;
 template <class T, class A>
 void pack_head(const T* x, const HeadLayout& l, Index b, Index h, Index G, RowMatrix<A>& out) {
   out.resize(G * l.T, l.D);
+  TSHARD_SAMPLED_KERNEL(l, G);
   for (Index g = 0; g < G; ++g)
     for (Index d = 0; d < l.D; ++d)
       for (Index t = 0; t < l.T; ++t) out(g * l.T + t, d) = A(x[l.at(b, t, d, g, h)]);
 }
 template <class T, class A>
 void unpack_head(const RowMatrix<A>& in, const HeadLayout& l, Index b, Index h, Index G, T* x) {
+  TSHARD_SAMPLED_KERNEL(l, G);
   for (Index g = 0; g < G; ++g)
     for (Index d = 0; d < l.D; ++d)
       for (Index t = 0; t < l.T; ++t) x[l.at(b, t, d, g, h)] = T(in(g * l.T + t, d));

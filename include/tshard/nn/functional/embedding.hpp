@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tshard/ad/cotangent.hpp"
+#include "tshard/core/simulated_timing.hpp"
 #include "tshard/ops/elementwise.hpp"
 #include "tshard/ops/take.hpp"
 #include "tshard/tensor/tape.hpp"
@@ -43,13 +44,15 @@ void vjp(EmbeddingRows, std::type_identity<Out>, tshard::detail::TypedGradNode<T
   const T* gd = g.data();
   const auto* id = ids.data();
   const tshard::detail::Index rows = ids.padded_size();
-  tshard::detail::for_each_valid_run(tshard::detail::layout_of(ids), [&](tshard::detail::Index off, tshard::detail::Index n) {
-    for (tshard::detail::Index r = off; r < off + n; ++r) {
-      const tshard::detail::Index v = tshard::detail::Index(id[r]) - tl.offset[0];
-      if (v < 0 || v >= tl.valid[0]) continue;
-      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) acc[v + tl.padded[0] * d] += gd[r + rows * d];
-    }
-  });
+  tshard::detail::sampled("embedding rows' gradient", [&] {
+    tshard::detail::for_each_valid_run(tshard::detail::layout_of(ids), [&](tshard::detail::Index off, tshard::detail::Index n) {
+      for (tshard::detail::Index r = off; r < off + n; ++r) {
+        const tshard::detail::Index v = tshard::detail::Index(id[r]) - tl.offset[0];
+        if (v < 0 || v >= tl.valid[0]) continue;
+        for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) acc[v + tl.padded[0] * d] += gd[r + rows * d];
+      }
+    });
+  }, tl, tshard::detail::layout_of(ids));
   tshard::detail::SpecDesc desc = Table::spec_desc;
   if (Ids::spec_desc.split_axes()) {
     desc.partial = tshard::detail::PartialKind::Sum;
@@ -107,9 +110,11 @@ auto embedding_lookup(const Table& table, const Ids& ids) {
   const T* t = table.data();
   const auto& tl = tshard::detail::layout_of(table);
   const tshard::detail::Index rows = ids.padded_size();
-  for_each_id(table, ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
-    for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = t[v + tl.padded[0] * d];
-  });
+  tshard::detail::sampled("embedding lookup", [&] {
+    for_each_id(table, ids, [&](tshard::detail::Index r, tshard::detail::Index v) {
+      for (tshard::detail::Index d = 0; d < tl.valid[1]; ++d) o[r + rows * d] = t[v + tl.padded[0] * d];
+    });
+  }, tl, tshard::detail::layout_of(ids));
   return out;
 }
 
