@@ -16,6 +16,7 @@
 # nodes), and the wall time the simulation took.
 #   bash bench/run_simulated_scaling.sh [--platform xeon-ethernet] [--steps 3]
 #   NODES="1 2 8 32" bash bench/run_simulated_scaling.sh
+#   ROWS="ZeRO|stage" NODES=4 bash bench/run_simulated_scaling.sh   # the rows whose label matches
 # TSHARD_BENCH_TINY=1: a toy model on 1 and 2 nodes (16 and 32 ranks), a few seconds: the suite
 # runs it so. TSHARD_SIM_BUILD=DIR: the simulation build tree (default build-sim, configured and
 # built here when it lacks the programs).
@@ -50,6 +51,7 @@ declare -A one  # a row's tokens/s per rank at its first node count
 # the nodes), node (flat over one node's 16); ENV is an environment assignment or "".
 run() {
   local label=$1 n=$2 p=$3 reduction=$4 rows_env=$5; shift 5
+  [[ $label =~ ${ROWS:-.} ]] || return 0
   local out tps hidden bytes wall line psi predicted
   out=$(env $rows_env bash scripts/simulate.sh --timing --platform "$platform" --nodes "$n" -np "$p" "$exe" \
     "${size[@]}" --report "$@" 2>&1) || { echo "  $label on $n nodes: failed"; echo "$out" | tail -5; return 0; }
