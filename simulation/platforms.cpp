@@ -40,8 +40,11 @@ struct Platform {
 constexpr Platform platforms[] = {
     // This 2-core VM. Cores: this machine's own measured sgemm rate (simulate.sh), so simulated
     // compute takes what it takes here. Shared memory as the suite runs Open MPI
-    // (btl_vader_single_copy_mechanism=none): 0.4 us ping-pong, 17 GB/s at 1 MiB (FACTS.md).
-    {"vm", 1, 2, 0, 17e9, 0.4e-6, 17e9, 0.4e-6},
+    // (btl_vader_single_copy_mechanism=none): 0.4 us ping-pong (FACTS.md). Its bandwidth is what
+    // both ranks exchanging at once get with buffers past the caches, as gradients are (17 GB/s
+    // one way at 1 MiB, cache to cache): 3.2-3.5 GB/s each way per rank in the 2-rank all-reduce
+    // of 16-64 MB (bench/run_all_reduce.sh), which takes 8.5 GB/s here to reproduce.
+    {"vm", 1, 2, 0, 8.5e9, 0.4e-6, 8.5e9, 0.4e-6},
     // The 16-core Xeon node (FACTS.md, measured 2026-11-26): sgemm n=384 102-150 GFLOP/s a core
     // alone and 20-25 % less with 16 busy, hence 100; triad 111 GB/s over 16 ranks. The memory
     // link's 28 GB/s is what makes a 16-rank ring all-reduce of 112 MB take the measured 118 ms:
