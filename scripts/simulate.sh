@@ -3,21 +3,25 @@
 # simulated machine, with SimGrid's SMPI: every rank's computation runs here for real, timed and
 # scaled to the platform's cores; messages are timed by SMPI's flow model of the platform
 # (simulation/platforms.cpp: vm, xeon-node, xeon-cluster, xeon-ethernet; docs/simulation.md).
-#   bash scripts/simulate.sh [--platform xeon-cluster] [--nodes N] [-np P] [--collectives ompi] [--timing] PROGRAM [ARGS...]
+#   bash scripts/simulate.sh [--platform xeon-cluster] [--nodes N] [-np P] [--collectives ompi] [--timing]
+#       [--cfg smpi/allreduce:lr ...] PROGRAM [ARGS...]
 #   bash scripts/simulate.sh --platform xeon-cluster --nodes 128 -np 2048 \
 #       build-sim/examples/train_transformer --mesh data=128,model=16 --check --double
 # Ranks are placed node by node (rank r on node r / cores), so MPI_Comm_split_type and the
 # two-level collectives see the nodes. --nodes defaults to the fewest that hold P ranks. Every
 # argument after PROGRAM goes to it unchanged. Prints the simulated time and the wall time last.
-# --collectives picks SMPI's collective algorithms: default (SMPI's own), or ompi / mpich (those
-# libraries' selections), which in SimGrid 3.32 place blocks of derived datatypes wrongly in some
-# collectives (tshard's partial-sum resolutions and strided all-gathers): values are then wrong.
+# --collectives picks SMPI's collective algorithms: default (SMPI's own, with Open MPI's
+# all-gather), or ompi / mpich (those libraries' selections), which in SimGrid 3.32 sum wrongly
+# in tshard's partial-sum resolutions. (SMPI's own all-gather posts a message to every rank at
+# once, which costs the simulator the square of the requests: one 8 KB all-reduce benchmark on
+# 256 ranks took over 10 minutes of wall time, against 2.4 s with Open MPI's.)
+# --cfg NAME:VALUE goes to smpirun as --cfg=NAME:VALUE (one collective's algorithm, say).
 # --timing: timing mode (core/simulated_timing.hpp), for thousands of ranks: rank 0 runs for real;
 # the other ranks share their floating-point tensors of 64 KiB and more, and put rank 0's latest
 # times of their kernels on the simulated clock instead of running them; values are then
 # meaningless (and --check refuses to run).
 set -euo pipefail
-platform=xeon-node nodes="" np="" collectives=default timing=""
+platform=xeon-node nodes="" np="" collectives=default timing="" cfg=()
 while (($#)); do
   case $1 in
     --platform) platform=$2; shift 2 ;;
@@ -25,8 +29,9 @@ while (($#)); do
     -np | -n) np=$2; shift 2 ;;
     --collectives) collectives=$2; shift 2 ;;
     --timing) timing=1; shift ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np, --collectives, --timing)" >&2; exit 2 ;;
+    --cfg) cfg+=("--cfg=$2"); shift 2 ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np, --collectives, --cfg, --timing)" >&2; exit 2 ;;
     *) break ;;
   esac
 done
@@ -79,6 +84,8 @@ if [[ -n $timing ]]; then
 else
   unset TSHARD_SIM_TIMING
 fi
+allgather=()
+[[ $collectives == default ]] && allgather=(--cfg=smpi/allgather:ompi)
 log=$(mktemp)
 trap 'rm -f "$hostfile" "$log"' EXIT
 start=$(date +%s.%N)
@@ -86,7 +93,8 @@ status=0
 # (SMPI's own report, its "Simulated time" line among them, goes to the log; its warnings and the
 # program's stderr to stderr.)
 smpirun -np "$np" -platform "$platforms" -hostfile "$hostfile" \
-  --cfg=smpi/host-speed:"${host_flops}f" --cfg=smpi/coll-selector:"$collectives" --cfg=smpi/display-timing:yes \
+  --cfg=smpi/host-speed:"${host_flops}f" --cfg=smpi/coll-selector:"$collectives" "${allgather[@]}" \
+  --cfg=smpi/display-timing:yes "${cfg[@]}" \
   --log=root.thres:warning --log=smpi_utils.thres:info \
   "$program" "$@" 2> >(tee "$log" | grep -v 'smpi_utils/INFO\|^The simulation took\|seconds were actual computation\|^You may want to use sampling\|^Generated unrolled hostfile\|^Execution failed\|^/.*--cfg=smpi/privatization' >&2) || status=$?
 wait
