@@ -121,6 +121,10 @@ class BufferPool {
     (void)shareable;
     void* p = std::aligned_alloc(kAlign, bytes);
     if (!p) throw std::bad_alloc();
+#if TSHARD_DETAIL_SIMULATED
+    if (shareable && bytes >= kSimulatedSharedFrom && simulated_timing_mode() && simulated_rank_role() == 0)
+      FloatingRegions::instance().add(p, bytes);  // (rank 0's values are as meaningless once sent)
+#endif
     return p;
   }
   void deallocate(void* p, std::size_t bytes) {
@@ -129,6 +133,7 @@ class BufferPool {
       SharedBlocks::instance().release(p, bytes, simulated_world_rank());
       return;
     }
+    if (simulated_timing_mode()) FloatingRegions::instance().remove(p);
 #endif
     (void)bytes;
     std::free(p);

@@ -21,6 +21,7 @@
 #include "tshard/comm/watchdog.hpp"
 #include "tshard/core/cpu_capability.hpp"
 #include "tshard/core/error.hpp"
+#include "tshard/core/simulated_timing.hpp"
 
 namespace tshard {
 
@@ -67,6 +68,7 @@ class Environment {
     // exception ends the whole simulation, every rank with it, and nothing is left waiting.)
     install_terminate_handler();
 #endif
+    detail::skip_floating_payloads();      // (simulation's timing mode only)
     detail::CollectiveWatch::instance();  // reads TSHARD_TIMEOUT
     agree_on_cpu_capability();
     if (owns_) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <type_traits>
 #include <unordered_map>
@@ -163,6 +164,48 @@ inline int simulated_rank_role() {
   return rank < 0 ? -1 : rank == 0 ? 0 : 1;
 }
 
+// Timing mode's floating-point blocks of 64 KiB and more, every rank's (the shared ones, and
+// rank 0's own): a message whose bytes lie in one of them is a tensor's, whose values are
+// meaningless in timing mode, so SMPI need not copy it (see skip_floating_payloads). One store for
+// all simulated ranks.
+class FloatingRegions {
+ public:
+  static FloatingRegions& instance() {
+    static FloatingRegions* const store = [] {
+      if (smpi_shared_known_call("tshard", "floating_regions"))
+        return static_cast<FloatingRegions*>(smpi_shared_get_call("tshard", "floating_regions"));
+      return static_cast<FloatingRegions*>(smpi_shared_set_call("tshard", "floating_regions", new FloatingRegions));
+    }();
+    return *store;
+  }
+  void add(const void* p, std::size_t bytes) { ends_[address(p)] = address(p) + bytes; }
+  void remove(const void* p) { ends_.erase(address(p)); }
+  // Whether [p, p + bytes) lies inside one region.
+  bool holds(const void* p, std::size_t bytes) const {
+    auto it = ends_.upper_bound(address(p));
+    if (it == ends_.begin()) return false;
+    --it;
+    return address(p) + bytes <= it->second;
+  }
+
+ private:
+  static std::uintptr_t address(const void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+  std::map<std::uintptr_t, std::uintptr_t> ends_;  // a region's first byte -> one past its last
+};
+
+// SMPI copies every message's payload from sender to receiver, at memcpy speed (its transfer time
+// is the flow model's: the copy is wall time only). In timing mode a tensor's values are
+// meaningless, so messages from those blocks are not copied: thousands of simulated ranks would
+// otherwise copy every gradient bucket for real. Smaller messages, and any outside them (counts,
+// token ids, flags, what the program's control follows), are copied as always.
+inline void copy_unless_floating(smx_activity_t comm, void* source, std::size_t bytes) {
+  if (bytes >= (std::size_t(64) << 10) && FloatingRegions::instance().holds(source, bytes)) return;
+  smpi_comm_copy_buffer_callback(reinterpret_cast<simgrid::kernel::activity::CommImpl*>(comm), source, bytes);
+}
+inline void skip_floating_payloads() {
+  if (simulated_timing_mode()) smpi_comm_set_copy_data_callback(&copy_unless_floating);
+}
+
 // Timing mode's blocks of the ranks other than 0: a block may be held by any number of ranks at
 // once but by each rank once, so a rank's own blocks never overlap. One store for all simulated
 // ranks (SMPI's store of shared calls holds it), whose blocks are never freed.
@@ -185,6 +228,7 @@ class SharedBlocks {
       }
     void* p = std::aligned_alloc(64, bytes);
     if (!p) return nullptr;
+    FloatingRegions::instance().add(p, bytes);
     blocks.push_back(Block{p, {}});
     blocks.back().hold(rank, true);
     return p;
@@ -290,6 +334,12 @@ class KernelSample {
 #else
 #define TSHARD_SAMPLED_KERNEL(...)
 #endif
+
+namespace detail {
+#if !TSHARD_DETAIL_SIMULATED
+inline void skip_floating_payloads() {}
+#endif
+}  // namespace detail
 
 namespace detail {
 
