@@ -32,11 +32,9 @@ namespace detail {
 class BufferPool {
  public:
   static constexpr std::size_t kAlign = 64;
-  // In the simulation build's timing mode, floating-point blocks from this size on are blocks
-  // shared by the simulated ranks on every rank but world rank 0 (core/simulated_timing.hpp):
-  // integers (token ids, counts, indices) stay real, so that what a rank computes from them stays
-  // in bounds.
-  static constexpr std::size_t kSimulatedSharedFrom = std::size_t(64) << 10;
+  // (In the simulation build's timing mode only floating-point blocks are shared, from
+  // kSimulatedSharedFrom on: integers (token ids, counts, indices) stay real, so that what a rank
+  // computes from them stays in bounds.)
 
   // `shareable`: the block holds floating-point values only.
   void* acquire(std::size_t bytes, bool shareable = false) {
@@ -111,7 +109,8 @@ class BufferPool {
 
   void* allocate(std::size_t bytes, bool shareable) {
 #if TSHARD_DETAIL_SIMULATED
-    if (shareable && bytes >= kSimulatedSharedFrom && simulated_timing_mode() && simulated_rank_role() > 0) {
+    const bool floating = shareable && bytes >= kSimulatedSharedFrom && simulated_timing_mode();
+    if (floating && simulated_rank_role() > 0) {
       void* p = SharedBlocks::instance().acquire(bytes, simulated_world_rank());
       if (!p) throw std::bad_alloc();
       shared_.insert(p);
@@ -122,8 +121,7 @@ class BufferPool {
     void* p = std::aligned_alloc(kAlign, bytes);
     if (!p) throw std::bad_alloc();
 #if TSHARD_DETAIL_SIMULATED
-    if (shareable && bytes >= kSimulatedSharedFrom && simulated_timing_mode() && simulated_rank_role() == 0)
-      FloatingRegions::instance().add(p, bytes);  // (rank 0's values are as meaningless once sent)
+    if (floating) FloatingRegions::instance().add(p, bytes);  // (rank 0's: as meaningless once sent)
 #endif
     return p;
   }

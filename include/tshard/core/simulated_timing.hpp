@@ -164,8 +164,12 @@ inline int simulated_rank_role() {
   return rank < 0 ? -1 : rank == 0 ? 0 : 1;
 }
 
-// Timing mode's floating-point blocks of 64 KiB and more, every rank's (the shared ones, and
-// rank 0's own): a message whose bytes lie in one of them is a tensor's, whose values are
+// In timing mode, floating-point blocks from this size on are shared by the simulated ranks
+// (all but world rank 0), and their messages are not copied.
+inline constexpr std::size_t kSimulatedSharedFrom = std::size_t(64) << 10;
+
+// Timing mode's floating-point blocks of kSimulatedSharedFrom and more, every rank's (the shared
+// ones, and rank 0's own): a message whose bytes lie in one of them is a tensor's, whose values are
 // meaningless in timing mode, so SMPI need not copy it (see skip_floating_payloads). One store for
 // all simulated ranks.
 class FloatingRegions {
@@ -199,7 +203,7 @@ class FloatingRegions {
 // otherwise copy every gradient bucket for real. Smaller messages, and any outside them (counts,
 // token ids, flags, what the program's control follows), are copied as always.
 inline void copy_unless_floating(smx_activity_t comm, void* source, std::size_t bytes) {
-  if (bytes >= (std::size_t(64) << 10) && FloatingRegions::instance().holds(source, bytes)) return;
+  if (bytes >= kSimulatedSharedFrom && FloatingRegions::instance().holds(source, bytes)) return;
   smpi_comm_copy_buffer_callback(reinterpret_cast<simgrid::kernel::activity::CommImpl*>(comm), source, bytes);
 }
 inline void skip_floating_payloads() {
@@ -336,12 +340,10 @@ class KernelSample {
 #endif
 
 namespace detail {
+
 #if !TSHARD_DETAIL_SIMULATED
 inline void skip_floating_payloads() {}
 #endif
-}  // namespace detail
-
-namespace detail {
 
 // Runs f(), a part of an operator whose work is a kernel's (no MPI inside; its cost set by `what`
 // and the key's values, as TSHARD_SAMPLED_KERNEL's arguments), as a sampled kernel.
