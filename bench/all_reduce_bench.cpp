@@ -80,14 +80,15 @@ int main(int argc, char** argv) {
       copy();
       tshard::detail::two_level_all_reduce(MPI_COMM_WORLD, *nodes, data.get(), n);
     };
-    const auto skipped = [] {};
-    if (runs("mpi")) mpi(), check("MPI_Allreduce");
-    if (runs("flat")) flat(), check("tshard");
-    if (runs("two")) two(), check("tshard two-level");
-    const std::vector<double> t = interleaved({runs("mpi") ? std::function<void()>(mpi) : skipped,
-                                               runs("flat") ? std::function<void()>(flat) : skipped,
-                                               runs("two") ? std::function<void()>(two) : skipped, copy},
-                                              reps, 1);
+    // (a variant not run is timed as nothing)
+    const auto chosen = [&](const char* variant, const char* name, std::function<void()> f) -> std::function<void()> {
+      if (!runs(variant)) return [] {};
+      f(), check(name);
+      return f;
+    };
+    const std::vector<double> t = interleaved(
+        {chosen("mpi", "MPI_Allreduce", mpi), chosen("flat", "tshard", flat), chosen("two", "tshard two-level", two), copy},
+        reps, 1);
     const double bytes = double(n) * sizeof(float), moved = 2.0 * bytes * (p - 1) / p;
     const double ms[3] = {1e3 * (t[0] - t[3]), 1e3 * (t[1] - t[3]), 1e3 * (t[2] - t[3])};  // (less the copy)
     if (r == 0 && !(runs("mpi") && runs("flat") && runs("two"))) {  // (some: each with its ratio to MPI's)
