@@ -387,6 +387,33 @@ TEST_CASE("the split by shared memory finds the nodes, and two levels over them 
   TS_REQUIRE_ALL(two_levels_equal_flat(MPI_COMM_WORLD, *g));
 }
 
+// The node communicator is a context of its own: a message on it and one on its parent, between
+// the same two ranks under the same tag, each reach the receive posted on its own communicator,
+// whichever is posted first. (SMPI's shared-memory communicators match any communicator's.)
+TEST_CASE("messages of the node communicator and of its parent do not meet", "[comm][nodes]") {
+  const auto g = ts::detail::split_by_node(MPI_COMM_WORLD);
+  const int l = ts::detail::comm_size(g->node);
+  if (l == 1) return;  // (one rank a node: no peer to send to)
+  const int me = ts::detail::comm_rank(g->node), to = (me + 1) % l, from = (me + l - 1) % l;
+  int to_world = 0, from_world = 0;
+  MPI_Group node, world;
+  MPI_Comm_group(g->node, &node);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Group_translate_ranks(node, 1, &to, world, &to_world);
+  MPI_Group_translate_ranks(node, 1, &from, world, &from_world);
+  MPI_Group_free(&node);
+  MPI_Group_free(&world);
+  const int tag = 0x6000;
+  std::vector<double> on_node(8, 1.0 + me), on_world(3, -1.0 - me), got_node(8), got_world(3);
+  MPI_Request r[4];
+  MPI_Isend(on_node.data(), 8, MPI_DOUBLE, to, tag, g->node, &r[0]);  // the node's first
+  MPI_Isend(on_world.data(), 3, MPI_DOUBLE, to_world, tag, MPI_COMM_WORLD, &r[1]);
+  MPI_Irecv(got_world.data(), 3, MPI_DOUBLE, from_world, tag, MPI_COMM_WORLD, &r[2]);  // the parent's first
+  MPI_Irecv(got_node.data(), 8, MPI_DOUBLE, from, tag, g->node, &r[3]);
+  MPI_Waitall(4, r, MPI_STATUSES_IGNORE);
+  TS_REQUIRE_ALL(got_node == std::vector<double>(8, 1.0 + from) && got_world == std::vector<double>(3, -1.0 - from));
+}
+
 // Rank r computes (sleeps) 40 r ms, then every rank joins an all-reduce: by the arrival times,
 // rank r waited about 40 (p - 1 - r) ms for the last one, which waited for nobody; the rest of
 // the collective is moving bytes, and the three parts add up to the step. (Wide margins: the

@@ -127,6 +127,21 @@ inline std::shared_ptr<NodeGroups> split_by_node(MPI_Comm comm) {
     MPI_Comm_split(comm, world / std::atoi(k), me, &g->node);
   } else {
     MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &g->node);
+#if TSHARD_SIMULATE
+    // SMPI 3.32's shared-memory communicator has no context of its own: its messages match those
+    // of any other communicator with the same peer and tag (the two-level overlapped reduction's
+    // tags met the data axis's, MPI_ERR_TRUNCATE), and it orders ranks by host, not by key. The
+    // same ranks split again, named by the node's first rank (a local lookup: no message).
+    MPI_Group node_group, group;
+    MPI_Comm_group(g->node, &node_group);
+    MPI_Comm_group(comm, &group);
+    int first = 0, color = 0;
+    MPI_Group_translate_ranks(node_group, 1, &first, group, &color);
+    MPI_Group_free(&node_group);
+    MPI_Group_free(&group);
+    MPI_Comm_free(&g->node);
+    MPI_Comm_split(comm, color, me, &g->node);
+#endif
   }
   const int local = comm_rank(g->node);
   g->per_node = comm_size(g->node);
