@@ -15,7 +15,11 @@
 # in tshard's partial-sum resolutions. (SMPI's own all-gather posts a message to every rank at
 # once, which costs the simulator the square of the requests: one 8 KB all-reduce benchmark on
 # 256 ranks took over 10 minutes of wall time, against 2.4 s with Open MPI's.)
-# --cfg NAME:VALUE goes to smpirun as --cfg=NAME:VALUE (one collective's algorithm, say).
+# --cfg NAME:VALUE goes to smpirun as --cfg=NAME:VALUE (one collective's algorithm, say); it
+# comes after the defaults set here, and overrides them.
+# An MPI_Test costs 0.1 us of simulated time (Open MPI's MPI_Testall of 1-30 pending requests took
+# 0.02-0.07 us on this machine), not SMPI's default 100 us growing by 100 us with every test that
+# finds nothing, which the overlapped reductions' tests between kernels paid many times a step.
 # --timing: timing mode (core/simulated_timing.hpp), for thousands of ranks: rank 0 runs for real;
 # the other ranks share their floating-point tensors of 64 KiB and more, and put rank 0's latest
 # times of their kernels on the simulated clock instead of running them; values are then
@@ -30,7 +34,7 @@ while (($#)); do
     --collectives) collectives=$2; shift 2 ;;
     --timing) timing=1; shift ;;
     --cfg) cfg+=("--cfg=$2"); shift 2 ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "simulate.sh: unknown option $1 (before the program: --platform, --nodes, -np, --collectives, --cfg, --timing)" >&2; exit 2 ;;
     *) break ;;
   esac
@@ -94,7 +98,7 @@ status=0
 # program's stderr to stderr.)
 smpirun -np "$np" -platform "$platforms" -hostfile "$hostfile" \
   --cfg=smpi/host-speed:"${host_flops}f" --cfg=smpi/coll-selector:"$collectives" "${allgather[@]}" \
-  --cfg=smpi/display-timing:yes "${cfg[@]}" \
+  --cfg=smpi/test:1e-7 --cfg=smpi/grow-injected-times:no --cfg=smpi/display-timing:yes "${cfg[@]}" \
   --log=root.thres:warning --log=smpi_utils.thres:info \
   "$program" "$@" 2> >(tee "$log" | grep -v 'smpi_utils/INFO\|^The simulation took\|seconds were actual computation\|^You may want to use sampling\|^Generated unrolled hostfile\|^Execution failed\|^/.*--cfg=smpi/privatization' >&2) || status=$?
 wait
