@@ -17,6 +17,7 @@
 #   bash bench/run_simulated_scaling.sh [--platform xeon-ethernet] [--steps 3]
 #   NODES="1 2 8 32" bash bench/run_simulated_scaling.sh
 #   ROWS="ZeRO|stage" NODES=4 bash bench/run_simulated_scaling.sh   # the rows whose label matches
+#   ROW_LIMIT=600 NODES="1 2 4 8" bash bench/run_simulated_scaling.sh  # a row stopped after 600 s of wall time
 # TSHARD_BENCH_TINY=1: a toy model on 1 and 2 nodes (16 and 32 ranks), a few seconds: the suite
 # runs it so. TSHARD_SIM_BUILD=DIR: the simulation build tree (default build-sim, configured and
 # built here when it lacks the programs).
@@ -53,8 +54,15 @@ run() {
   local label=$1 n=$2 p=$3 reduction=$4 rows_env=$5; shift 5
   [[ $label =~ ${ROWS:-.} ]] || return 0
   local out tps hidden bytes wall line psi predicted
-  out=$(env $rows_env bash scripts/simulate.sh --timing --platform "$platform" --nodes "$n" -np "$p" "$exe" \
-    "${size[@]}" --report "$@" 2>&1) || { echo "  $label on $n nodes: failed"; echo "$out" | tail -5; return 0; }
+  local status=0
+  out=$(env $rows_env timeout "${ROW_LIMIT:-0}" bash scripts/simulate.sh --timing --platform "$platform" --nodes "$n" \
+    -np "$p" "$exe" "${size[@]}" --report "$@" 2>&1) || status=$?
+  if ((status == 124)); then  # (timeout ends the simulator with it: one process group)
+    rm -f smpitmp-hostf*
+    printf '| %-28s | %4d | %5d | not run: stopped after %s s of wall time | | | | | |\n' "$label" "$n" "$p" "$ROW_LIMIT"
+    return 0
+  fi
+  ((status == 0)) || { echo "  $label on $n nodes: failed"; echo "$out" | tail -5; return 0; }
   line=$(grep '^mesh' <<< "$out" | tail -1)
   tps=$(sed -E 's/.*: ([0-9.]+) tokens\/s.*/\1/' <<< "$line")
   hidden=$(grep -oE 'not hidden [0-9.]+ ms/step' <<< "$line" | grep -oE '[0-9.]+' || echo 0)
