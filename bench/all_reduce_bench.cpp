@@ -5,8 +5,8 @@
 // node triad bound (2 (p - 1) / p of the buffer each way at --triad GB/s per rank, where given).
 // Sizes in MB of float gradients, from --min to --max by doubling; medians of interleaved runs.
 // Every result is checked against the exact sum (small whole numbers), except in the simulation's
-// timing mode (bench/run_simulated_collectives.sh), whose values are meaningless. --only picks
-// variants (mpi, flat, two: a 2048-rank simulation runs the ones it compares).
+// timing mode (scripts/simulate.sh --timing: docs/scaling.md), whose values are meaningless.
+// --only picks variants (mpi, flat, two: a 2048-rank simulation runs the ones it compares).
 //   bash bench/run_all_reduce.sh [--min 1] [--max 512] [--reps 5] [--segment 262144] [--only mpi,two]
 #include <mpi.h>
 
