@@ -4,7 +4,10 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
+#include <numeric>
+#include <random>
 
 #include "tshard/core/box_copy.hpp"
 #include "tshard/core/cpu_capability.hpp"
@@ -251,6 +254,94 @@ TEST_CASE("the planner picks GSPMD's collective for each kind of transition") {
   REQUIRE(kinds(plan_reshard(part, spec({{}, {}}), shape, m, 8)) == std::vector<K>{K::AllReduce});
   // Axis order swap S<x,y> -> S<y,x>: a permutation, one partner per rank.
   REQUIRE(kinds(plan_reshard(spec({{0, 1}, {}}), spec({{1, 0}, {}}), shape, m, 8)) == std::vector<K>{K::Direct});
+}
+
+namespace {
+// The planner's per-rank questions asked the slow way, every rank against every other: the
+// closed forms of reshard/plan-inl.hpp must answer alike.
+ts::Traffic direct_traffic_by_pairs(const SpecDesc& from, const SpecDesc& to, const Extents& shape,
+                                const MeshShape& m, int r) {
+  const ShardLayout mine_from = shard_layout_of_rank(from, shape, m, r), mine_to = shard_layout_of_rank(to, shape, m, r);
+  std::uint64_t sent = 0, received = 0;
+  int sends = 0, receives = 0;
+  for (int q = 0; q < m.size(); ++q) {
+    if (q == r || !m.same_outside(q, r, from.split_axes())) continue;
+    if (Index o = box_overlap(mine_from, shard_layout_of_rank(to, shape, m, q))) sent += std::uint64_t(o), ++sends;
+    if (Index o = box_overlap(shard_layout_of_rank(from, shape, m, q), mine_to)) received += std::uint64_t(o), ++receives;
+  }
+  return messages_traffic(sent * 8, received * 8, sends, receives);
+}
+
+bool refines_by_ranks(const SpecDesc& from, const SpecDesc& to, const Extents& shape, const MeshShape& m, int d) {
+  for (int r = 0; r < m.size(); ++r)
+    if (!box_inside(shard_layout_of_rank(to, shape, m, r), shard_layout_of_rank(from, shape, m, r), d)) return false;
+  return true;
+}
+
+bool gathers_by_ranks(const SpecDesc& from, const SpecDesc& to, const Extents& shape, const MeshShape& m, int d,
+                      const std::vector<int>& axes) {
+  for (int r = 0; r < m.size(); ++r) {
+    const ShardLayout t = shard_layout_of_rank(to, shape, m, r);
+    Index lo = shape[d], hi = 0;
+    for (Index g = 0; g < group_size(m, axes); ++g) {
+      const ShardLayout f = shard_layout(from, shape, m, group_member_coords(m, axes, g, m.coords_of(r)));
+      if (f.valid[d] == 0) continue;
+      if (f.offset[d] < t.offset[d] || f.offset[d] + f.valid[d] > t.offset[d] + t.padded[d]) return false;
+      lo = std::min(lo, f.offset[d]);
+      hi = std::max(hi, f.offset[d] + f.valid[d]);
+    }
+    if (t.valid[d] > 0 && (t.offset[d] < lo || t.offset[d] + t.valid[d] > hi)) return false;
+  }
+  return true;
+}
+
+// A seeded spec of rank 2 over m: each axis splits dim 0, dim 1 or neither, in a shuffled order.
+SpecDesc seeded_spec(const MeshShape& m, std::mt19937& rng) {
+  std::vector<int> order(std::size_t(m.axes()));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  SpecDesc s;
+  s.rank = 2;
+  for (int a : order)
+    if (int d = int(rng() % 3); d < 2) s.dims[d].push(a);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("the planner's closed forms answer as the walk over every pair of ranks does") {
+  std::mt19937 rng(59);
+  int compared = 0;
+  for (const auto& sizes : std::vector<std::vector<int>>{{6}, {2, 3}, {3, 2, 2}, {4, 2}, {2, 2, 2}}) {
+    const MeshShape m = mesh_of(sizes);
+    for (const Extents& shape : {Extents{7, 5}, Extents{12, 18}, Extents{3, 13}, Extents{1, 6}, Extents{0, 4}}) {
+      const Planner planner(shape, m, 8);
+      for (int trial = 0; trial < 60; ++trial) {
+        const SpecDesc from = seeded_spec(m, rng), to = seeded_spec(m, rng);
+        for (int r = 0; r < m.size(); ++r) {
+          const ts::Traffic fast = planner.direct_traffic(from, to, r), slow = direct_traffic_by_pairs(from, to, shape, m, r);
+          INFO(from.to_string(m) << " -> " << to.to_string(m) << " over " << m.describe() << ", rank " << r);
+          REQUIRE(fast.bytes_sent == slow.bytes_sent);
+          REQUIRE(fast.bytes_received == slow.bytes_received);
+          REQUIRE(fast.rounds == slow.rounds);
+        }
+        for (int d = 0; d < 2; ++d) {
+          INFO(from.to_string(m) << " -> " << to.to_string(m) << " along " << d);
+          REQUIRE(planner.refines(from, to, d) == refines_by_ranks(from, to, shape, m, d));
+          // Gathering each suffix of from's axes along d, into `to` and into from without them.
+          for (int first = 0; first < from.dims[d].count; ++first) {
+            std::vector<int> axes;
+            for (int i = first; i < from.dims[d].count; ++i) axes.push_back(from.dims[d][i]);
+            SpecDesc dropped = from;
+            dropped.dims[d].count = first;
+            REQUIRE(planner.gathers(from, dropped, d, axes) == gathers_by_ranks(from, dropped, shape, m, d, axes));
+            REQUIRE(planner.gathers(from, to, d, axes) == gathers_by_ranks(from, to, shape, m, d, axes));
+          }
+        }
+        ++compared;
+      }
+    }
+  }
+  REQUIRE(compared == 5 * 5 * 60);
 }
 
 namespace {

@@ -91,6 +91,21 @@ inline std::array<int, kMaxAxes> group_member_coords(const MeshShape& m, const s
   return base;
 }
 
+// Calls f(coords) for every combination of coordinates on the axes of the bit mask `axes`
+// (last axis fastest), the others as in `base`: the distinct groups of what depends on those
+// axes alone, which is fewer than the ranks.
+template <class F>
+void for_each_coords(const MeshShape& m, std::uint32_t axes, std::array<int, kMaxAxes> base, F&& f) {
+  const std::vector<int> a = axes_of_mask(axes, m.axes());
+  for (int x : a) base[x] = 0;
+  while (true) {
+    f(static_cast<const std::array<int, kMaxAxes>&>(base));
+    int i = int(a.size()) - 1;
+    while (i >= 0 && ++base[a[i]] == m.sizes[a[i]]) base[a[i--]] = 0;
+    if (i < 0) return;
+  }
+}
+
 // Resolve one -1 entry so that the product equals `ranks`; MeshError when impossible.
 // Depends only on global facts, so every rank throws alike.
 std::vector<int> infer_mesh_sizes(std::vector<int> sizes, int ranks, const std::vector<std::string>& names);

@@ -36,6 +36,18 @@ inline void set_split_coord(const DimSplit& s, const MeshShape& m, Index k, std:
   set_group_coords(m, s, s.count, k, coords);
 }
 
+// One dim of a shard: where it starts, how many valid elements it holds, its padded extent.
+// A spec's layout along a dim depends only on the rank's coordinates on that dim's split axes,
+// so the planner reasons dim by dim over those axes rather than over every rank.
+struct DimBlock {
+  Index offset = 0, valid = 0, padded = 0;
+  Index end() const { return offset + valid; }
+};
+inline DimBlock dim_block(const DimSplit& s, Index n, const MeshShape& m, const std::array<int, kMaxAxes>& coords) {
+  const Index k = split_parts(s, m), c = split_coord(s, m, coords);
+  return {shard_offset(n, k, c), shard_valid(n, k, c), padded_extent(n, k)};
+}
+
 inline Index volume(const Extents& e, int rank) {
   Index v = 1;
   for (int d = 0; d < rank; ++d) v *= e[d];

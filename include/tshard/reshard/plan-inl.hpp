@@ -65,48 +65,115 @@ TSHARD_FUNC ReshardPlan Planner::plan(const SpecDesc& src, const SpecDesc& dst) 
   return p;
 }
 
+// How many blocks of size p, tiling a dim from 0, meet [lo, hi) (hi > lo).
+constexpr Index blocks_met(Index lo, Index hi, Index p) { return p == 0 ? 0 : (hi - 1) / p - lo / p + 1; }
+
 TSHARD_FUNC Traffic Planner::direct_traffic(const SpecDesc& from, const SpecDesc& to, int r) const {
+  // In closed form, dim by dim: r's partners are the ranks q that agree with r off `from`'s
+  // split axes, whose coordinates on those axes are free. A box overlap is a product over dims,
+  // and the free axes of different dims vary independently, so each sum over q is a product of
+  // per-dim sums (O(rank) per rank, not the O(P) walk over its partners).
+  const auto c = mesh_.coords_of(r);
+  const std::uint32_t free_axes = from.split_axes();
   const ShardLayout mine_from = layout(from, r), mine_to = layout(to, r);
-  std::uint64_t sent = 0, received = 0;
-  int sends = 0, receives = 0;
-  for (int q = 0; q < mesh_.size(); ++q) {
-    // r and q are each other's senders exactly when they agree off `from`'s split axes.
-    if (q == r || !mesh_.same_outside(q, r, from.split_axes())) continue;
-    if (const Index o = box_overlap(mine_from, layout(to, q))) {
-      sent += std::uint64_t(o) * bytes_;
-      ++sends;
-    }
-    if (const Index o = box_overlap(layout(from, q), mine_to)) {
-      received += std::uint64_t(o) * bytes_;
-      ++receives;
-    }
+  // Received: `from`'s blocks tile each dim, so r gets its whole `to` block, from the blocks
+  // it meets.
+  std::uint64_t received = 1, receives = 1;
+  for (int d = 0; d < from.rank; ++d) {
+    if (mine_to.valid[d] == 0) received = receives = 0;
+    if (received == 0) break;
+    const DimBlock f = dim_block(from.dims[d], shape_[d], mesh_, c);
+    received *= std::uint64_t(mine_to.valid[d]);
+    receives *= std::uint64_t(blocks_met(mine_to.offset[d], mine_to.offset[d] + mine_to.valid[d], f.padded));
   }
-  return messages_traffic(sent, received, sends, receives);
+  // Sent: along d, the `to` blocks of r's partners are those whose digits on the fixed axes
+  // (split by `to` along d, not by `from`) are r's; a free axis `to` does not split repeats
+  // every box once per coordinate.
+  std::uint64_t sent = 1, sends = 1;
+  for (int a = 0; a < mesh_.axes(); ++a)
+    if ((free_axes & ~to.split_axes()) & (1u << a)) sent *= std::uint64_t(mesh_.sizes[a]), sends *= std::uint64_t(mesh_.sizes[a]);
+  for (int d = 0; d < from.rank && sent > 0; ++d) {
+    const DimSplit& t = to.dims[d];
+    const Index lo = mine_from.offset[d], hi = lo + mine_from.valid[d];
+    if (hi <= lo) {
+      sent = sends = 0;
+      break;
+    }
+    const Index p = padded_extent(shape_[d], split_parts(t, mesh_));
+    std::uint64_t len = 0, met = 0;
+    auto count = [&](const std::array<int, kMaxAxes>& q) {
+      const DimBlock b = dim_block(t, shape_[d], mesh_, q);
+      const Index o = std::min(hi, b.end()) - std::max(lo, b.offset);
+      if (b.valid > 0 && o > 0) len += std::uint64_t(o), ++met;
+    };
+    const std::uint32_t t_free = t.mask() & free_axes;
+    Index combos = 1;
+    for (int i = 0; i < t.count; ++i)
+      if (t_free & (1u << t[i])) combos *= mesh_.sizes[t[i]];
+    const Index first = lo / p, last = (hi - 1) / p;
+    if (t_free == t.mask()) {
+      // Every partner's block along d: they tile the dim, so r's block goes out whole.
+      len = std::uint64_t(hi - lo);
+      met = std::uint64_t(last - first + 1);
+    } else if (combos <= last - first + 1) {
+      for_each_coords(mesh_, t_free, c, count);
+    } else {
+      // Fewer blocks meet r's than the free axes give: walk those, keeping the ones whose
+      // fixed digits are r's.
+      auto q = c;
+      for (Index j = first; j <= last; ++j) {
+        set_split_coord(t, mesh_, j, q);
+        bool mine = true;
+        for (int i = 0; i < t.count; ++i)
+          if (!(t_free & (1u << t[i])) && q[t[i]] != c[t[i]]) mine = false;
+        if (mine) count(q);
+      }
+    }
+    sent *= len;
+    sends *= met;
+  }
+  // Both sums counted r itself.
+  if (const Index self = box_overlap(mine_from, mine_to)) {
+    sent -= std::uint64_t(self), received -= std::uint64_t(self);
+    --sends, --receives;
+  }
+  return messages_traffic(sent * bytes_, received * bytes_, int(sends), int(receives));
 }
 
 TSHARD_FUNC bool Planner::refines(const SpecDesc& from, const SpecDesc& to, int d) const {
-  for (int r = 0; r < mesh_.size(); ++r)
-    if (!box_inside(layout(to, r), layout(from, r), d)) return false;
-  return true;
+  bool inside = true;
+  for_each_coords(mesh_, from.dims[d].mask() | to.dims[d].mask(), {}, [&](const std::array<int, kMaxAxes>& c) {
+    const DimBlock f = dim_block(from.dims[d], shape_[d], mesh_, c), t = dim_block(to.dims[d], shape_[d], mesh_, c);
+    if (t.valid > 0 && (t.offset < f.offset || t.end() > f.end())) inside = false;
+  });
+  return inside;
 }
 
 TSHARD_FUNC bool Planner::gathers(const SpecDesc& from, const SpecDesc& to, int d,
                                   const std::vector<int>& axes) const {
-  for (int r = 0; r < mesh_.size(); ++r) {
-    ShardLayout t = layout(to, r);
-    auto c = mesh_.coords_of(r);
+  // One check per group over `axes`: the groups differ only on the other axes that split d.
+  std::uint32_t group = 0;
+  for (int a : axes) group |= 1u << a;
+  const std::uint32_t outside = (from.dims[d].mask() | to.dims[d].mask()) & ~group;
+  bool ok = true;
+  for_each_coords(mesh_, outside, {}, [&](const std::array<int, kMaxAxes>& g) {
+    if (!ok) return;
     Index lo = shape_[d], hi = 0;
-    for (Index g = 0; g < axes_size(axes); ++g) {
-      const ShardLayout f = shard_layout(from, shape_, mesh_, group_member_coords(mesh_, axes, g, c));
-      if (f.valid[d] == 0) continue;
-      // Every member's slices must land inside the new buffer (they are received in place).
-      if (f.offset[d] < t.offset[d] || f.offset[d] + f.valid[d] > t.offset[d] + t.padded[d]) return false;
-      lo = std::min(lo, f.offset[d]);
-      hi = std::max(hi, f.offset[d] + f.valid[d]);
-    }
-    if (t.valid[d] > 0 && (t.offset[d] < lo || t.offset[d] + t.valid[d] > hi)) return false;
-  }
-  return true;
+    bool any = false;
+    for_each_coords(mesh_, group, g, [&](const std::array<int, kMaxAxes>& c) {
+      const DimBlock f = dim_block(from.dims[d], shape_[d], mesh_, c);
+      if (f.valid == 0) return;
+      lo = std::min(lo, f.offset), hi = std::max(hi, f.end()), any = true;
+    });
+    for_each_coords(mesh_, group, g, [&](const std::array<int, kMaxAxes>& c) {
+      const DimBlock t = dim_block(to.dims[d], shape_[d], mesh_, c);
+      // Every member's slices must land inside the new buffer (they are received in place),
+      // and they must cover its valid part.
+      if (any && (lo < t.offset || hi > t.offset + t.padded)) ok = false;
+      if (t.valid > 0 && (t.offset < lo || t.end() > hi)) ok = false;
+    });
+  });
+  return ok;
 }
 
 TSHARD_FUNC void Planner::resolve_partial(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const {
@@ -267,11 +334,12 @@ TSHARD_FUNC void Planner::all_gather_options(const SpecDesc& cur, const SpecDesc
 }
 
 TSHARD_FUNC Traffic Planner::busiest_direct_traffic(const SpecDesc& from, const SpecDesc& to) const {
+  // A rank's traffic depends only on its coordinates on the axes either spec splits.
   Traffic worst;
-  for (int r = 0; r < mesh_.size(); ++r) {
-    const Traffic t = direct_traffic(from, to, r);
+  for_each_coords(mesh_, from.split_axes() | to.split_axes(), {}, [&](const std::array<int, kMaxAxes>& c) {
+    const Traffic t = direct_traffic(from, to, mesh_.rank_of(c));
     if (t.seconds() > worst.seconds()) worst = t;
-  }
+  });
   return worst;
 }
 

@@ -45,19 +45,20 @@ class Planner {
   ReshardPlan plan(const SpecDesc& src, const SpecDesc& dst) const;
 
   // What rank r sends and receives in a direct redistribution from `from` to `to`: the boxes
-  // it owns that others lack, and those it lacks (O(P) layouts; the planner's busiest rank
-  // takes O(P^2), once per cached plan).
+  // it owns that others lack, and those it lacks. In closed form, O(rank) per rank (the
+  // planner's busiest rank is a walk over the distinct ranks, not over pairs of them).
   Traffic direct_traffic(const SpecDesc& from, const SpecDesc& to, int r) const;
-
- private:
-  ShardLayout layout(const SpecDesc& s, int r) const { return shard_layout_of_rank(s, shape_, mesh_, r); }
-  Index axes_size(const std::vector<int>& axes) const { return group_size(mesh_, axes); }
 
   // Every rank's `to` block along dim d lies inside its `from` block (a local slice).
   bool refines(const SpecDesc& from, const SpecDesc& to, int d) const;
   // Every rank's `to` block along d lies inside the union of the `from` blocks of its group
-  // over `axes` (what an all-gather over those axes gives it).
+  // over `axes` (what an all-gather over those axes gives it), and those land inside its buffer.
+  // Both are decided once per distinct block of dim d, not once per rank.
   bool gathers(const SpecDesc& from, const SpecDesc& to, int d, const std::vector<int>& axes) const;
+
+ private:
+  ShardLayout layout(const SpecDesc& s, int r) const { return shard_layout_of_rank(s, shape_, mesh_, r); }
+  Index axes_size(const std::vector<int>& axes) const { return group_size(mesh_, axes); }
   Index max_padded(const SpecDesc& s) const { return layout(s, 0).padded_size(); }
 
   void resolve_partial(SpecDesc& cur, const SpecDesc& dst, ReshardPlan& p) const;

@@ -30,7 +30,7 @@ inline bool redistribute_communicates(const SpecDesc& from, const Extents& from_
 
 // One rank's part in a direct redistribution: the overlaps it sends and receives (peer, box in
 // source coordinates). Found once per (mesh, rank, layouts, shift) and cached: a loop of the
-// same move costs O(peers) per call, not the O(P^2) search.
+// same move costs O(peers) per call, not the O(P) search.
 struct DirectPeers {
   ShardLayout mine_from, mine_to;
   std::vector<std::pair<int, ShardLayout>> outgoing, incoming;
@@ -43,8 +43,7 @@ inline std::shared_ptr<DirectPeers> find_direct_peers(const MeshShape& m, int me
   d->mine_from = shard_layout(from, from_shape, m, m.coords_of(me));
   d->mine_to = shifted(shard_layout(to, to_shape, m, m.coords_of(me)), shift);  // in source coordinates
   for (int r = 0; r < m.size(); ++r) {
-    const auto senders = direct_senders(from, m, r);
-    if (std::find(senders.begin(), senders.end(), me) == senders.end()) continue;
+    if (!m.same_outside(me, r, from.split_axes())) continue;  // me is not among r's senders
     ShardLayout ov = overlap_block(d->mine_from, shifted(shard_layout_of_rank(to, to_shape, m, r), shift));
     if (ov.valid_size()) {
       d->outgoing.emplace_back(r, ov);
