@@ -48,7 +48,8 @@ constexpr Platform platforms[] = {
     // The 16-core Xeon node (FACTS.md, measured 2026-11-26): sgemm n=384 102-150 GFLOP/s a core
     // alone and 20-25 % less with 16 busy, hence 100; triad 111 GB/s over 16 ranks. The memory
     // link's 28 GB/s is what makes a 16-rank ring all-reduce of 112 MB take the measured 118 ms:
-    // 16 x 2 (15/16) x 112 MB = 3.4 GB through it (arithmetic only: no simulated run checks it yet).
+    // 16 x 2 (15/16) x 112 MB = 3.4 GB through it; simulated, that all-reduce takes 131-133 ms
+    // (docs/scaling.md).
     {"xeon-node", 1, 16, 100e9, 28e9, 0.3e-6, 28e9, 0.3e-6},
     // Up to 256 such nodes on 200 Gb/s (25 GB/s) links, 1.5 us a hop: an InfiniBand HDR class.
     {"xeon-cluster", 256, 16, 100e9, 28e9, 0.3e-6, 25e9, 1.5e-6},
