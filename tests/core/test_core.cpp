@@ -107,14 +107,27 @@ TEST_CASE("error text is made only when an error is thrown") {
   REQUIRE_THROWS_WITH(check(false, std::string("a ") + "string"), "bad: a string");
 }
 
-TEST_CASE("one mesh size of -1 is inferred, and sizes that do not fit throw MeshError") {
+TEST_CASE("mesh sizes of -1 are inferred, balanced as MPI_Dims_create does, and sizes that do not fit throw MeshError") {
   std::vector<std::string> n{"data", "model"};
   REQUIRE(infer_mesh_sizes({-1, 2}, 6, n) == std::vector<int>{3, 2});
   REQUIRE(infer_mesh_sizes({3, -1}, 6, n) == std::vector<int>{3, 2});
   REQUIRE(infer_mesh_sizes({2, 3}, 6, n) == std::vector<int>{2, 3});
   REQUIRE_THROWS_AS(infer_mesh_sizes({2, 2}, 6, n), ts::MeshError);
   REQUIRE_THROWS_AS(infer_mesh_sizes({-1, 4}, 6, n), ts::MeshError);
-  REQUIRE_THROWS_AS(infer_mesh_sizes({-1, -1}, 6, n), ts::MeshError);
+  REQUIRE(infer_mesh_sizes({-1, -1}, 6, n) == std::vector<int>{3, 2});
+  REQUIRE(infer_mesh_sizes({-1, -1}, 7, n) == std::vector<int>{7, 1});
+  REQUIRE(infer_mesh_sizes({-1, 3, -1}, 12, {"a", "b", "c"}) == std::vector<int>{2, 3, 2});
+  REQUIRE(ts::detail::balanced_factors(16, 3) == std::vector<int>{4, 2, 2});
+  REQUIRE(ts::detail::balanced_factors(1024, 3) == std::vector<int>{16, 8, 8});
+  REQUIRE(ts::detail::balanced_factors(1, 2) == std::vector<int>{1, 1});
+  REQUIRE(ts::detail::balanced_factors(72, 2) == std::vector<int>{9, 8});  // Open MPI's greedy: 12 x 6
+  for (int p = 1; p <= 1000; ++p) {  // over two axes: the largest divisor at or under sqrt(p)
+    int d = 1;
+    for (int f = 1; f * f <= p; ++f)
+      if (p % f == 0) d = f;
+    REQUIRE(ts::detail::balanced_factors(p, 2) == std::vector<int>{p / d, d});
+  }
+  REQUIRE_THROWS_AS(infer_mesh_sizes({-1, 4}, 6, n), ts::MeshError);
   REQUIRE_THROWS_AS(infer_mesh_sizes({0, 6}, 6, n), ts::MeshError);
   REQUIRE_THROWS_WITH(infer_mesh_sizes({2, 2}, 6, n), Catch::Contains("data=2") && Catch::Contains("6 ranks"));
 }

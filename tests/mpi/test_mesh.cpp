@@ -37,6 +37,23 @@ TEST_CASE("one mesh size may be -1 and is inferred from the communicator") {
   TS_REQUIRE_ALL(m3.size<"b">() == p);
 }
 
+TEST_CASE("mesh sizes of -1 share the ranks as MPI_Dims_create does") {
+  const int p = world_size();
+  ts::Mesh<"x", "y", "z"> grid({-1, -1, -1});
+  int dims[3] = {0, 0, 0};
+  MPI_Dims_create(p, 3, dims);
+  TS_REQUIRE_ALL(grid.size<"x">() == dims[0] && grid.size<"y">() == dims[1] && grid.size<"z">() == dims[2]);
+  // The rule itself, up to the 71 ranks where Open MPI's greedy choice is also the most even one.
+  bool same = true;
+  for (int n = 1; n <= 71; ++n)
+    for (int k = 1; k <= 4; ++k) {
+      std::vector<int> want(std::size_t(k), 0);
+      MPI_Dims_create(n, k, want.data());
+      same = same && ts::detail::balanced_factors(n, k) == want;
+    }
+  TS_REQUIRE_ALL(same);
+}
+
 TEST_CASE("mesh sizes that do not fit the communicator throw MeshError on every rank") {
   const int p = world_size();
   bool threw = false;

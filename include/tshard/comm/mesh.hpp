@@ -69,7 +69,9 @@ class Mesh {
   static_assert(axes <= detail::kMaxAxes, "tshard: a Mesh has at most 8 axes");
   static_assert(detail::names_unique(axis_names), "tshard: a Mesh names the same axis twice");
 
-  // Sizes on MPI_COMM_WORLD; one size may be -1 and is inferred. MeshError where they do not fit.
+  // Sizes on MPI_COMM_WORLD. A size of -1 is inferred: the ranks the others leave, shared among
+  // the -1 axes as evenly as possible, largest first (the MPI standard's rule for MPI_Dims_create:
+  // Mesh<"x", "y", "z">({-1, -1, -1}) on 12 ranks is {3, 2, 2}). MeshError where they do not fit.
   template <std::size_t N>
   explicit Mesh(const int (&sizes)[N]) : Mesh(MPI_COMM_WORLD, sizes) {}
   // Sizes on another communicator (a boost::mpi::communicator converts to MPI_Comm).

@@ -106,8 +106,14 @@ void for_each_coords(const MeshShape& m, std::uint32_t axes, std::array<int, kMa
   }
 }
 
-// Resolve one -1 entry so that the product equals `ranks`; MeshError when impossible.
-// Depends only on global facts, so every rank throws alike.
+// n as the product of k factors as close to each other as possible, largest first (the MPI
+// standard's rule for MPI_Dims_create): 12 over 2 is {4, 3}, 16 over 3 is {4, 2, 2}, 7 over 2 is
+// {7, 1}, 72 over 2 is {9, 8}.
+std::vector<int> balanced_factors(int n, int k);
+
+// Resolve the -1 entries so that the product equals `ranks`: the rest of the ranks shared among
+// them by balanced_factors, in axis order. MeshError when impossible. Depends only on global
+// facts, so every rank throws alike.
 std::vector<int> infer_mesh_sizes(std::vector<int> sizes, int ranks, const std::vector<std::string>& names);
 
 }  // namespace tshard::detail
