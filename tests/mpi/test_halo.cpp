@@ -113,7 +113,7 @@ Eigen::Tensor<T, R> convolve_reference(const Eigen::Tensor<T, R>& g, const Eigen
         src[d] = source_index(i[d] + j[d] - k.dimension(d) / 2, g.dimension(d), b);
         zero |= src[d] < 0;
       }
-      if (!zero) s += k(j) * g(src);
+      if (!zero && k(j) != T(0)) s += k(j) * g(src);  // (a zero tap reads nothing)
       for (int d = 0; d < R; ++d) {
         if (++j[d] < k.dimension(d)) break;
         j[d] = 0;
@@ -453,6 +453,53 @@ TEST_CASE("convolve equals the serial correlation for 1-D to 3-D kernels, both b
              compare(ts::convolve(x, k, b).gather(), convolve_reference(g, k, b), 1e-12));
       }
     }
+  }
+  INFO(fail);
+  TS_REQUIRE_ALL(fail.empty());
+}
+
+TEST_CASE("convolve and stencil read deep points from the shard itself and only the frame from halos: blocks large "
+          "enough to have an inside, uneven, a 7-point Laplacian in its 3x3x3 box, an asymmetric window",
+          "[halo]") {
+  std::string fail;
+  auto note = [&](const std::string& what, const std::string& e) {
+    if (fail.empty() && !e.empty()) fail = what + ": " + e;
+  };
+  for (auto sizes : mesh_shapes(world_size(), 3)) {
+    M3 mesh({sizes[0], sizes[1], sizes[2]});
+    const std::string m = " on mesh " + mesh.shape().describe();
+    Eigen::Tensor<double, 3> lap(3, 3, 3);
+    lap.setZero();
+    lap(1, 1, 1) = 6;
+    for (int d = 0; d < 3; ++d)
+      for (int s : {0, 2}) {
+        std::array<Eigen::Index, 3> at{1, 1, 1};
+        at[std::size_t(d)] = s;
+        lap(at) = -1;
+      }
+    for (auto b : {ts::Boundary::Zero, ts::Boundary::Periodic})
+      for (auto shape : std::vector<std::array<Eigen::Index, 3>>{{23, 17, 13}, {9, 31, 5}}) {
+        const Eigen::Tensor<double, 3> g = small_values<double, 3>(shape, 9);
+        auto x = ts::distribute<ts::Spec<ts::S<"x">, ts::S<"y">, ts::S<"z">>>(mesh, g);
+        const std::string what = "shape " + shape_str(shape) + m;
+        note("7-point Laplacian, " + what, compare(ts::convolve(x, lap, b).gather(), convolve_reference(g, lap, b), 1e-12));
+        const Eigen::Tensor<double, 3> k = small_values<double, 3>({5, 3, 1}, 10);
+        auto y = ts::distribute<ts::Spec<ts::S<"z">, ts::S<"x", "y">, ts::R>>(mesh, g);
+        note("5x3x1 kernel, " + what, compare(ts::convolve(y, k, b).gather(), convolve_reference(g, k, b), 1e-12));
+        // A user stencil with a window of two before and none after in dim 1.
+        auto z = ts::stencil(x, {ts::Halo{1, 1}, ts::Halo{2, 0}, ts::Halo{0, 0}}, b,
+                             [](const auto& v) { return v(-1, 0, 0) - 3.0 * v(1, -2, 0) + 0.5 * v(0, 0, 0); });
+        Eigen::Tensor<double, 3> want(g.dimensions());
+        auto at = [&](Eigen::Index i, Eigen::Index j, Eigen::Index l) {
+          const Eigen::Index si = source_index(i, shape[0], b), sj = source_index(j, shape[1], b);
+          return si < 0 || sj < 0 ? 0.0 : g(si, sj, l);
+        };
+        for (Eigen::Index l = 0; l < shape[2]; ++l)
+          for (Eigen::Index j = 0; j < shape[1]; ++j)
+            for (Eigen::Index i = 0; i < shape[0]; ++i)
+              want(i, j, l) = at(i - 1, j, l) - 3.0 * at(i + 1, j - 2, l) + 0.5 * at(i, j, l);
+        note("asymmetric stencil, " + what, compare(z.gather(), want, 1e-12));
+      }
   }
   INFO(fail);
   TS_REQUIRE_ALL(fail.empty());

@@ -5,6 +5,7 @@
 #include "tshard/comm/clock.hpp"
 #include "tshard/comm/mpi.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -72,7 +73,12 @@ class HaloTransfer {
   // with extents `src_dims`, and block element i sits at src_shift + i there: (block, padded
   // extents, 0) for a tensor's shard, (window, window extents, widths before) when the
   // window's interior already holds the block, in which case only the halo boxes are written.
-  void start(const T* src, const Extents& src_dims, const Extents& src_shift, T* window, bool fill_zeros = true) {
+  //
+  // Where `core` is given ([lo, hi) in window coordinates), the local copies leave that box out:
+  // a stencil that reads the points deep inside the block from the block itself needs only the
+  // frame around them in the window.
+  void start(const T* src, const Extents& src_dims, const Extents& src_shift, T* window, bool fill_zeros = true,
+             const std::pair<Extents, Extents>* core = nullptr) {
     const auto t0 = Clock::now();
     if (active_) finish();
     const int R = layout_.rank;
@@ -90,7 +96,10 @@ class HaloTransfer {
     for (auto& b : layout_.self) {
       const Extents from = shifted(b.src);
       if (src == window && from == b.dst) continue;  // the interior already in place
-      copy_box(src, src_dims, from, window, layout_.window, b.dst, b.extent, R);
+      if (core)
+        copy_box_outside(src, src_dims, from, window, b.dst, b.extent, *core);
+      else
+        copy_box(src, src_dims, from, window, layout_.window, b.dst, b.extent, R);
     }
     if (fill_zeros) this->fill_zeros(window);
     window_ = window;
@@ -160,6 +169,31 @@ class HaloTransfer {
     for (int d = 0; d < rank; ++d) e[d] += by[d];
     return e;
   }
+  // copy_box of the part of the box at `dst` (window coordinates) outside core = [lo, hi), as
+  // disjoint slabs: slab d is inside the core in dims < d and outside it in dim d.
+  void copy_box_outside(const T* src, const Extents& src_dims, const Extents& from, T* window, const Extents& dst,
+                        const Extents& extent, const std::pair<Extents, Extents>& core) const {
+    const int R = layout_.rank;
+    Extents lo = dst, hi{};
+    for (int d = 0; d < R; ++d) hi[d] = dst[d] + extent[d];
+    for (int d = 0; d < R; ++d) {
+      const Index clo = std::clamp(core.first[d], lo[d], hi[d]), chi = std::clamp(core.second[d], clo, hi[d]);
+      for (auto [a, b] : {std::pair{lo[d], clo}, std::pair{chi, hi[d]}}) {
+        if (a >= b) continue;
+        Extents at = lo, ext{};
+        for (int k = 0; k < R; ++k) ext[k] = hi[k] - lo[k];
+        at[d] = a;
+        ext[d] = b - a;
+        Extents sfrom{};
+        for (int k = 0; k < R; ++k) sfrom[k] = from[k] + (at[k] - dst[k]);
+        copy_box(src, src_dims, sfrom, window, layout_.window, at, ext, R);
+      }
+      lo[d] = clo;  // the rest of dim d lies inside the core
+      hi[d] = chi;
+      if (lo[d] >= hi[d]) return;
+    }
+  }
+
   // f(box, at) for every box of the messages, at its offset in their buffer.
   template <class F>
   static void for_each_packed(const std::vector<HaloMessage>& messages, int rank, F&& f) {

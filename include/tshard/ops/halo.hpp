@@ -339,13 +339,35 @@ class HaloExchange {
   }
 
   // The same on the padded shard buffers of two tensors of this layout: the entry for operators
-  // that are instantiated per (element type, rank) rather than per spec (convolve).
+  // that are instantiated per (element type, rank) rather than per spec (convolve). The shard is
+  // not copied: the points whose whole window lies in it read it where it is, while the halos
+  // travel; only the frame that the other points read (the block's outer before + after layers)
+  // goes into a ghosted buffer from the pool, kept by the plan.
   template <class F>
   void stencil_shards(const T* in, T* out, F& f) {
-    start_from_shard(in, scratch_);
-    apply_region(true, scratch_, out, layout_.padded, detail::Extents{}, f);
+    if (empty()) return;
+    const detail::Extents& window = exchange_.layout().window;
+    if (!scratch_) {
+      scratch_ = detail::pooled_array<T>(std::size_t(detail::volume(window, Rank)));
+      exchange_.fill_zeros(scratch_.get());  // (zeros beyond a Zero boundary: written once)
+    }
+    detail::Extents lo{}, hi{};  // the points whose window lies in the shard
+    std::pair<detail::Extents, detail::Extents> core{};  // what those alone read, in window coordinates
+    for (int d = 0; d < Rank; ++d) {
+      const detail::Index b = widths_[d].before, a = widths_[d].after, v = layout_.valid[d];
+      lo[d] = std::min(b, v);
+      hi[d] = std::max(lo[d], v - a);
+      core.first[d] = b + b + a;
+      core.second[d] = b + v - a - b;
+    }
+    exchange_.start(in, layout_.padded, detail::Extents{}, scratch_.get(), false, &core);
+    detail::stencil_box<T, Rank>(in, layout_.padded, detail::Extents{}, out, layout_.padded, detail::Extents{},
+                                 layout_.offset, lo, hi, f);
     finish();
-    apply_region(false, scratch_, out, layout_.padded, detail::Extents{}, f);
+    for_each_slab_outside(lo, hi, [&](const detail::Extents& a, const detail::Extents& b) {
+      detail::stencil_box<T, Rank>(scratch_.get(), window, before(), out, layout_.padded, detail::Extents{},
+                                   layout_.offset, a, b, f);
+    });
   }
 
  private:
@@ -424,6 +446,15 @@ class HaloExchange {
       detail::stencil_box<T, Rank>(in.data(), wdims, shift, out, out_dims, out_shift, layout_.offset, lo, hi, f);
       return;
     }
+    for_each_slab_outside(lo, hi, [&](const detail::Extents& a, const detail::Extents& b) {
+      detail::stencil_box<T, Rank>(in.data(), wdims, shift, out, out_dims, out_shift, layout_.offset, a, b, f);
+    });
+  }
+
+  // g(lo, hi) for the valid block outside the box [lo, hi), as disjoint slabs: slab d is inside
+  // in dims < d, outside in dim d, whole in dims > d.
+  template <class G>
+  void for_each_slab_outside(const detail::Extents& lo, const detail::Extents& hi, G&& g) const {
     for (int d = 0; d < Rank; ++d) {
       detail::Extents a{}, b{};
       for (int k = 0; k < Rank; ++k) {
@@ -433,8 +464,8 @@ class HaloExchange {
       detail::Extents a1 = a, b1 = b, a2 = a, b2 = b;
       b1[d] = lo[d];
       a2[d] = hi[d];
-      detail::stencil_box<T, Rank>(in.data(), wdims, shift, out, out_dims, out_shift, layout_.offset, a1, b1, f);
-      detail::stencil_box<T, Rank>(in.data(), wdims, shift, out, out_dims, out_shift, layout_.offset, a2, b2, f);
+      g(a1, b1);
+      g(a2, b2);
     }
   }
 
@@ -446,7 +477,7 @@ class HaloExchange {
   Boundary boundary_ = Boundary::Zero;
   detail::HaloTransfer<T> exchange_;
   std::array<bool, Rank> remote_before_{}, remote_after_{};
-  Extended scratch_;
+  std::shared_ptr<T> scratch_;  // stencil_shards' ghosted frame, from the pool
 };
 
 // ---- with_halo ----

@@ -71,29 +71,38 @@ ShardedTensor<T, M, S> stencil(const ShardedTensor<T, M, S, P>& x, const Halo (&
 // ---- convolve ----
 
 namespace detail {
-// The convolution proper, instantiated per (element type, rank): the kernel's taps as linear
-// offsets in the extended block (column-major order), then one stencil pass over the shard.
+// The convolution proper, instantiated per (element type, rank): the kernel's nonzero taps (a
+// 7-point Laplacian in its 3 x 3 x 3 box reads 7 points, not 27) as offsets, made linear in the
+// strides of the block a point is read from (the shard itself deep inside it, the ghosted frame
+// near its edges), then one stencil pass over the shard.
 template <class T, int Rank>
 void convolve_shards(HaloExchange<T, Rank>& exchange, const T* x, T* out, const Eigen::Tensor<T, Rank>& kernel) {
-  std::vector<Eigen::Index> taps;
+  std::vector<std::array<Eigen::Index, Rank>> offsets;
   std::vector<T> weights;
-  if (!exchange.empty()) {
-    const Extents ext_strides = strides_of(to_extents(exchange.extended_shape()), Rank);
-    Extents kdims{};
-    for (int d = 0; d < Rank; ++d) kdims[d] = kernel.dimension(d);
-    taps.reserve(std::size_t(kernel.size()));
-    weights.reserve(std::size_t(kernel.size()));
-    for_each_index(kdims, 0, Rank, [&](const Extents& j) {
-      Eigen::Index lin = 0;
-      for (int d = 0; d < Rank; ++d) lin += (j[d] - exchange.widths()[d].before) * ext_strides[d];
-      taps.push_back(lin);
-      weights.push_back(kernel.data()[weights.size()]);
-    });
-  }
+  Extents kdims{};
+  for (int d = 0; d < Rank; ++d) kdims[d] = kernel.dimension(d);
+  Eigen::Index k = 0;
+  for_each_index(kdims, 0, Rank, [&](const Extents& j) {
+    const T w = kernel.data()[k++];
+    if (w == T(0)) return;
+    std::array<Eigen::Index, Rank> o{};
+    for (int d = 0; d < Rank; ++d) o[d] = j[d] - exchange.widths()[d].before;
+    offsets.push_back(o);
+    weights.push_back(w);
+  });
+  std::vector<Eigen::Index> taps(offsets.size());
+  std::array<Eigen::Index, Rank> strides{};  // what taps are linear in (none yet)
   auto f = [&](const StencilView<T, Rank>& v) {
+    if (v.strides() != strides) {
+      strides = v.strides();
+      for (std::size_t t = 0; t < taps.size(); ++t) {
+        taps[t] = 0;
+        for (int d = 0; d < Rank; ++d) taps[t] += offsets[t][d] * strides[d];
+      }
+    }
     const T* c = v.center();
     T s(0);
-    for (std::size_t k = 0; k < taps.size(); ++k) s += weights[k] * c[taps[k]];
+    for (std::size_t t = 0; t < taps.size(); ++t) s += weights[t] * c[taps[t]];
     return s;
   };
   exchange.stencil_shards(x, out, f);
@@ -112,7 +121,8 @@ ShardedTensor<T, M, S> convolve_plain(const ShardedTensor<T, M, S>& x, const Eig
 
 // "Same"-size correlation with a replicated kernel of odd extents:
 // out(i) = sum over j of kernel(j) * x(i + j - (extent - 1) / 2), x beyond the edges being zero
-// or wrapped as boundary says. The sum runs over the kernel in column-major order. Output
+// or wrapped as boundary says. The sum runs over the kernel's nonzero taps in column-major order
+// (a zero tap reads nothing, so an Inf or NaN under it does not spread). Output
 // spec = input spec; a partial x is resolved first.
 template <class T, class M, class S, class P>
 ShardedTensor<T, M, S> convolve(const ShardedTensor<T, M, S, P>& x, const Eigen::Tensor<T, S::rank>& kernel,
