@@ -21,6 +21,7 @@
 
 #include "tshard/reshard/reshard.hpp"
 
+#include "tshard/ops/inner_product.hpp"
 #include "tshard/ops/ops.hpp"
 #include "tshard/ops/windowed.hpp"
 

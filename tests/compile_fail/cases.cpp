@@ -74,6 +74,19 @@ int main(int argc, char** argv) {
   auto q = ts::sum<0>(p * x);
 #elif defined(CASE_layer_mesh_axis)  // a layer whose default specs split over "model", on a mesh without it
   ts::nn::Attention<float, decltype(mesh)> attention(mesh, 8, 2, 1);
+#elif defined(CASE_item_conversion)  // a full reduction assigned to a double
+  auto u = ts::zeros<double, ts::Spec<ts::S<"x">, ts::S<"y">>>(mesh, {4, 4});
+  double s = ts::sum<0, 1>(u);
+  return int(s);
+#elif defined(CASE_mixed_element_types)  // float plus double
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto b = ts::zeros<double, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto c = a + b;
+#elif defined(CASE_mixed_meshes)  // tensors of two mesh types in one update
+  ts::Mesh<"rows"> line({-1});
+  auto a = ts::zeros<float, ts::Spec<ts::S<"x">, ts::R>>(mesh, {4, 4});
+  auto b = ts::zeros<float, ts::Spec<ts::S<"rows">, ts::R>>(line, {4, 4});
+  a -= b;
 #elif defined(CASE_unknown_axis)  // a spec naming an axis the mesh lacks
   auto t = ts::distribute<ts::Spec<ts::S<"z">, ts::R>>(mesh, g);
 #elif defined(CASE_unknown_axis_size)  // asking a mesh for the size of an axis it lacks

@@ -148,6 +148,19 @@ ShardedTensor<T, M, SY, PY>& operator/=(ShardedTensor<T, M, SY, PY>& y, const Sh
   return detail::compound<detail::BinaryKind::Div>(y, x, "divide");
 }
 
+#define TSHARD_REFUSE_MIXED(op)                            \
+  template <class Y, class X>                              \
+    requires detail::MixedTensors<Y, X>                    \
+  Y& operator op(Y& y, X&&) {                              \
+    detail::refuse_mixed<Y, X>();                          \
+    return y;                                              \
+  }
+TSHARD_REFUSE_MIXED(+=)
+TSHARD_REFUSE_MIXED(-=)
+TSHARD_REFUSE_MIXED(*=)
+TSHARD_REFUSE_MIXED(/=)
+#undef TSHARD_REFUSE_MIXED
+
 template <class Y, class S> requires detail::ScalarFor<Y, S>
 Y& operator+=(Y& y, S s) { return detail::compound_scalar<detail::BinaryKind::Add>(y, s, "add"); }
 template <class Y, class S> requires detail::ScalarFor<Y, S>

@@ -271,6 +271,29 @@ class ShardedTensor : private detail::TensorBlock<T> {
     detail::gather_to_all(*detail::state_of(mesh_), spec_desc, shape_, data(), out.data());
   }
 
+  // The value of a tensor of no dims (a full reduction such as ts::sum<0, 1, 2>(x)) as a number,
+  // the same on every rank; a partial is summed first (one all-reduce of one element). Collective.
+  T item() const {
+    static_assert(rank == 0, "tshard: item() reads a tensor of no dims: reduce every dim first (ts::sum<0, 1, ...>(x)), "
+                             "or take ts::dot(a, b) or ts::norm(x)");
+    require_values("item");
+    detail::OperatorScope scope("item");
+    T v = data()[0];
+    detail::resolve_partial_in_place(*detail::state_of(mesh_), spec_desc, &v, 1);
+    return v;
+  }
+
+  // `double s = ts::sum<0, 1, 2>(u)` is refused with a sentence that names item(): a conversion
+  // could not be collective on every rank by accident.
+  template <class U>
+    requires(rank == 0 && (std::is_arithmetic_v<U> || is_complex_v<U>))
+  operator U() const {
+    static_assert(detail::spec_mismatch<ShardedTensor, U>::value,
+                  "tshard: a tensor of no dims is read as a number with .item() (ts::sum<0, 1, 2>(x).item(); "
+                  "collective: every rank calls it and gets the same value), not by conversion");
+    return U{};
+  }
+
   // "[7, 5] {x, R}": shape and spec, for error messages.
   std::string describe() const { return detail::describe_tensor(shape_, spec_desc, mesh_.shape()); }
 

@@ -403,6 +403,43 @@ TSHARD_EXPIRING_BINARY(*, Mul, "multiply")
 TSHARD_EXPIRING_BINARY(/, Div, "divide")
 #undef TSHARD_EXPIRING_BINARY
 
+// Two tensors of different element types or mesh types meet no operator above; these say why in
+// one sentence instead of every candidate the compiler tried.
+namespace detail {
+template <class A, class B>
+concept MixedTensors =
+    ShardedTensorType<A> && ShardedTensorType<B> &&
+    (!std::is_same_v<typename std::remove_cvref_t<A>::Scalar, typename std::remove_cvref_t<B>::Scalar> ||
+     !std::is_same_v<typename std::remove_cvref_t<A>::MeshT, typename std::remove_cvref_t<B>::MeshT>);
+
+template <class A, class B>
+std::remove_cvref_t<A> refuse_mixed() {
+  using X = std::remove_cvref_t<A>;
+  using Y = std::remove_cvref_t<B>;
+  if constexpr (!std::is_same_v<typename X::MeshT, typename Y::MeshT>)
+    static_assert(spec_mismatch<X, Y>::value,
+                  "tshard: an operator's tensors live on one mesh, and these two have different mesh types "
+                  "(spec_mismatch's arguments): make both from one mesh");
+  else
+    static_assert(spec_mismatch<X, Y>::value,
+                  "tshard: an operator's tensors have one element type, and these two differ (spec_mismatch's "
+                  "arguments, e.g. float and double): convert one first, ts::map(x, [](float v) { return double(v); })");
+  return refused<X>();
+}
+}  // namespace detail
+
+#define TSHARD_REFUSE_MIXED(op)                            \
+  template <class A, class B>                              \
+    requires detail::MixedTensors<A, B>                    \
+  auto operator op(A&&, B&&) {                             \
+    return detail::refuse_mixed<A, B>();                   \
+  }
+TSHARD_REFUSE_MIXED(+)
+TSHARD_REFUSE_MIXED(-)
+TSHARD_REFUSE_MIXED(*)
+TSHARD_REFUSE_MIXED(/)
+#undef TSHARD_REFUSE_MIXED
+
 // ---- tensor (op) scalar and scalar (op) tensor ----
 template <class X, class S> requires detail::ScalarFor<X, S>
 auto operator+(const X& x, S s) { return detail::with_scalar<detail::BinaryKind::Add, false>(x, s, "add"); }
