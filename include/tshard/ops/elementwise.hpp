@@ -8,3 +8,4 @@
 #include "tshard/ops/elementwise/arithmetic.hpp"
 #include "tshard/ops/elementwise/compare.hpp"
 #include "tshard/ops/elementwise/map.hpp"
+#include "tshard/ops/elementwise/update.hpp"
