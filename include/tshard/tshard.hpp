@@ -25,6 +25,8 @@
 #include "tshard/ops/ops.hpp"
 #include "tshard/ops/windowed.hpp"
 
+#include "tshard/solvers/krylov.hpp"
+
 #include "tshard/ad/ad.hpp"
 
 #include "tshard/nn/nn.hpp"
