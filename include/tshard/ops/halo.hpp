@@ -136,15 +136,16 @@ void stencil_box(const T* window, const Extents& window_dims, const Extents& win
     }
     const T* w = window + wbase;
     T* o = out + obase;
+    const Index x0 = lo[0], x1 = hi[0];  // (locals: a store through o cannot change them, so the row vectorizes)
     if constexpr (std::is_invocable_v<F&, const StencilView<T, Rank>&, const std::array<Eigen::Index, Rank>&>) {
       std::array<Eigen::Index, Rank> g{};
       for (int d = 1; d < Rank; ++d) g[d] = offset[d] + lo[d] + i[d];
-      for (Index x = lo[0]; x < hi[0]; ++x) {
+      for (Index x = x0; x < x1; ++x) {
         g[0] = offset[0] + x;
         o[x] = T(f(StencilView<T, Rank>(w + x, wstrides), g));
       }
     } else {
-      for (Index x = lo[0]; x < hi[0]; ++x) o[x] = T(f(StencilView<T, Rank>(w + x, wstrides)));
+      for (Index x = x0; x < x1; ++x) o[x] = T(f(StencilView<T, Rank>(w + x, wstrides)));
     }
   });
 }
