@@ -113,6 +113,23 @@ TEST_CASE("update writes several tensors in one pass as the serial loop does, on
     TS_REQUIRE_ALL(compare(r.gather(), r_want, 1e-15) == "");
     TS_REQUIRE_ALL(x.data() == before);  // in place: the output keeps its buffer
 
+    // f returning a number: update sums it over the elements (r's squared norm in the pass that
+    // writes r), once for an output split over the mesh and once for one every rank holds whole.
+    {
+      using RR = ts::Spec<ts::R, ts::R>;
+      const Eigen::Tensor<double, 2> want = rs - 0.5 * qs;
+      const Eigen::Tensor<double, 0> want_sum = want.square().sum();
+      auto split = field<XR>(mesh, 2);
+      auto whole = field<RR>(mesh, 2);
+      auto step = [](double& ri, double qi) {
+        ri -= 0.5 * qi;
+        return ri * ri;
+      };
+      const double s_split = ts::update<1>(step, split, q), s_whole = ts::update<1>(step, whole, q);
+      TS_REQUIRE_ALL(compare(split.gather(), want, 1e-15) == "" && compare(whole.gather(), want, 1e-15) == "");
+      TS_REQUIRE_ALL(relative(s_split, want_sum()) < 1e-13 && relative(s_whole, want_sum()) < 1e-13);
+    }
+
     // An output read through its reference and an input of another layout: p = r + beta p.
     auto pp = field<XR>(mesh, 3);
     ts::update<1>([beta](double& pi, double ri) { pi = ri + beta * pi; }, pp, r);

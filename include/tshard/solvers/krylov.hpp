@@ -135,15 +135,20 @@ Result cg(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
     const T pq = dot(p, q);
     if (pq == T(0)) return progress.breakdown();
     const T alpha = rz / pq;
-    update<2>([alpha](T& xi, T& ri, const T& pi, const T& qi) { xi += alpha * pi; ri -= alpha * qi; }, x, r, p, q);
+    // x and r in one pass, with r's squared norm summed in it.
+    const T rr = update<2>(
+        [alpha](T& xi, T& ri, const T& pi, const T& qi) {
+          xi += alpha * pi;
+          ri -= alpha * qi;
+          return tshard::detail::conj_if_complex(ri) * ri;
+        },
+        x, r, p, q);
     progress.next();
+    if (progress.record(std::sqrt(std::abs(rr))) || progress.exhausted()) return progress.done();
     if constexpr (plain) {
-      const T rr = dot(r, r);
-      if (progress.record(std::sqrt(std::abs(rr))) || progress.exhausted()) return progress.done();
       update<1>([beta = rr / rz](T& pi, const T& ri) { pi = ri + beta * pi; }, p, r);
       rz = rr;
     } else {
-      if (progress.record(norm(r)) || progress.exhausted()) return progress.done();
       const X z = detail::apply(M, r);
       const T rz_next = dot(r, z);
       update<1>([beta = rz_next / rz](T& pi, const T& zi) { pi = zi + beta * pi; }, p, z);
@@ -189,12 +194,15 @@ Result bicgstab(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
     const X t = detail::apply(A, sh);
     const T tt = dot(t, t);
     omega = tt == T(0) ? T(0) : dot(t, s) / tt;
-    update<2>([alpha, omega](T& xi, T& ri, const T& phi, const T& shi, const T& si, const T& ti) {
-      xi += alpha * phi;
-      xi += omega * shi;
-      ri = si - omega * ti;
-    }, x, r, ph, sh, s, t);
-    if (progress.record(norm(r)) || progress.exhausted()) return progress.done();
+    const T rr = update<2>(
+        [alpha, omega](T& xi, T& ri, const T& phi, const T& shi, const T& si, const T& ti) {
+          xi += alpha * phi;
+          xi += omega * shi;
+          ri = si - omega * ti;
+          return tshard::detail::conj_if_complex(ri) * ri;
+        },
+        x, r, ph, sh, s, t);
+    if (progress.record(std::sqrt(std::abs(rr))) || progress.exhausted()) return progress.done();
   }
 }
 

@@ -9,6 +9,15 @@
 // must share one spec and shape; inputs laid out otherwise are aligned to it by implicit reshards
 // (refused under ImplicitCommunication::Forbid), partial inputs are summed first. Padding is never
 // read or written. As map, a user function has no derivative: a tracked tensor is refused.
+//
+// Where f returns a number, update returns the sum of what it returned over every element, the
+// same on every rank (Kokkos' parallel_reduce): CG's residual norm rides in the pass that writes r,
+//
+//   double rr = ts::update<2>([a](double& x, double& r, double p, double q) {
+//     x += a * p; r -= a * q; return r * r; }, x, r, p, q);
+//
+// summed as ts::dot sums (floats in double, each rank its block, then one all-reduce of one
+// number over the axes the outputs are split by).
 #pragma once
 #include <cstddef>
 #include <tuple>
@@ -16,6 +25,7 @@
 #include <utility>
 
 #include "tshard/ops/elementwise/operands.hpp"
+#include "tshard/ops/inner_product.hpp"
 
 namespace tshard {
 namespace detail {
@@ -32,7 +42,7 @@ struct UpdatePass;
 template <class... Os, class... Is>
 struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
   template <class F>
-  static void run(F& f, std::tuple<Os&...> outs, std::tuple<const Is&...> ins_in) {
+  static auto run(F& f, std::tuple<Os&...> outs, std::tuple<const Is&...> ins_in) {
     using Y = std::remove_cvref_t<std::tuple_element_t<0, std::tuple<Os...>>>;
     static_assert((ShardedTensorType<Os> && ...) && (ShardedTensorType<Is> && ...),
                   "tshard: update's outputs and inputs are sharded tensors");
@@ -44,6 +54,11 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
     static_assert(std::is_invocable_v<F&, typename Os::Scalar&..., typename Is::Scalar...>,
                   "tshard: update's function takes a reference to each output's element, then each input's value "
                   "(e.g. [](double& x, double p) { x += p; } for update<1>(f, x, p))");
+    using R = std::invoke_result_t<F&, typename Os::Scalar&..., typename Is::Scalar...>;
+    constexpr bool sums = !std::is_void_v<R>;
+    static_assert(!sums || std::is_arithmetic_v<R> || is_complex_v<R>,
+                  "tshard: update's function returns nothing, or a number that update sums over the elements");
+    using W = std::conditional_t<sums, wide_t<std::conditional_t<sums, R, int>>, int>;
     Y& y = std::get<0>(outs);
     const std::string what = y.describe();
     auto check = [&](const auto& t) {
@@ -55,6 +70,7 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
     std::apply([&](const auto&... o) { (check(o), ...); }, outs);
     std::apply([&](const auto&... x) { (check(x), ...); }, ins_in);
     auto& mesh = *state_of(y.mesh());
+    W total{};
     auto pass = [&](const auto&... x) {
       // Inputs are aligned (and so copied where an output shares their buffer with another
       // layout) before any output is written.
@@ -66,7 +82,13 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
             [&](auto*... o) {
               std::apply(
                   [&](const auto&... a) {
-                    for (Index i = off; i < off + n; ++i) f(o[i]..., a.data[i]...);
+                    if constexpr (sums) {
+                      W s{};
+                      for (Index i = off; i < off + n; ++i) s += W(f(o[i]..., a.data[i]...));
+                      total += s;
+                    } else {
+                      for (Index i = off; i < off + n; ++i) f(o[i]..., a.data[i]...);
+                    }
                   },
                   in);
             },
@@ -74,14 +96,18 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
       });
     };
     std::apply([&](const auto&... x) { pass(resolved(x, "update")...); }, ins_in);
+    if constexpr (sums) {
+      if (MPI_Comm g = split_group(mesh, Y::spec_desc); g != MPI_COMM_NULL) all_reduce(g, &total, &total, 1, ReduceOp::Sum);
+      return R(total);
+    }
   }
 };
 
 template <std::size_t N, class Tuple, std::size_t... O, std::size_t... I>
-void split_update(auto& f, Tuple all, std::index_sequence<O...>, std::index_sequence<I...>) {
+auto split_update(auto& f, Tuple all, std::index_sequence<O...>, std::index_sequence<I...>) {
   static_assert((std::is_lvalue_reference_v<std::tuple_element_t<O, Tuple>> && ...),
                 "tshard: update writes its first N tensors in place: pass them as variables, not temporaries");
-  UpdatePass<std::tuple<std::tuple_element_t<O, Tuple>...>,
+  return UpdatePass<std::tuple<std::tuple_element_t<O, Tuple>...>,
              std::tuple<const std::remove_cvref_t<std::tuple_element_t<N + I, Tuple>>&...>>::
       run(f, std::tie(std::get<O>(all)...), std::tie(std::get<N + I>(all)...));
 }
@@ -89,15 +115,16 @@ void split_update(auto& f, Tuple all, std::index_sequence<O...>, std::index_sequ
 }  // namespace detail
 
 // f(out_0(i)&, ..., out_{N-1}(i)&, in_0(i), ...) for every valid element i, in one pass: the first
-// N tensors are written in place, the rest read. Collective only where an input is realigned.
+// N tensors are written in place, the rest read. Collective where an input is realigned, and
+// where f returns a number (then the sum of its returns is returned, on every rank).
 template <std::size_t N, class F, class... Ts>
   requires(!ShardedTensorType<F>)
-void update(F&& f, Ts&&... ts) {
+auto update(F&& f, Ts&&... ts) {
   static_assert(N >= 1 && N <= sizeof...(Ts), "tshard: update<N> writes its first N tensors: N is 1 to their count");
   static_assert(sizeof...(Ts) <= 8, "tshard: update takes at most 8 tensors");
   detail::OperatorScope scope("update");
-  detail::split_update<N>(f, std::forward_as_tuple(ts...), std::make_index_sequence<N>{},
-                          std::make_index_sequence<sizeof...(Ts) - N>{});
+  return detail::split_update<N>(f, std::forward_as_tuple(ts...), std::make_index_sequence<N>{},
+                                 std::make_index_sequence<sizeof...(Ts) - N>{});
 }
 
 // map into an existing tensor: out(i) = f(a(i), b(i), ...) in out's buffer and spec (no new tensor);
