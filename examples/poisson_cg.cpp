@@ -44,9 +44,11 @@ double source(Index i, Index j, Index k, const Options& o) {
 }
 
 // The 7-point negative Laplacian at one point.
-inline double laplacian(const ts::StencilView<double, 3>& v) {
+// A lambda rather than a function: ts::stencil gets its type and inlines it into the loop over the
+// points, where a function's name would be called through its address at every point (2x slower).
+constexpr auto laplacian = [](const ts::StencilView<double, 3>& v) {
   return 6 * v(0, 0, 0) - v(-1, 0, 0) - v(1, 0, 0) - v(0, -1, 0) - v(0, 1, 0) - v(0, 0, -1) - v(0, 0, 1);
-}
+};
 
 // The same solve on one rank with plain loops over a zero-ghosted array: the serial reference.
 struct SerialSolve {

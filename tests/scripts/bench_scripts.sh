@@ -19,6 +19,7 @@ declare -A args=(
   [run_gemm_backends]=""
   [run_cost_model]="--max-bytes 4096 --reps 1"
   [run_heat2d]="--n 64 --iters 2 --rounds 1"
+  [run_hpc]="--n 13 --iters 3 --rounds 1"
   [run_io]="--n 64 --reps 1 --dir $scratch"
   [run_llama]=""
   [run_long_context]=""
