@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fprintf(stderr, "tshard_bench_cg: --mesh is px,py,pz (e.g. 1,1,2)\n");
       return 2;
     }
-  MPI_Dims_create(ranks, 3, dims.data());
+  const bool given = dims[0] > 0 && dims[1] > 0 && dims[2] > 0;
+  if (!given) MPI_Dims_create(ranks, 3, dims.data());
   if (dims[0] * dims[1] * dims[2] != ranks) {
     if (rank == 0) std::fprintf(stderr, "tshard_bench_cg: --mesh %d,%d,%d is not %d ranks\n", dims[0], dims[1], dims[2], ranks);
     return 2;

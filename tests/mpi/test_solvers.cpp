@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <complex>
+#include <limits>
 
 #include "test_support.hpp"
 
@@ -86,6 +87,14 @@ TEST_CASE("dot, norm and item equal the serial sums on every mesh and layout", "
     });
     TS_REQUIRE_ALL(tracked.find("tshard::dot: ") == 0 && tracked.find("cannot carry a gradient") != std::string::npos);
 
+    // A NaN anywhere gives NaN for every norm on every rank (here the first element, which a
+    // running max compared with < or <= would drop at the next one).
+    const auto with_nan = ts::from_function<double, YX>(mesh, {7, 5}, [](auto i) {
+      return i[0] == 0 && i[1] == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0;
+    });
+    TS_REQUIRE_ALL(std::isnan(ts::norm(with_nan, ts::inf)) && std::isnan(ts::norm(with_nan)) &&
+                   std::isnan(ts::norm(with_nan, 1)));
+
     // Bad input: every rank gives the same sentence.
     auto a = field<XR>(mesh, 1);
     auto wide = ts::from_function<double, XR>(mesh, {8, 5}, [](auto) { return 1.0; });
@@ -128,6 +137,15 @@ TEST_CASE("update writes several tensors in one pass as the serial loop does, on
       const double s_split = ts::update<1>(step, split, q), s_whole = ts::update<1>(step, whole, q);
       TS_REQUIRE_ALL(compare(split.gather(), want, 1e-15) == "" && compare(whole.gather(), want, 1e-15) == "");
       TS_REQUIRE_ALL(relative(s_split, want_sum()) < 1e-13 && relative(s_whole, want_sum()) < 1e-13);
+    }
+
+    // An integer return counts, summed in 64 bits.
+    {
+      auto y = field<XR>(mesh, 7);
+      const int positive = ts::update<1>([](double&, double pi) { return pi > 0 ? 1 : 0; }, y, p);
+      int want = 0;
+      for (Eigen::Index n = 0; n < ps.size(); ++n) want += ps.data()[n] > 0;
+      TS_REQUIRE_ALL(positive == want);
     }
 
     // An output read through its reference and an input of another layout: p = r + beta p.
@@ -291,5 +309,51 @@ TEST_CASE("the solvers stop at max_iterations and refuse bad options on every ra
     using Other = ts::ShardedTensor<double, M2, ts::Spec<ts::S<"x">, ts::S<"y">, ts::R>>;
     Other small = ts::zeros<double, Vec::SpecType>(mesh, {kNx, kNy, kNz - 1});
     TS_REQUIRE_ALL(error_text([&] { ts::solvers::cg(make_operator(0), b, small); }).find("differ in shape") != std::string::npos);
+  });
+}
+
+TEST_CASE("the solvers take complex vectors: each part of the solution is the direct solve of that part", "[solvers]") {
+  using C = std::complex<double>;
+  using CVec = ts::ShardedTensor<C, M2, Vec::SpecType>;
+  auto imag_at = [](Eigen::Index i, Eigen::Index j, Eigen::Index k) { return 0.5 * std::cos(double(k) - 0.3 * double(i * j)); };
+  Eigen::VectorXd re(kNx * kNy * kNz), im(kNx * kNy * kNz);
+  for (Eigen::Index k = 0; k < kNz; ++k)
+    for (Eigen::Index j = 0; j < kNy; ++j)
+      for (Eigen::Index i = 0; i < kNx; ++i) {
+        re(i + kNx * (j + kNy * k)) = rhs_at(i, j, k);
+        im(i + kNx * (j + kNy * k)) = imag_at(i, j, k);
+      }
+  // A real operator on complex vectors: Hermitian where it is symmetric (wind 0), so CG applies.
+  auto op = [](double wind) {
+    return [wind](const CVec& u) {
+      return ts::stencil(u, {1, 1, 1}, ts::Boundary::Zero, [wind](const ts::StencilView<C, 3>& v, const std::array<Eigen::Index, 3>& i) {
+        return diagonal_at(i) * v(0, 0, 0) - v(-1, 0, 0) - v(1, 0, 0) - v(0, -1, 0) - v(0, 1, 0) - v(0, 0, -1) -
+               v(0, 0, 1) + wind * (v(1, 0, 0) - v(-1, 0, 0));
+      });
+    };
+  };
+  on_every_mesh([&](M2& mesh, const std::vector<int>& sizes) {
+    const CVec b = ts::from_function<C, Vec::SpecType>(mesh, {kNx, kNy, kNz}, [&](auto i) {
+      return C(rhs_at(i[0], i[1], i[2]), imag_at(i[0], i[1], i[2]));
+    });
+    ts::solvers::Options o;
+    o.rtol = 1e-11;
+    o.restart = 8;
+    for (const double wind : {0.0, 0.8}) {
+      const Eigen::VectorXd want_re = direct_solution(wind, re), want_im = direct_solution(wind, im);
+      for (const std::string name : {"cg", "bicgstab", "gmres"}) {
+        if (name == "cg" && wind != 0) continue;
+        CVec x = ts::zeros<C, Vec::SpecType>(mesh, {kNx, kNy, kNz});
+        const auto r = name == "cg"         ? ts::solvers::cg(op(wind), b, x, o)
+                       : name == "bicgstab" ? ts::solvers::bicgstab(op(wind), b, x, o)
+                                            : ts::solvers::gmres(op(wind), b, x, o);
+        const Eigen::Tensor<C, 3> got = x.gather();
+        double error = 0;
+        for (Eigen::Index n = 0; n < got.size(); ++n)
+          error = std::max(error, std::abs(got.data()[n] - C(want_re(n), want_im(n))));
+        INFO(name << " wind " << wind << " on mesh " << sizes[0] << "x" << sizes[1] << ": error " << error);
+        TS_REQUIRE_ALL(r.converged && error < 1e-8);
+      }
+    }
   });
 }

@@ -104,8 +104,10 @@ class StencilView {
     for (int d = 0; d < Rank; ++d) lin += offsets[d] * strides_[d];
     return center_[lin];
   }
-  // The point itself and the strides of the extended block, for kernels that precompute
-  // linear offsets (convolve does).
+  // The point itself and the strides of the buffer it lies in, for kernels that make offsets
+  // linear themselves. That buffer is the shard for points deep inside it and a ghosted frame
+  // for points near its faces, so the strides change between points: recompute the offsets
+  // when strides() changes (convolve does).
   const T* center() const { return center_; }
   const std::array<Eigen::Index, Rank>& strides() const { return strides_; }
 
@@ -330,8 +332,8 @@ class HaloExchange {
     finish();
     apply_outer(in, out, f);
   }
-  // The same from a tensor into a tensor of this layout, through an extended block the plan
-  // keeps (one copy of the shard per step).
+  // The same from a tensor into a tensor of this layout (in may be out: then the whole block is
+  // copied into the plan's ghosted buffer first, and every point read from there).
   template <class M, class S, class F>
   void stencil(const ShardedTensor<T, M, S>& in, ShardedTensor<T, M, S>& out, F&& f) {
     check_tensor(in, "HaloExchange::stencil");
@@ -352,16 +354,17 @@ class HaloExchange {
       scratch_ = detail::pooled_array<T>(std::size_t(detail::volume(window, Rank)));
       exchange_.fill_zeros(scratch_.get());  // (zeros beyond a Zero boundary: written once)
     }
-    detail::Extents lo{}, hi{};  // the points whose window lies in the shard
+    detail::Extents lo{}, hi{};  // the points whose window lies in the shard (none in place)
     std::pair<detail::Extents, detail::Extents> core{};  // what those alone read, in window coordinates
-    for (int d = 0; d < Rank; ++d) {
+    const bool in_place = in == out;
+    for (int d = 0; d < Rank && !in_place; ++d) {
       const detail::Index b = widths_[d].before, a = widths_[d].after, v = layout_.valid[d];
       lo[d] = std::min(b, v);
       hi[d] = std::max(lo[d], v - a);
       core.first[d] = b + b + a;
       core.second[d] = b + v - a - b;
     }
-    exchange_.start(in, layout_.padded, detail::Extents{}, scratch_.get(), false, &core);
+    exchange_.start(in, layout_.padded, detail::Extents{}, scratch_.get(), false, in_place ? nullptr : &core);
     detail::stencil_box<T, Rank>(in, layout_.padded, detail::Extents{}, out, layout_.padded, detail::Extents{},
                                  layout_.offset, lo, hi, f);
     finish();

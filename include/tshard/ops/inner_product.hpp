@@ -47,7 +47,8 @@ inline MPI_Comm split_group(MeshState& mesh, const SpecDesc& spec) {
   return spec.split_axes() ? mesh.group_of_mask(spec.split_axes()) : MPI_COMM_NULL;
 }
 
-// What dot, norm and item() refuse to leave the tape with: a number has no place on it.
+// What dot and norm refuse to leave the tape with: a number has no place on it. (item() reads a
+// tracked tensor's value, as PyTorch's loss.item() does: no gradient flows through the number.)
 inline constexpr const char* kScalarInstead =
     "a host number cannot carry a gradient: take the gradient of a tensor result, such as ts::sum<...>(a * b)";
 
@@ -122,21 +123,25 @@ struct NormFunction {
     const auto& x = resolved(scalar_operand(x_in, "norm"), "norm");
     if (ord == 2) return Real(std::sqrt(std::real(global_dot(x, x))));
     const ScaledBuffer<T> bx = TensorAccess::buffer(x);
-    Wide s = 0;
+    // (max, whether a NaN was seen): a NaN wins, so a diverged solve is seen, though neither
+    // a comparison nor MPI's max keeps one.
+    Wide s[2] = {0, 0};
     for_each_valid_run(layout_of(x), [&](Index off, Index n) {
       const T* v = bx.data + off;
       for (Index i = 0; i < n; ++i) {
         const Wide m = Wide(std::abs(v[i]));
         if (ord == 1)
-          s += m;
-        else if (!(m <= s))  // a NaN wins, so a diverged solve is seen
-          s = m;
+          s[0] += m;
+        else if (std::isnan(m))
+          s[1] = 1;
+        else if (m > s[0])
+          s[0] = m;
       }
     });
-    s *= Wide(std::abs(bx.scale));
+    s[0] *= Wide(std::abs(bx.scale));
     if (MPI_Comm g = split_group(*state_of(x.mesh()), x.spec_desc); g != MPI_COMM_NULL)
-      all_reduce(g, &s, &s, 1, ord == 1 ? ReduceOp::Sum : ReduceOp::Max);
-    return Real(s);
+      all_reduce(g, s, s, ord == 1 ? 1 : 2, ord == 1 ? ReduceOp::Sum : ReduceOp::Max);
+    return s[1] != 0 ? std::numeric_limits<Real>::quiet_NaN() : Real(s[0]);
   }
 };
 

@@ -92,6 +92,17 @@ class Progress {
     res_.reason = "iterations";
     return true;
   }
+  // Replaces the last record's residual (GMRES's true one at a restart, where the recurrence's
+  // was recorded for the same iteration); true when it has converged.
+  bool revise(double r) {
+    res_.residual = r;
+    res_.residuals.back() = r;
+    if (r <= tol_) {
+      res_.converged = true;
+      res_.reason = "converged";
+    }
+    return res_.converged;
+  }
   void next() { ++res_.iterations; }
   Result breakdown() {
     res_.reason = "breakdown";
@@ -231,7 +242,7 @@ Result gmres(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
     std::fill(g.begin(), g.end(), T(0));
     g[0] = T(beta);
     int k = 0;  // the columns of this cycle
-    bool stop = false;
+    bool stop = false, broke = false;
     while (k < m && !stop) {
       X w = detail::apply(A, detail::apply(M, V[std::size_t(k)]));
       for (int i = 0; i <= k; ++i) {
@@ -248,7 +259,10 @@ Result gmres(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
       // The rotation that zeroes h(k+1, k): c real, |c|^2 + |s|^2 = 1.
       const T a = h(k, k), c = h(k + 1, k);
       const double na = abs(a), nc = abs(c), rn = std::hypot(na, nc);
-      if (rn == 0) return progress.breakdown();
+      if (rn == 0) {  // column k depends on the others: keep what the k before it give
+        broke = true;
+        break;
+      }
       cs[std::size_t(k)] = T(na / rn);
       sn[std::size_t(k)] = na == 0 ? T(1) : (a / T(na)) * conj(c) / T(rn);
       h(k, k) = na == 0 ? T(rn) : (a / T(na)) * T(rn);
@@ -259,11 +273,15 @@ Result gmres(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
       progress.next();
       stop = progress.record(abs(g[std::size_t(k)])) || progress.exhausted();
       if (!stop && k < m) {
-        if (wn == 0) return progress.breakdown();  // (a lucky breakdown converges above)
+        if (wn == 0) {  // (a lucky breakdown converges above; this is for rounding's sake)
+          broke = true;
+          break;
+        }
         V.push_back(T(1 / wn) * w);
       }
     }
     // y = H^-1 g (upper triangular, k x k), then x += M(V y).
+    if (k == 0) return progress.breakdown();
     std::vector<T> y(static_cast<std::size_t>(k));
     for (int i = k - 1; i >= 0; --i) {
       T s = g[std::size_t(i)];
@@ -273,14 +291,12 @@ Result gmres(Op&& A, const X& b, X& x, const Options& o = {}, Pre&& M = {}) {
     X correction = y[0] * V[0];
     for (int j = 1; j < k; ++j) correction += y[std::size_t(j)] * V[std::size_t(j)];
     x += detail::apply(M, correction);
+    if (broke) return progress.breakdown();
     if (stop) return progress.done();
-    // A restart: the true residual, for the recurrence's drifts.
+    // A restart: the true residual, for the recurrence's drifts, in place of the recurrence's.
     r = b - detail::apply(A, x);
     beta = norm(r);
-    if (progress.below_tolerance(beta)) {  // the true residual is there though the recurrence's was not
-      progress.record(beta);
-      return progress.done();
-    }
+    if (progress.revise(beta)) return progress.done();
   }
 }
 

@@ -5,8 +5,9 @@
 //
 // read x, r, p and q once and write x and r in place, where `x += a * p; r -= a * q;` takes two
 // passes. The first N tensors are the outputs: f gets a reference to each one's element (read it,
-// write it, or both), then the value of each input's element. The outputs keep their buffers and
-// must share one spec and shape; inputs laid out otherwise are aligned to it by implicit reshards
+// write it, or both), then the value of each input's element. The outputs keep their buffers
+// (one still shared with a copy is made its own first, as any write does) and must share one
+// spec and shape; inputs laid out otherwise are aligned to it by implicit reshards
 // (refused under ImplicitCommunication::Forbid), partial inputs are summed first. Padding is never
 // read or written. As map, a user function has no derivative: a tracked tensor is refused.
 //
@@ -20,6 +21,7 @@
 // number over the axes the outputs are split by).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -56,9 +58,13 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
                   "(e.g. [](double& x, double p) { x += p; } for update<1>(f, x, p))");
     using R = std::invoke_result_t<F&, typename Os::Scalar&..., typename Is::Scalar...>;
     constexpr bool sums = !std::is_void_v<R>;
-    static_assert(!sums || std::is_arithmetic_v<R> || is_complex_v<R>,
-                  "tshard: update's function returns nothing, or a number that update sums over the elements");
-    using W = std::conditional_t<sums, wide_t<std::conditional_t<sums, R, int>>, int>;
+    static_assert(!sums || ((std::is_arithmetic_v<R> || is_complex_v<R>) && !std::is_same_v<R, bool>),
+                  "tshard: update's function returns nothing, or a number (not a bool: return 1 or 0 to count) "
+                  "that update sums over the elements");
+    // Sums run wide: floats in double as dot's, integers in 64 bits (a count over a large grid).
+    using W = std::conditional_t<!sums, int,
+                                 std::conditional_t<std::is_integral_v<std::conditional_t<sums, R, int>>, std::int64_t,
+                                                    wide_t<std::conditional_t<sums, R, int>>>>;
     Y& y = std::get<0>(outs);
     const std::string what = y.describe();
     auto check = [&](const auto& t) {
