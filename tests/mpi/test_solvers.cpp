@@ -55,6 +55,16 @@ TEST_CASE("dot, norm and item equal the serial sums on every mesh and layout", "
     check(field<RR>(mesh, 1), field<YX>(mesh, 2));
     check(field<XY>(mesh, 1), field<RR>(mesh, 2));
 
+    // Partial sums on both sides (an einsum over a split contraction, times the identity) are
+    // summed first, scalars and all.
+    {
+      auto eye = ts::from_function<double, ts::Spec<ts::S<"y">, ts::R>>(mesh, {5, 5}, [](auto i) { return double(i[0] == i[1]); });
+      auto pa = ts::einsum<"ij,jk->ik">(field<XY>(mesh, 1), eye), pb = ts::einsum<"ij,jk->ik">(field<XY>(mesh, 2), eye);
+      TS_REQUIRE_ALL(relative(ts::dot(pa, pb), ab) < 1e-13);
+      TS_REQUIRE_ALL(relative(ts::dot(0.5 * pa, field<YX>(mesh, 2)), 0.5 * ab) < 1e-13);
+      TS_REQUIRE_ALL(relative(ts::norm(pa), std::sqrt(aa)) < 1e-13);
+    }
+
     // Complex: the inner product conjugates its left side.
     using C = std::complex<double>;
     auto za = ts::from_function<C, YX>(mesh, {7, 5}, [](auto i) { return C(value_at(i[0], i[1], 1), value_at(i[0], i[1], 3)); });
