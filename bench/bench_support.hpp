@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -84,6 +86,14 @@ inline std::vector<double> interleaved(const std::vector<std::function<void()>>&
   std::vector<double> m;
   for (auto& v : t) m.push_back(median(v));
   return m;
+}
+
+// The value of the last `name value` pair on the command line, or fallback (a script's defaults
+// come first, so a later pair overrides them).
+inline long arg(int argc, char** argv, const char* name, long fallback) {
+  for (int a = 1; a + 1 < argc; ++a)
+    if (std::strcmp(argv[a], name) == 0) fallback = std::atol(argv[a + 1]);
+  return fallback;
 }
 
 // The hand-written baselines' own copy of tshard's shard rule (docs/architecture.md): n elements in

@@ -207,18 +207,12 @@ struct HandCg {
   }
 };
 
-// The value of the last `name value` pair (so a script's defaults can be overridden after them).
-long arg(int argc, char** argv, const char* name, long fallback) {
-  for (int a = 1; a + 1 < argc; ++a)
-    if (std::strcmp(argv[a], name) == 0) fallback = std::atol(argv[a + 1]);
-  return fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   ts::Environment env(argc, argv);
   const int ranks = tshard_bench::world_size(), rank = tshard_bench::world_rank();
+  using tshard_bench::arg;
   const Index n = arg(argc, argv, "--n", 128);
   const int iters = int(arg(argc, argv, "--iters", 40)), rounds = int(arg(argc, argv, "--rounds", 5));
   std::array<int, 3> dims{0, 0, 0};

@@ -41,12 +41,7 @@ double initial(Index i, Index j, Index n) {
   return (x - 0.35) * (x - 0.35) + (y - 0.6) * (y - 0.6) < 0.04 ? 1.0 : 0.25;
 }
 
-long arg(int argc, char** argv, const char* name, long fallback) {
-  for (int a = 1; a + 1 < argc; ++a)
-    if (std::strcmp(argv[a], name) == 0) return std::atol(argv[a + 1]);
-  return fallback;
-}
-
+using tshard_bench::arg;
 using tshard_bench::max_over_ranks;
 using tshard_bench::median;
 

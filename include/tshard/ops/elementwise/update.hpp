@@ -66,12 +66,11 @@ struct UpdatePass<std::tuple<Os&...>, std::tuple<const Is&...>> {
                                  std::conditional_t<std::is_integral_v<std::conditional_t<sums, R, int>>, std::int64_t,
                                                     wide_t<std::conditional_t<sums, R, int>>>>;
     Y& y = std::get<0>(outs);
-    const std::string what = y.describe();
     auto check = [&](const auto& t) {
       if (recording(t)) refuse_untraceable("update", t.describe());
       require_same_mesh(y, t, "update");
       if (extents_of(t) != extents_of(y))
-        throw ShapeError("tshard::update: the tensors' shapes differ: " + what + " and " + t.describe());
+        throw ShapeError("tshard::update: the tensors' shapes differ: " + y.describe() + " and " + t.describe());
     };
     std::apply([&](const auto&... o) { (check(o), ...); }, outs);
     std::apply([&](const auto&... x) { (check(x), ...); }, ins_in);
